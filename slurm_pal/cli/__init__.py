@@ -1,0 +1,1 @@
+"""The `slurm-pal` command line (typer)."""

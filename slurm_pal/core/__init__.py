@@ -1,0 +1,1 @@
+"""Pure core: model, binning, classification, placement. No I/O, no Slurm, no SQLite, no CLI."""
