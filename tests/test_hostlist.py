@@ -1,0 +1,70 @@
+"""Slurm hostlist expressions: expansion rules, errors, and compress/expand round trips."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_pal.core.hostlist import compress, expand
+
+
+@pytest.mark.parametrize(
+    ("expression", "names"),
+    [
+        ("node01", ["node01"]),
+        ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+        ("node[8-10]", ["node8", "node9", "node10"]),
+        ("node[08-10]", ["node08", "node09", "node10"]),
+        ("gpu-[1-2]-[1-2]", ["gpu-1-1", "gpu-1-2", "gpu-2-1", "gpu-2-2"]),
+        ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+        ("rack[1-2]n[3,5]x", ["rack1n3x", "rack1n5x", "rack2n3x", "rack2n5x"]),
+        ("n[1-2],n[2-3]", ["n1", "n2", "n3"]),
+        (" n1 , n2 ", ["n1", "n2"]),
+        ("", []),
+    ],
+)
+def test_expand_follows_slurm_rules(expression: str, names: list[str]) -> None:
+    assert expand(expression) == names
+
+
+@pytest.mark.parametrize(
+    "expression", ["node[1-2", "node1-2]", "node[[1-2]]", "node[3-1]", "node[a-b]", "node[1-]"]
+)
+def test_expand_rejects_malformed_expressions(expression: str) -> None:
+    with pytest.raises(ValueError):
+        expand(expression)
+
+
+@pytest.mark.parametrize(
+    ("names", "expression"),
+    [
+        (["node01", "node02", "node03", "node04", "node07"], "node[01-04,07]"),
+        (["node8", "node9", "node10"], "node[8-10]"),
+        (["node07"], "node07"),
+        (["gpu-1-1", "gpu-1-2", "gpu-2-1"], "gpu-1-[1-2],gpu-2-1"),
+        (["login", "n2", "n1"], "login,n[1-2]"),
+    ],
+)
+def test_compress_prints_what_slurm_prints(names: list[str], expression: str) -> None:
+    assert compress(names) == expression
+
+
+def test_compress_rejects_names_that_cannot_be_expressed() -> None:
+    with pytest.raises(ValueError):
+        compress(["node[1]"])
+
+
+_node_names = st.builds(
+    lambda prefix, number, width, suffix: f"{prefix}{number:0{width}d}{suffix}",
+    st.sampled_from(["n", "node", "gpu-1-", "x"]),
+    st.integers(min_value=0, max_value=120),
+    st.integers(min_value=1, max_value=4),
+    st.sampled_from(["", "a"]),
+) | st.sampled_from(["login", "head"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_node_names, max_size=25))
+def test_compress_then_expand_gives_back_the_same_names(names: list[str]) -> None:
+    assert sorted(expand(compress(names))) == sorted(set(names))
