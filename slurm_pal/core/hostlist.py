@@ -1,7 +1,8 @@
 """Slurm hostlist expressions: ``node[01-04,07]`` <-> ``node01 node02 node03 node04 node07``.
 
-Slurm writes node sets this way everywhere (topology.conf, ``scontrol``, ``squeue``, ``--nodelist``),
-so the pure core needs to read and write them without calling ``scontrol show hostnames``.
+Slurm writes node sets this way everywhere (topology.conf, ``scontrol``, ``squeue``,
+``--nodelist``), so the pure core needs to read and write them without calling
+``scontrol show hostnames``.
 
 Rules implemented (those of Slurm's ``hostlist.c`` for ordinary, one-dimensional node names):
 
