@@ -77,6 +77,27 @@ _DETAILS_REQUIRED = (
 )
 _RAW_REQUIRED = ("ID", "Process ID", "Kernel Name")
 _SUMMARY_MARKERS = ("Invocations", "Minimum", "Maximum", "Average")
+#: Section of the details page that holds the metrics requested with ``--metrics`` (raw names).
+_COMMAND_LINE_SECTION = "Command line profiler metrics"
+#: Launch-identifying columns of the raw page (old and current); every other column is a
+#: metric. NVTX columns (``--nvtx``) contain ':' and are identifying too.
+_RAW_IDENTIFYING_COLUMNS = frozenset(
+    {
+        "ID",
+        "Process ID",
+        "Process Name",
+        "Host Name",
+        "Kernel Name",
+        "Kernel Time",
+        "Context",
+        "Stream",
+        "Block Size",
+        "Grid Size",
+        "Device",
+        "CC",
+    }
+)
+_RAW_METRIC_NAME_RE = re.compile(r"^[a-z0-9_]+__[A-Za-z0-9_.]+$")
 
 _TIME_UNIT_TO_NS: dict[str, float] = {
     "ns": 1.0,
@@ -375,14 +396,14 @@ class _Parser:
     def _start_table(self, line_no: int, header: list[str]) -> None:
         header = [h.strip().lstrip("\ufeff") for h in header]
         columns = {name: i for i, name in enumerate(header)}
-        if "Metric Name" in columns or "Metric Value" in columns:
-            layout, required = "details", _DETAILS_REQUIRED
-        elif any(marker in columns for marker in _SUMMARY_MARKERS):
+        if "Metric Value" not in columns and any(m in columns for m in _SUMMARY_MARKERS):
             raise self.error(
                 line_no,
                 "this is a '--print-summary' table (Invocations/Minimum/Maximum/Average), "
                 "which has no per-launch values; export with '--page details' or '--page raw'",
             )
+        if "Metric Name" in columns or "Metric Value" in columns:
+            layout, required = "details", _DETAILS_REQUIRED
         else:
             layout, required = "raw", _RAW_REQUIRED
         missing = [name for name in required if name not in columns]
@@ -480,8 +501,13 @@ class _Parser:
             )
         metric = self._cell(fields, "Metric Name").strip()
         builder = self._launch(line_no, fields)
-        if not metric or "__" not in metric:
-            return  # rule row, or a section display name ("Duration"); raw names have "__"
+        if not metric:
+            return  # rule row
+        section = (
+            self._cell(fields, "Section Name").strip() if "Section Name" in self.columns else ""
+        )
+        if section != _COMMAND_LINE_SECTION and not _RAW_METRIC_NAME_RE.match(metric):
+            return  # a section's display name ("Duration", "DRAM Throughput"): not a raw metric
         self._store(
             builder,
             line_no,
@@ -519,7 +545,7 @@ class _Parser:
                 f"(first at line {builder.line})",
             )
         for index, name in enumerate(self.header):
-            if "__" not in name:
+            if name in _RAW_IDENTIFYING_COLUMNS or ":" in name:
                 continue
             self._store(builder, line_no, name, self.raw_units[index], fields[index])
 
