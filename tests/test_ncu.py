@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import pickle
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +25,8 @@ from slurm_pal.adapters.ncu import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
-SHARED_NCU = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ncu"
+_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
 
 DETAILS15 = FIXTURES / "details15-two-processes.csv"
 DETAILS21 = FIXTURES / "details21-rules-smsp.csv"
@@ -38,7 +40,7 @@ def shared_sample(name: str) -> Path:
     if not path.exists():
         pytest.skip(
             f"real ncu sample {name} not found under {SHARED_NCU} "
-            "(the shared data folder exists only in the project workspace)"
+            "(set SLURM_PAL_SHARED_DATA; the folder exists only in the project workspace)"
         )
     return path
 
