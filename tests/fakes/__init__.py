@@ -1,0 +1,1 @@
+"""Small explicit fakes at hardware boundaries (there is no GPU in the test environment)."""
