@@ -1,0 +1,240 @@
+"""Read per-GPU benchmark results (campaign measurements) from CSV, detecting the format.
+
+Two formats are understood, and both become the same canonical table
+(:data:`MEASUREMENT_COLUMNS`), one row per benchmark run on one GPU:
+
+``slurm-pal``
+    The project's own campaign format (what ``slurm-pal campaign`` jobs write):
+    ``uuid, duration_s`` required; ``node, gpu_index, gpu_model, job_class, benchmark,
+    sm_clock_mhz, temperature_c, power_w, started_at`` optional.
+``longhorn``
+    The aggregated per-run files of the PAL artifact (TACC Longhorn V100): ``uuid`` and
+    ``perf`` (a duration, higher = slower) plus per-file extras (``cabinet``, ``node``,
+    ``device``, ``freq``, ``temp``, ``pwr``, ``ts``, ``exp``). ``uuid`` is an NVIDIA
+    ``GPU-...`` UUID in some files and a ``cabinet-node-device`` location in others.
+
+Errors name the file, the line and the column, and nothing is returned half-read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+MEASUREMENT_COLUMNS = (
+    "job_class",
+    "uuid",
+    "node",
+    "gpu_index",
+    "gpu_model",
+    "benchmark",
+    "duration",
+    "sm_clock_mhz",
+    "temperature_c",
+    "power_w",
+    "started_at",
+    "source_line",
+)
+NUMERIC_COLUMNS = ("duration", "sm_clock_mhz", "temperature_c", "power_w", "started_at")
+
+FORMATS = {
+    "slurm-pal": "columns uuid, duration_s (optional: node, gpu_index, gpu_model, job_class, "
+    "benchmark, sm_clock_mhz, temperature_c, power_w, started_at)",
+    "longhorn": "PAL artifact aggregated files: columns uuid, perf (optional: cabinet, node, "
+    "device, freq, temp, pwr, ts, exp)",
+}
+
+
+class CampaignFormatError(ValueError):
+    """A campaign file that cannot be read; says which file, line and column."""
+
+    def __init__(self, path: Path | str, message: str, line: int | None = None) -> None:
+        where = f"{path}" if line is None else f"{path}, line {line}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class CampaignFile:
+    """One parsed file: its canonical rows and what identifies it."""
+
+    path: str
+    sha256: str
+    fmt: str
+    rows: pd.DataFrame
+
+
+def read_campaign_csv(
+    path: Path | str, *, job_class: str | None = None, gpu_model: str | None = None
+) -> CampaignFile:
+    """Parse one campaign CSV into canonical measurement rows.
+
+    ``job_class`` labels every row (required unless the file has a ``job_class`` column; when
+    both are given they must agree). ``gpu_model`` fills rows whose file does not name the model.
+    """
+    path = Path(path)
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as exc:
+        raise CampaignFormatError(path, f"cannot read: {exc.strerror or exc}") from exc
+    if not raw_bytes.strip():
+        raise CampaignFormatError(path, "file is empty (expected a CSV header and rows)")
+    try:
+        table = pd.read_csv(
+            path, dtype=str, keep_default_na=False, encoding="utf-8-sig", skipinitialspace=True
+        )
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise CampaignFormatError(path, f"not a readable CSV: {exc}") from exc
+    except pd.errors.EmptyDataError as exc:
+        raise CampaignFormatError(path, "file has no CSV header") from exc
+    table.columns = [str(c).strip() for c in table.columns]
+    if table.empty:
+        raise CampaignFormatError(path, "no data rows after the header")
+    fmt = detect_format(table.columns, path)
+    rows = _LOADERS[fmt](table, path)
+    rows["source_line"] = np.arange(len(table)) + 2  # line 1 is the header
+    rows = _apply_class(rows, job_class, path)
+    if gpu_model is not None:
+        rows["gpu_model"] = rows["gpu_model"].where(rows["gpu_model"] != "", gpu_model)
+    rows["gpu_model"] = rows["gpu_model"].replace("", "gpu").str.lower()
+    _check_durations(rows, path)
+    return CampaignFile(
+        path=str(path),
+        sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        fmt=fmt,
+        rows=rows[list(MEASUREMENT_COLUMNS)].reset_index(drop=True),
+    )
+
+
+def detect_format(columns: pd.Index | list[str], path: Path | str = "<csv>") -> str:
+    """Name the format of a header, or raise listing what each known format needs."""
+    cols = set(columns)
+    if "duration_s" in cols:
+        if "uuid" not in cols:
+            raise CampaignFormatError(path, "slurm-pal campaign format needs a 'uuid' column")
+        return "slurm-pal"
+    if {"uuid", "perf"} <= cols:
+        return "longhorn"
+    known = "; ".join(f"{name}: {needs}" for name, needs in FORMATS.items())
+    raise CampaignFormatError(
+        path,
+        "no duration column found (expected 'duration_s' or 'perf'). Known formats: "
+        f"{known}. Found columns: {', '.join(sorted(cols))}",
+    )
+
+
+def _load_native(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    out = pd.DataFrame(index=table.index)
+    out["uuid"] = table["uuid"].str.strip()
+    out["node"] = _text(table, "node")
+    out["gpu_index"] = _integers(table, "gpu_index", path)
+    out["gpu_model"] = _text(table, "gpu_model")
+    out["job_class"] = _text(table, "job_class")
+    out["benchmark"] = _text(table, "benchmark")
+    out["duration"] = _numbers(table, "duration_s", path, required=True)
+    out["sm_clock_mhz"] = _numbers(table, "sm_clock_mhz", path)
+    out["temperature_c"] = _numbers(table, "temperature_c", path)
+    out["power_w"] = _numbers(table, "power_w", path)
+    out["started_at"] = _numbers(table, "started_at", path)
+    return out
+
+
+def _load_longhorn(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    out = pd.DataFrame(index=table.index)
+    out["uuid"] = table["uuid"].str.strip()
+    cabinet = _text(table, "cabinet")
+    node_num = _integers(table, "node", path)
+    # Only 'device' is a physical index; sgemm's 'dev_id' is a CUDA ordinal inside the job
+    # (always 0), so it says nothing about which GPU of the node ran.
+    device = _integers(table, "device", path)
+    # cabinet/node of -1 (sgemm) mean "location unknown".
+    known = (cabinet != "") & (cabinet != "-1") & node_num.notna() & (node_num >= 0)
+    out["node"] = np.where(known, cabinet + "-" + node_num.astype("string").fillna(""), "")
+    out["gpu_index"] = device.where(known)
+    out["gpu_model"] = _text(table, "model")
+    out["job_class"] = ""
+    out["benchmark"] = _text(table, "exp")
+    out["duration"] = _numbers(table, "perf", path, required=True)
+    out["sm_clock_mhz"] = _numbers(table, "freq", path)
+    out["temperature_c"] = _numbers(table, "temp", path)
+    out["power_w"] = _numbers(table, "pwr", path)
+    out["started_at"] = _numbers(table, "ts", path)
+    return out
+
+
+_LOADERS = {"slurm-pal": _load_native, "longhorn": _load_longhorn}
+
+
+def _text(table: pd.DataFrame, column: str) -> pd.Series:
+    if column not in table.columns:
+        return pd.Series("", index=table.index, dtype=object)
+    return table[column].astype(str).str.strip()
+
+
+def _numbers(table: pd.DataFrame, column: str, path: Path, required: bool = False) -> pd.Series:
+    if column not in table.columns:
+        return pd.Series(np.nan, index=table.index, dtype=float)
+    text = table[column].astype(str).str.strip()
+    values = pd.to_numeric(text, errors="coerce")
+    bad = values.isna() & ((text != "") | required)
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        shown = text.iloc[first] or "(empty)"
+        raise CampaignFormatError(
+            path, f"column '{column}' has {shown!r}, expected a number", line=first + 2
+        )
+    return values.astype(float)
+
+
+def _integers(table: pd.DataFrame, column: str, path: Path) -> pd.Series:
+    values = _numbers(table, column, path)
+    fractional = values.notna() & (values != values.round())
+    if fractional.any():
+        first = int(np.flatnonzero(fractional.to_numpy())[0])
+        raise CampaignFormatError(
+            path, f"column '{column}' must hold whole numbers", line=first + 2
+        )
+    return values.astype("Int64")
+
+
+def _apply_class(rows: pd.DataFrame, job_class: str | None, path: Path) -> pd.DataFrame:
+    in_file = rows["job_class"] != ""
+    if job_class is None:
+        if not in_file.all():
+            first = int(np.flatnonzero(~in_file.to_numpy())[0])
+            raise CampaignFormatError(
+                path,
+                "no job class for this row: pass --class or add a 'job_class' column",
+                line=first + 2,
+            )
+        return rows
+    clash = in_file & (rows["job_class"] != job_class)
+    if clash.any():
+        first = int(np.flatnonzero(clash.to_numpy())[0])
+        raise CampaignFormatError(
+            path,
+            f"row says class {rows['job_class'].iloc[first]!r} but --class is {job_class!r}",
+            line=first + 2,
+        )
+    rows["job_class"] = job_class
+    return rows
+
+
+def _check_durations(rows: pd.DataFrame, path: Path) -> None:
+    bad = ~(rows["duration"] > 0) | ~np.isfinite(rows["duration"])
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        raise CampaignFormatError(
+            path,
+            f"duration must be a positive number of seconds, got {rows['duration'].iloc[first]}",
+            line=int(rows["source_line"].iloc[first]),
+        )
+    empty_uuid = rows["uuid"] == ""
+    if empty_uuid.any():
+        first = int(np.flatnonzero(empty_uuid.to_numpy())[0])
+        raise CampaignFormatError(path, "empty 'uuid'", line=int(rows["source_line"].iloc[first]))

@@ -1,0 +1,57 @@
+"""Shared fixtures: the reference data folder, a CLI runner, an example campaign file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurm_pal.cli.main import app
+from slurm_pal.example_campaign import generate_example_campaign
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SLURM_PAL_SHARED_DATA", REPO.parent / "shared" / "data"))
+LONGHORN = SHARED_DATA / "variability" / "longhorn"
+LONGHORN_FILES = {  # class -> file, as PAL's profiles.json maps them (sgemm as its own class)
+    "A": "resnet-longhorn-agg.csv",
+    "B": "bert-longhorn-agg.csv",
+    "D": "pagerank-longhorn-agg.csv",
+    "S": "sgemm-longhorn-agg.csv",
+}
+
+
+@pytest.fixture
+def longhorn() -> Path:
+    """The real Longhorn variability files; skip clearly when the shared data is absent."""
+    if not all((LONGHORN / f).is_file() for f in LONGHORN_FILES.values()):
+        pytest.skip(f"shared reference data not found at {LONGHORN} (set SLURM_PAL_SHARED_DATA)")
+    return LONGHORN
+
+
+@pytest.fixture
+def example_csv(tmp_path: Path) -> Path:
+    path = tmp_path / "example.csv"
+    generate_example_campaign().to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., object]:
+    """Invoke `slurm-pal` in-process with a private store; returns the click Result."""
+    monkeypatch.delenv("SLURM_PAL_CONFIG", raising=False)
+    monkeypatch.setenv("SLURM_PAL_DB", str(tmp_path / "store.db"))
+    runner = CliRunner()
+
+    def run(*args: str, ok: bool = True):
+        result = runner.invoke(app, [str(a) for a in args])
+        if ok and result.exit_code != 0:
+            raise AssertionError(
+                f"slurm-pal {' '.join(map(str, args))} exited {result.exit_code}:\n"
+                f"{result.output}\n{result.exception!r}"
+            )
+        return result
+
+    return run
