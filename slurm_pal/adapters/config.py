@@ -1,0 +1,205 @@
+"""Site configuration (TOML) and where the store lives.
+
+The file is optional: every knob has a default that matches the PAL paper. ``--config`` or
+``SLURM_PAL_CONFIG`` names it; ``site-config/slurm-pal.toml`` documents every key. Errors name
+the file, the key and what is valid, because an admin fixing a typo at 3 a.m. needs exactly that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_pal.core.binning import PMBinner
+
+ENV_CONFIG = "SLURM_PAL_CONFIG"
+ENV_DB = "SLURM_PAL_DB"
+SYSTEM_DB = Path("/var/lib/slurm-pal/slurm-pal.db")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str | None = None
+    """SQLite file; default /var/lib/slurm-pal/slurm-pal.db for root, else the user's data dir."""
+
+
+@dataclass(frozen=True)
+class ClassesConfig:
+    names: tuple[str, ...] = ("A", "B", "C", "D")
+    """Job classes, most compute-bound (most variability-sensitive) first."""
+    default: str = "A"
+    """Class of a job nothing is known about (PAL assumes the worst: the most sensitive)."""
+
+
+@dataclass(frozen=True)
+class BinningConfig:
+    k_min: int = 2
+    k_max: int = 11
+    outlier_sigma: float = 3.0
+    min_gap: float = 0.005
+    """Smallest difference between neighbouring bin scores (0.005 = 0.5 %); 0 = the paper."""
+    n_init: int = 10
+    seed: int = 0
+    pal_artifact: bool = False
+    """Reproduce PAL's public code (K always 2 plus one cluster per outlier)."""
+
+    def binner(self, *, pal_artifact: bool | None = None) -> PMBinner:
+        return PMBinner(
+            k_min=self.k_min,
+            k_max=self.k_max,
+            outlier_sigma=self.outlier_sigma,
+            min_gap=self.min_gap,
+            n_init=self.n_init,
+            random_state=self.seed,
+            pal_artifact=self.pal_artifact if pal_artifact is None else pal_artifact,
+        )
+
+
+@dataclass(frozen=True)
+class LocalityConfig:
+    within_node: float = 1.0
+    within_switch: float | None = None
+    """Penalty for GPUs on several nodes under one leaf switch; default: across_switches."""
+    across_switches: float = 1.7
+    topology_file: str | None = None
+    """Slurm topology.conf to read the switch tree from (none: one switch, the paper's model)."""
+
+
+@dataclass(frozen=True)
+class ProfilingConfig:
+    gpu_model: str = "gpu"
+    """Model name for GPUs whose campaign files do not say (e.g. 'v100', 'a100')."""
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    store: StoreConfig = field(default_factory=StoreConfig)
+    classes: ClassesConfig = field(default_factory=ClassesConfig)
+    binning: BinningConfig = field(default_factory=BinningConfig)
+    locality: LocalityConfig = field(default_factory=LocalityConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    source: str = "<defaults>"
+
+
+def load_config(path: Path | str | None = None) -> SiteConfig:
+    """Read the site config: ``path``, else $SLURM_PAL_CONFIG, else built-in defaults."""
+    if path is None:
+        path = os.environ.get(ENV_CONFIG) or None
+    if path is None:
+        return SiteConfig()
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: config file not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    config = _build(SiteConfig, data, str(path), prefix="")
+    config = dataclasses.replace(config, source=str(path))
+    _validate(config)
+    return config
+
+
+def _build(cls: type, table: dict[str, Any], source: str, prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(
+                f"{source}: unknown key '{name}'; valid keys here: {', '.join(sorted(fields))}"
+            )
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: '{name}' must be a table ([{name}])")
+            kwargs[key] = _build(hint, value, source, prefix=f"{name}.")
+        else:
+            kwargs[key] = _coerce(hint, value, source, name)
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, source: str, name: str) -> Any:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        is_list = typing.get_origin(option) is tuple and isinstance(value, list)
+        if is_list and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    wanted = " or ".join(_type_name(o) for o in options if o is not type(None))
+    raise ConfigError(f"{source}: '{name}' must be {wanted}, got {value!r}")
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        hint, str(hint)
+    )
+
+
+def _validate(config: SiteConfig) -> None:
+    src = config.source
+    names = config.classes.names
+    if not names:
+        raise ConfigError(f"{src}: 'classes.names' must list at least one class")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{src}: 'classes.names' has duplicates: {list(names)}")
+    if config.classes.default not in names:
+        raise ConfigError(
+            f"{src}: 'classes.default' is {config.classes.default!r}; valid values: "
+            f"{', '.join(names)}"
+        )
+    b = config.binning
+    if not 2 <= b.k_min <= b.k_max:
+        raise ConfigError(
+            f"{src}: need 2 <= 'binning.k_min' <= 'binning.k_max', got {b.k_min}, {b.k_max}"
+        )
+    if b.outlier_sigma <= 0:
+        raise ConfigError(f"{src}: 'binning.outlier_sigma' must be > 0, got {b.outlier_sigma}")
+    if b.min_gap < 0:
+        raise ConfigError(f"{src}: 'binning.min_gap' must be >= 0, got {b.min_gap}")
+    if b.n_init < 1:
+        raise ConfigError(f"{src}: 'binning.n_init' must be >= 1, got {b.n_init}")
+    loc = config.locality
+    for key in ("within_node", "within_switch", "across_switches"):
+        value = getattr(loc, key)
+        if value is not None and value < 1.0:
+            raise ConfigError(f"{src}: 'locality.{key}' must be >= 1.0 (a slowdown), got {value}")
+
+
+def default_db_path() -> Path:
+    """/var/lib/slurm-pal for root (the controller), the XDG data dir for everyone else."""
+    if os.geteuid() == 0:
+        return SYSTEM_DB
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "slurm-pal" / "slurm-pal.db"
+
+
+def resolve_db_path(cli_value: Path | str | None, config: SiteConfig) -> Path:
+    """--db, else $SLURM_PAL_DB, else the config's store.path, else :func:`default_db_path`."""
+    for candidate in (cli_value, os.environ.get(ENV_DB) or None, config.store.path):
+        if candidate:
+            return Path(candidate).expanduser()
+    return default_db_path()
