@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import typer
 
 from slurm_pal import __version__
+from slurm_pal.cli import profile
+from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
     name="slurm-pal",
@@ -14,13 +19,82 @@ app = typer.Typer(
 )
 
 # --- sub-apps (one line each; keep this block sorted) ---
+app.add_typer(profile.app, name="profile")
 # --- end of sub-apps ---
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    db: Path | None = typer.Option(
+        None,
+        "--db",
+        help="SQLite store (env SLURM_PAL_DB; default /var/lib/slurm-pal for root, "
+        "else ~/.local/share/slurm-pal).",
+        show_default=False,
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Site configuration TOML (env SLURM_PAL_CONFIG; default: built-in defaults).",
+        show_default=False,
+    ),
+) -> None:
+    """Global options shared by every command."""
+    ctx.obj = AppState(db=db, config_path=config)
 
 
 @app.command()
 def version() -> None:
     """Print the slurm-pal version."""
     typer.echo(__version__)
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    nodes: int = typer.Option(16, help="Nodes of the example cluster."),
+    gpus_per_node: int = typer.Option(4, help="GPUs per node of the example cluster."),
+) -> None:
+    """Run the main job on embedded defaults: ingest the bundled example campaign, show bins.
+
+    Uses a throw-away store unless --db (or SLURM_PAL_DB) names one.
+    """
+    from slurm_pal.example_campaign import generate_example_campaign
+
+    state: AppState = ctx.obj
+    with tempfile.TemporaryDirectory(prefix="slurm-pal-demo-") as tmp:
+        if state.db is None:
+            state.db = Path(tmp) / "demo.db"
+        csv_path = Path(tmp) / "example-campaign.csv"
+        generate_example_campaign(nodes=nodes, gpus_per_node=gpus_per_node).to_csv(
+            csv_path, index=False
+        )
+        console.rule("slurm-pal demo: bundled example campaign")
+        console.print(
+            f"{nodes}x{gpus_per_node} synthetic V100s, classes A (compute-bound) .. D "
+            f"(memory-bound), 3 runs per GPU and class; store {state.db_path}"
+        )
+        with reported_errors():
+            cfg = state.config
+            from slurm_pal.adapters.campaign_csv import read_campaign_csv
+
+            files = [read_campaign_csv(csv_path, gpu_model=cfg.profiling.gpu_model)]
+            with state.store() as store:
+                result = store.ingest(
+                    files,
+                    campaign_id="example",
+                    class_order=cfg.classes.names,
+                    binner=cfg.binning.binner(),
+                    description="bundled example campaign",
+                )
+                console.print(f"ingested {result.rows} runs into campaign 'example'\n")
+                profile.print_bins(store, result.campaign_id)
+                labels = store.labels(result.campaign_id)
+        console.print(
+            f"\n{len(labels)} PM signatures (future gres.conf Type= labels), e.g. "
+            + ", ".join(str(r["label"]) for r in labels[:4])
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,294 @@
+"""`slurm-pal profile ...`: campaign measurements in, PM-scores, bins and labels out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.store import Store
+from slurm_pal.cli.common import (
+    console,
+    fail,
+    fmt_score,
+    print_json,
+    reported_errors,
+    state,
+)
+from slurm_pal.core.variability import ClassBins
+
+app = typer.Typer(
+    help="Profiling campaigns: ingest measurements, inspect PM-scores and bins.",
+    no_args_is_help=True,
+)
+
+CAMPAIGN_OPT = typer.Option(None, "--campaign", help="Campaign id (default: the active one).")
+JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+@app.command()
+def ingest(
+    ctx: typer.Context,
+    paths: list[Path] = typer.Argument(
+        ..., help="Campaign CSV files (slurm-pal or Longhorn format)."
+    ),
+    job_class: str | None = typer.Option(
+        None, "--class", "-c", help="Job class these files measure (else a job_class column)."
+    ),
+    campaign: str | None = typer.Option(
+        None, "--campaign", help="Add to this campaign (created if new; default: a new one)."
+    ),
+    gpu_model: str | None = typer.Option(
+        None, "--gpu-model", help="GPU model for rows that do not name one (e.g. v100)."
+    ),
+    pal_artifact: bool | None = typer.Option(
+        None,
+        "--pal-artifact/--no-pal-artifact",
+        help="Bin like PAL's public code (K=2 + one per outlier) for paper reproductions.",
+    ),
+    description: str = typer.Option(
+        "", "--description", help="Free text kept with a new campaign."
+    ),
+) -> None:
+    """Load per-GPU benchmark results into a campaign and (re)compute its bins."""
+    st = state(ctx)
+    with reported_errors():
+        cfg = st.config
+        if job_class is not None and job_class not in cfg.classes.names:
+            fail(
+                f"unknown class {job_class!r}; valid classes: {', '.join(cfg.classes.names)} "
+                f"(set classes.names in the site config, {cfg.source})"
+            )
+        model = gpu_model or cfg.profiling.gpu_model
+        files = [read_campaign_csv(p, job_class=job_class, gpu_model=model) for p in paths]
+        for f in files:
+            unknown = sorted(set(f.rows["job_class"]) - set(cfg.classes.names))
+            if unknown:
+                fail(
+                    f"{f.path}: unknown class(es) {', '.join(unknown)}; valid classes: "
+                    f"{', '.join(cfg.classes.names)}"
+                )
+        with st.store() as store:
+            result = store.ingest(
+                files,
+                campaign_id=campaign,
+                class_order=cfg.classes.names,
+                binner=cfg.binning.binner(pal_artifact=pal_artifact),
+                description=description,
+            )
+    verb = "created" if result.created else "updated"
+    console.print(
+        f"{verb} campaign [bold]{result.campaign_id}[/]: {result.files} file(s), "
+        f"{result.rows} run(s), class(es) {', '.join(result.classes)}"
+        + (" (now active)" if result.activated else "")
+    )
+
+
+@app.command()
+def bins(ctx: typer.Context, campaign: str | None = CAMPAIGN_OPT, as_json: bool = JSON_OPT) -> None:
+    """Per class: chosen K, silhouette, bins (PM-score and GPU count), outliers."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        campaign_id = store.resolve_campaign(campaign)
+        per_class = store.class_bins(campaign_id)
+    if as_json:
+        print_json({c: b.to_dict() for c, b in per_class.items()})
+        return
+    console.print(f"campaign [bold]{campaign_id}[/]")
+    for b in per_class.values():
+        console.print(_bins_table(b))
+
+
+def _bins_table(b: ClassBins) -> Table:
+    sil = fmt_score(b.silhouette)
+    title = (
+        f"class {b.job_class}: K={b.k}, silhouette {sil}, {b.measured_gpus} GPUs measured"
+        + (f", {b.unmeasured_gpus} unmeasured (median bin)" if b.unmeasured_gpus else "")
+        + (" [pal-artifact]" if b.mode == "pal-artifact" else "")
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("bin", justify="right")
+    table.add_column("PM-score", justify="right")
+    table.add_column("GPUs", justify="right")
+    for i, item in enumerate(b.bins):
+        table.add_row(str(i), f"{item.score:.4f}", str(item.gpus))
+    for uuid, score in b.outliers:
+        table.add_row("outlier", f"{score:.4f}", uuid)
+    return table
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    gpu: str = typer.Argument(..., help="GPU UUID (or a location id such as c002-4-1)."),
+    campaign: str | None = CAMPAIGN_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """One GPU: raw medians, normalized values, PM-scores and bins per class, and its label."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        campaign_id = store.resolve_campaign(campaign)
+        uuid = store.canonical_uuid(campaign_id, gpu)
+        rows = store.gpu_scores(campaign_id, uuid)
+        label = store.gpu_labels(campaign_id).get(uuid)
+    if rows.empty:
+        fail(f"GPU {gpu!r} is not in campaign {campaign_id!r}")
+    first = rows.iloc[0]
+    info = {
+        "uuid": uuid,
+        "campaign": campaign_id,
+        "node": first["node"],
+        "gpu_index": None
+        if first["gpu_index"] is None or str(first["gpu_index"]) == "<NA>"
+        else int(first["gpu_index"]),
+        "gpu_model": first["gpu_model"],
+        "label": label,
+        "classes": {
+            r["job_class"]: {
+                "measured": bool(r["measured"]),
+                "runs": int(r["n_runs"]),
+                "raw_median": _opt(r["raw_median"]),
+                "normalized": _opt(r["norm_value"]),
+                "pm_score": float(r["pm_score"]),
+                "bin": "outlier" if r["bin"] < 0 else int(r["bin"]),
+            }
+            for _, r in rows.iterrows()
+        },
+    }
+    if as_json:
+        print_json(info)
+        return
+    console.print(
+        f"GPU [bold]{uuid}[/] ({info['gpu_model']}) on {info['node'] or '?'} "
+        f"index {info['gpu_index'] if info['gpu_index'] is not None else '?'}, label {label}"
+    )
+    table = Table()
+    for col in ("class", "runs", "raw median", "normalized", "PM-score", "bin", "measured"):
+        table.add_column(col, justify="right")
+    for cls, c in info["classes"].items():
+        table.add_row(
+            cls,
+            str(c["runs"]),
+            fmt_score(c["raw_median"], 4),
+            fmt_score(c["normalized"], 4),
+            f"{c['pm_score']:.4f}",
+            str(c["bin"]),
+            "yes" if c["measured"] else "no (fallback)",
+        )
+    console.print(table)
+
+
+def _opt(value: object) -> float | None:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f
+
+
+@app.command()
+def labels(
+    ctx: typer.Context, campaign: str | None = CAMPAIGN_OPT, as_json: bool = JSON_OPT
+) -> None:
+    """The PM signature labels (future gres.conf Type= values): bins and scores per class."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        campaign_id = store.resolve_campaign(campaign)
+        rows = store.labels(campaign_id)
+    if as_json:
+        print_json({"campaign": campaign_id, "labels": rows})
+        return
+    table = Table(title=f"campaign {campaign_id}: {len(rows)} PM signatures", title_justify="left")
+    table.add_column("label")
+    table.add_column("model")
+    table.add_column("GPUs", justify="right")
+    table.add_column("PM-scores per class")
+    for r in rows:
+        scores = "  ".join(f"{c}={s:.3f}" for c, s in r["scores"].items())
+        table.add_row(r["label"], r["gpu_model"], str(r["gpus"]), scores)
+    console.print(table)
+
+
+@app.command()
+def campaigns(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """List campaigns; the active one is what the advisor places by."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        items = store.campaigns()
+    if as_json:
+        print_json([c.__dict__ for c in items])
+        return
+    table = Table()
+    for col in ("id", "active", "created (UTC)", "classes", "files", "runs", "binning"):
+        table.add_column(col)
+    for c in items:
+        mode = "pal-artifact" if c.binning.get("pal_artifact") else "silhouette"
+        table.add_row(
+            c.id,
+            "*" if c.active else "",
+            c.created_at,
+            ",".join(c.classes),
+            str(c.sources),
+            str(c.measurements),
+            mode,
+        )
+    console.print(table)
+
+
+@app.command()
+def activate(ctx: typer.Context, campaign: str = typer.Argument(..., help="Campaign id.")) -> None:
+    """Make a campaign the active one."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        store.activate(campaign)
+    console.print(f"campaign [bold]{campaign}[/] is now active")
+
+
+@app.command()
+def rebin(
+    ctx: typer.Context,
+    campaign: str | None = CAMPAIGN_OPT,
+    pal_artifact: bool | None = typer.Option(
+        None, "--pal-artifact/--no-pal-artifact", help="Bin like PAL's public code, or not."
+    ),
+) -> None:
+    """Recompute a campaign's bins with the site's binning settings (raw rows are kept)."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        campaign_id = store.resolve_campaign(campaign)
+        store.rebin(
+            campaign_id,
+            class_order=st.config.classes.names,
+            binner=st.config.binning.binner(pal_artifact=pal_artifact),
+        )
+    console.print(f"campaign [bold]{campaign_id}[/] re-binned")
+
+
+@app.command()
+def example(
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the campaign CSV."),
+    nodes: int = typer.Option(16, help="Number of nodes."),
+    gpus_per_node: int = typer.Option(4, help="GPUs per node."),
+    node_prefix: str = typer.Option("node", help="Node names are PREFIX01, PREFIX02, ..."),
+    seed: int = typer.Option(2026, help="Random seed (same seed, same campaign)."),
+) -> None:
+    """Write the bundled synthetic example campaign (slurm-pal CSV format)."""
+    from slurm_pal.example_campaign import generate_example_campaign
+
+    try:
+        frame = generate_example_campaign(
+            nodes=nodes, gpus_per_node=gpus_per_node, node_prefix=node_prefix, seed=seed
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out, index=False)
+    console.print(f"wrote {len(frame)} runs ({nodes}x{gpus_per_node} GPUs, classes A-D) to {out}")
+
+
+def print_bins(store: Store, campaign_id: str) -> None:
+    """Shared by the demo: the bins tables of one campaign."""
+    for b in store.class_bins(campaign_id).values():
+        console.print(_bins_table(b))

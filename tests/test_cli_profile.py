@@ -1,0 +1,118 @@
+"""`slurm-pal profile ...` end to end: real SQLite store, the example and the Longhorn data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LONGHORN_FILES
+
+
+def test_demo_runs_on_embedded_defaults(run_cli) -> None:
+    out = run_cli("demo", "--nodes", "4").output
+    assert "class A: K=" in out and "PM signatures" in out
+
+
+def test_ingest_bins_show_labels_on_the_example(run_cli, example_csv: Path) -> None:
+    out = run_cli("profile", "ingest", example_csv, "--campaign", "ex").output
+    assert "created campaign ex" in out and "(now active)" in out
+    bins = json.loads(run_cli("profile", "bins", "--json").output)
+    assert list(bins) == ["A", "B", "C", "D"]
+    for cls, b in bins.items():
+        assert set(b) >= {"k", "silhouette", "bins", "outliers"}
+        assert sum(x["gpus"] for x in b["bins"]) + len(b["outliers"]) == 64, cls
+        scores = [x["score"] for x in b["bins"]]
+        assert scores == sorted(scores)
+    # The example has two throttled GPUs, the outliers of the compute-bound class.
+    assert len(bins["A"]["outliers"]) == 2
+    slow = bins["A"]["outliers"][-1]["uuid"]
+    shown = json.loads(run_cli("profile", "show", slow, "--json").output)
+    assert shown["classes"]["A"]["bin"] == "outlier"
+    assert shown["classes"]["A"]["pm_score"] > 2.0
+    labels = json.loads(run_cli("profile", "labels", "--json").output)
+    assert sum(r["gpus"] for r in labels["labels"]) == 64
+    assert shown["label"] in {r["label"] for r in labels["labels"]}
+    table = run_cli("profile", "bins").output
+    assert "class A: K=" in table and "outlier" in table
+
+
+def test_pal_artifact_flag_is_recorded(run_cli, example_csv: Path) -> None:
+    run_cli("profile", "ingest", example_csv, "--campaign", "art", "--pal-artifact")
+    bins = json.loads(run_cli("profile", "bins", "--json").output)
+    assert all(b["mode"] == "pal-artifact" for b in bins.values())
+    assert "pal-artifact" in run_cli("profile", "campaigns").output
+
+
+def test_errors_are_one_clear_line_and_exit_2(run_cli, tmp_path: Path, example_csv: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("uuid,node,seconds\nGPU-1,n1,2\n")
+    result = run_cli("profile", "ingest", bad, "--class", "A", ok=False)
+    assert result.exit_code == 2 and "no duration column" in result.output
+    result = run_cli("profile", "ingest", example_csv, "--class", "Q", ok=False)
+    assert result.exit_code == 2 and "valid classes: A, B, C, D" in result.output
+    result = run_cli("profile", "bins", ok=False)
+    assert result.exit_code == 2 and "no active campaign" in result.output
+    run_cli("profile", "ingest", example_csv, "--campaign", "c1")
+    result = run_cli("profile", "ingest", example_csv, "--campaign", "c1", ok=False)
+    assert result.exit_code == 2 and "already in campaign 'c1'" in result.output
+    result = run_cli("profile", "show", "GPU-nope", ok=False)
+    assert result.exit_code == 2 and "not in campaign" in result.output
+    result = run_cli("profile", "activate", "zzz", ok=False)
+    assert "campaigns: c1" in result.output
+
+
+@pytest.fixture
+def longhorn_campaign(run_cli, longhorn: Path, tmp_path: Path, monkeypatch) -> dict:
+    config = tmp_path / "longhorn.toml"
+    config.write_text(
+        '[classes]\nnames = ["A", "B", "C", "D", "S"]\n[profiling]\ngpu_model = "v100"\n'
+    )
+    monkeypatch.setenv("SLURM_PAL_CONFIG", str(config))
+    for cls, name in LONGHORN_FILES.items():
+        run_cli("profile", "ingest", longhorn / name, "--class", cls, "--campaign", "longhorn")
+    return json.loads(run_cli("profile", "bins", "--json").output)
+
+
+def test_longhorn_bins_hold_the_properties_placement_needs(
+    longhorn_campaign: dict, run_cli
+) -> None:
+    bins = longhorn_campaign
+    assert list(bins) == ["A", "B", "D", "S"]
+    gpus_per_file = {"A": 336, "B": 136, "D": 172, "S": 392}
+    for cls, b in bins.items():
+        assert 2 <= b["k"] <= 11, cls
+        assert 0 < b["silhouette"] <= 1, cls
+        scores = [x["score"] for x in b["bins"]]
+        assert scores == sorted(scores) and len(scores) == b["k"]
+        assert min(scores) < 1.0 < max(scores), "bins straddle the median GPU"
+        assert sum(x["gpus"] for x in b["bins"]) + len(b["outliers"]) == gpus_per_file[cls]
+        assert b["measured_gpus"] == gpus_per_file[cls]
+        for o in b["outliers"]:  # Longhorn's outliers are slow GPUs, beyond every bin
+            assert o["score"] > max(scores)
+    # The compute-bound class varies most, the memory-bound one least (PAL paper, Fig. 1).
+    spread = {c: b["bins"][-1]["score"] / b["bins"][0]["score"] for c, b in bins.items()}
+    assert spread["A"] > spread["B"] and spread["A"] > spread["D"]
+    assert len(bins["A"]["outliers"]) >= 3
+    # A location id from the resnet file resolves to the GPU, which also has a pagerank score.
+    shown = json.loads(run_cli("profile", "show", "c005-4-3", "--json").output)
+    assert shown["uuid"].startswith("GPU-")
+    assert shown["classes"]["A"]["measured"] and shown["classes"]["D"]["measured"]
+    labels = json.loads(run_cli("profile", "labels", "--json").output)["labels"]
+    all_gpus = 608  # the four files' GPUs, once identities are merged across files
+    assert sum(r["gpus"] for r in labels) == all_gpus
+    assert all(r["label"].startswith("v100-") for r in labels)
+    assert set(labels[0]["scores"]) == {"A", "B", "D", "S"}
+
+
+def test_longhorn_pal_artifact_mode(longhorn_campaign: dict, run_cli) -> None:
+    run_cli("profile", "rebin", "--pal-artifact")
+    bins = json.loads(run_cli("profile", "bins", "--json").output)
+    for b in bins.values():
+        assert b["mode"] == "pal-artifact"
+        # K = 2 + one per one-sided outlier, and scores are centroids / median centroid.
+        assert b["k"] == 2 + len(b["outliers"])
+        assert sum(x["gpus"] for x in b["bins"]) == b["measured_gpus"]
+        if b["k"] % 2:
+            assert any(abs(x["score"] - 1.0) < 1e-12 for x in b["bins"])
