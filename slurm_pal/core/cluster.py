@@ -1,0 +1,382 @@
+"""The cluster model the policies read: every GPU's node, index, model and PM-scores, and which
+GPUs are free.
+
+Built once from plain data (:meth:`Cluster.from_gpus`), then mutated in place by
+:meth:`Cluster.allocate` / :meth:`Cluster.release`, which the simulator calls millions of times, so
+they only touch the GPUs concerned. :meth:`Cluster.copy` shares every static array and copies the
+small mutable state.
+
+Layout choices that make placement vectorizable:
+
+- GPUs are stored sorted by (node, local index); ``node_gpus`` is a padded node x slot matrix of
+  GPU ids, so "the GPUs of these nodes" is one fancy-indexing step.
+- Per job class, scores take few distinct values (the K-Means bins plus a few outliers).
+  ``np.unique`` turns them into a sorted ``bin_scores`` vector and a ``bin_of`` GPU -> bin index,
+  and the cluster keeps ``free_counts``: free GPUs per (node, bin). A PAL step then works on a
+  nodes x bins integer matrix instead of on GPUs or GPU combinations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from slurm_pal.core.lxv import LxVMatrix
+from slurm_pal.core.topology import Topology
+
+if TYPE_CHECKING:
+    from slurm_pal.core.placement.base import Allocation
+
+__all__ = ["MAX_COUNT_CELLS", "ClassScores", "Cluster", "GpuSpec"]
+
+MAX_COUNT_CELLS = 1 << 24
+"""Upper bound on nodes x distinct scores per class: scores are meant to be binned."""
+
+IntArray = NDArray[np.intp]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU as the inputs describe it. ``scores`` maps job class -> PM-score (lower = faster,
+    1.0 = the median GPU); ``node_features`` are its node's Slurm features."""
+
+    uuid: str
+    node: str
+    index: int
+    model: str
+    scores: Mapping[str, float]
+    node_features: frozenset[str] = field(default_factory=frozenset)
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class ClassScores:
+    """One class's PM-scores in bin form: ``bin_scores[bin_of[gpu]] == scores[gpu]``."""
+
+    name: str
+    scores: NDArray[np.float64]
+    bin_scores: NDArray[np.float64]
+    bin_of: IntArray
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.bin_scores.size)
+
+
+class Cluster:
+    """GPUs, their scores and topology (static, shared by copies) plus the free mask (mutable).
+
+    Contract: ``allocate``/``release`` mutate this object in place and raise ValueError when asked
+    to allocate a busy GPU or release a free one (a caller bug). Policies never mutate it.
+    """
+
+    __slots__ = (
+        "_feature_masks",
+        "_free_counts",
+        "_node_free",
+        "class_order",
+        "classes",
+        "free",
+        "gpu_local_index",
+        "gpu_model",
+        "gpu_node",
+        "models",
+        "node_features",
+        "node_gpus",
+        "node_index",
+        "node_model",
+        "node_names",
+        "node_size",
+        "node_switch",
+        "switch_names",
+        "switch_node_order",
+        "switch_starts",
+        "topology",
+        "uuid_index",
+        "uuids",
+    )
+
+    uuids: tuple[str, ...]
+    uuid_index: dict[str, int]
+    gpu_node: IntArray
+    gpu_local_index: IntArray
+    gpu_model: IntArray
+    models: tuple[str, ...]
+    node_names: tuple[str, ...]
+    node_index: dict[str, int]
+    node_features: tuple[frozenset[str], ...]
+    node_gpus: IntArray
+    node_size: IntArray
+    node_model: IntArray
+    node_switch: IntArray
+    switch_names: tuple[str, ...]
+    switch_node_order: IntArray
+    switch_starts: IntArray
+    classes: dict[str, ClassScores]
+    class_order: tuple[str, ...]
+    topology: Topology
+    free: BoolArray
+    _free_counts: dict[str, NDArray[np.int32]]
+    _node_free: IntArray
+    _feature_masks: dict[str, BoolArray]
+
+    @classmethod
+    def from_gpus(
+        cls,
+        gpus: Iterable[GpuSpec],
+        topology: Topology | None = None,
+        *,
+        busy: Iterable[str] = (),
+        class_order: Sequence[str] | None = None,
+    ) -> Cluster:
+        """Build the model. ``busy`` lists UUIDs already in use. ``class_order`` ranks classes
+        from most variability-sensitive (placed first by the queue) down; default: sorted names.
+
+        Raises ValueError on inconsistent data: duplicate UUIDs or (node, index) pairs, a node
+        whose GPUs disagree on features, or a GPU lacking a finite positive score for a class
+        (the scoring pipeline fills fallbacks; the cluster refuses to guess).
+        """
+        specs = list(gpus)
+        if not specs:
+            raise ValueError("a cluster needs at least one GPU")
+        topology = topology if topology is not None else Topology.flat()
+        node_order: dict[str, int] = {}
+        features: dict[str, frozenset[str]] = {}
+        for spec in specs:
+            node_order.setdefault(spec.node, len(node_order))
+            known = features.setdefault(spec.node, frozenset(spec.node_features))
+            if known != frozenset(spec.node_features):
+                raise ValueError(f"GPUs of node {spec.node} disagree on its features")
+        specs.sort(key=lambda spec: (node_order[spec.node], spec.index))
+
+        uuids = tuple(spec.uuid for spec in specs)
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("duplicate GPU UUIDs")
+        slots = {(spec.node, spec.index) for spec in specs}
+        if len(slots) != len(specs):
+            raise ValueError("two GPUs share a (node, index)")
+        class_names = sorted({name for spec in specs for name in spec.scores})
+        if not class_names:
+            raise ValueError("no job class scores given")
+
+        self = object.__new__(cls)
+        self.topology = topology
+        self.uuids = uuids
+        self.uuid_index = {uuid: gpu for gpu, uuid in enumerate(uuids)}
+        self.node_names = tuple(node_order)
+        self.node_index = dict(node_order)
+        self.node_features = tuple(features[name] for name in self.node_names)
+        self.gpu_node = _readonly(np.array([node_order[s.node] for s in specs], dtype=np.intp))
+        self.gpu_local_index = _readonly(np.array([s.index for s in specs], dtype=np.intp))
+        models = sorted({spec.model.lower() for spec in specs})
+        self.models = tuple(models)
+        model_id = {model: number for number, model in enumerate(models)}
+        self.gpu_model = _readonly(
+            np.array([model_id[s.model.lower()] for s in specs], dtype=np.intp)
+        )
+
+        n_nodes = len(self.node_names)
+        self.node_size = _readonly(np.bincount(self.gpu_node, minlength=n_nodes).astype(np.intp))
+        width = int(self.node_size.max())
+        starts = np.concatenate(([0], np.cumsum(self.node_size)[:-1]))
+        slot = np.arange(len(specs)) - starts[self.gpu_node]
+        node_gpus = np.full((n_nodes, width), -1, dtype=np.intp)
+        node_gpus[self.gpu_node, slot] = np.arange(len(specs))
+        self.node_gpus = _readonly(node_gpus)
+        node_model = np.full(n_nodes, -1, dtype=np.intp)  # -1: the node mixes GPU models
+        first_model = self.gpu_model[starts]
+        uniform = np.ones(n_nodes, dtype=bool)
+        np.logical_and.at(uniform, self.gpu_node, self.gpu_model == first_model[self.gpu_node])
+        node_model[uniform] = first_model[uniform]
+        self.node_model = _readonly(node_model)
+
+        # A node the topology does not place is its own switch ("\0" keeps the name apart).
+        switch_of_node = [
+            (topology.switch_of(name) or f"\0{name}") if topology.has_switches else ""
+            for name in self.node_names
+        ]
+        switch_ids: dict[str, int] = {}
+        self.node_switch = _readonly(
+            np.array([switch_ids.setdefault(s, len(switch_ids)) for s in switch_of_node], np.intp)
+        )
+        self.switch_names = tuple(name.lstrip("\0") for name in switch_ids)
+        order = np.argsort(self.node_switch, kind="stable")
+        self.switch_node_order = _readonly(order.astype(np.intp))
+        group_sizes = np.bincount(self.node_switch, minlength=len(switch_ids))
+        self.switch_starts = _readonly(np.concatenate(([0], np.cumsum(group_sizes)[:-1])))
+
+        self.classes = {}
+        for name in class_names:
+            values = []
+            for spec in specs:
+                score = spec.scores.get(name)
+                if score is None or not isinstance(score, int | float) or not math.isfinite(score):
+                    raise ValueError(f"GPU {spec.uuid} has no finite PM-score for class {name!r}")
+                if score <= 0:
+                    raise ValueError(f"GPU {spec.uuid} has a PM-score <= 0 for class {name!r}")
+                values.append(float(score))
+            scores = np.array(values)
+            bin_scores, bin_of = np.unique(scores, return_inverse=True)
+            if n_nodes * bin_scores.size > MAX_COUNT_CELLS:
+                raise ValueError(
+                    f"class {name!r} has {bin_scores.size} distinct PM-scores on {n_nodes} nodes; "
+                    "bin the scores first (see slurm_pal.core.binning)"
+                )
+            self.classes[name] = ClassScores(
+                name, _readonly(scores), _readonly(bin_scores), _readonly(bin_of.astype(np.intp))
+            )
+        if class_order is None:
+            self.class_order = tuple(class_names)
+        else:
+            unknown = set(class_order) - set(class_names)
+            missing = set(class_names) - set(class_order)
+            if unknown or missing:
+                raise ValueError(
+                    f"class_order must list exactly the classes {class_names}, got {class_order}"
+                )
+            self.class_order = tuple(class_order)
+
+        self.free = np.ones(len(specs), dtype=bool)
+        self._feature_masks = {}
+        self._recount()
+        busy_ids = [self.gpu_id(uuid) for uuid in busy]
+        if busy_ids:
+            self.allocate(busy_ids)
+        return self
+
+    def _recount(self) -> None:
+        n_nodes = len(self.node_names)
+        self._node_free = np.bincount(self.gpu_node[self.free], minlength=n_nodes).astype(np.intp)
+        self._free_counts = {}
+        for name, klass in self.classes.items():
+            cells = self.gpu_node[self.free] * klass.n_bins + klass.bin_of[self.free]
+            counts = np.bincount(cells, minlength=n_nodes * klass.n_bins)
+            self._free_counts[name] = counts.reshape(n_nodes, klass.n_bins).astype(np.int32)
+
+    # --- sizes and lookups -------------------------------------------------------------------
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.uuids)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def n_free(self) -> int:
+        return int(self._node_free.sum())
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return int(self.node_size.max())
+
+    @property
+    def node_free(self) -> IntArray:
+        """Free GPUs per node (a read-only view; it changes with allocate/release)."""
+        view = self._node_free.view()
+        view.flags.writeable = False
+        return view
+
+    def free_counts(self, job_class: str) -> NDArray[np.int32]:
+        """Free GPUs per (node, bin) for a class (read-only view, kept current in place)."""
+        view = self._free_counts[job_class].view()
+        view.flags.writeable = False
+        return view
+
+    def gpu_id(self, uuid: str) -> int:
+        """The internal GPU id (row) of a UUID; KeyError names the unknown UUID."""
+        try:
+            return self.uuid_index[uuid]
+        except KeyError:
+            raise KeyError(f"unknown GPU UUID {uuid!r}") from None
+
+    def nodes_with_features(self, features: Iterable[str]) -> BoolArray:
+        """Boolean mask of nodes that have every one of ``features`` (cached per feature)."""
+        mask = np.ones(self.n_nodes, dtype=bool)
+        for feature in features:
+            cached = self._feature_masks.get(feature)
+            if cached is None:
+                cached = np.array([feature in f for f in self.node_features], dtype=bool)
+                self._feature_masks[feature] = cached
+            mask &= cached
+        return mask
+
+    def lxv(self, job_class: str) -> LxVMatrix:
+        """The class's L x V matrix from its bins and this cluster's locality levels."""
+        if job_class not in self.classes:
+            raise KeyError(f"unknown job class {job_class!r}; known: {', '.join(self.class_order)}")
+        return LxVMatrix.build(
+            job_class, tuple(self.classes[job_class].bin_scores), self.topology.levels
+        )
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def copy(self) -> Cluster:
+        """A copy with its own free state; static arrays are shared (they are read-only)."""
+        other = object.__new__(Cluster)
+        for name in Cluster.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.free = self.free.copy()
+        other._node_free = self._node_free.copy()
+        other._free_counts = {name: counts.copy() for name, counts in self._free_counts.items()}
+        return other
+
+    def _gpu_ids(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> IntArray:
+        ids = getattr(gpus, "gpu_ids", gpus)
+        array = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.intp)
+        if array.ndim != 1:
+            raise ValueError("GPU ids must be a flat sequence")
+        if array.size and (array.min() < 0 or array.max() >= self.n_gpus):
+            raise ValueError("GPU id out of range")
+        if np.unique(array).size != array.size:
+            raise ValueError("duplicate GPU ids")
+        return array
+
+    def _apply(self, ids: IntArray, delta: int) -> None:
+        nodes = self.gpu_node[ids]
+        np.add.at(self._node_free, nodes, delta)
+        for name, klass in self.classes.items():
+            np.add.at(self._free_counts[name], (nodes, klass.bin_of[ids]), delta)
+
+    def allocate(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> None:
+        """Mark GPUs (ids, or an Allocation) busy, in place. ValueError if one is already busy."""
+        ids = self._gpu_ids(gpus)
+        if not self.free[ids].all():
+            busy = [self.uuids[gpu] for gpu in ids[~self.free[ids]]]
+            raise ValueError(f"GPU(s) already busy: {', '.join(busy)}")
+        self.free[ids] = False
+        self._apply(ids, -1)
+
+    def release(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> None:
+        """Mark GPUs (ids, or an Allocation) free, in place. ValueError if one is already free."""
+        ids = self._gpu_ids(gpus)
+        if self.free[ids].any():
+            idle = [self.uuids[gpu] for gpu in ids[self.free[ids]]]
+            raise ValueError(f"GPU(s) already free: {', '.join(idle)}")
+        self.free[ids] = True
+        self._apply(ids, +1)
+
+    def allocate_uuids(self, uuids: Iterable[str]) -> None:
+        """:meth:`allocate` by UUID (for state read from Slurm)."""
+        self.allocate([self.gpu_id(uuid) for uuid in uuids])
+
+    def release_uuids(self, uuids: Iterable[str]) -> None:
+        """:meth:`release` by UUID."""
+        self.release([self.gpu_id(uuid) for uuid in uuids])
+
+    def __repr__(self) -> str:
+        return (
+            f"Cluster({self.n_gpus} GPUs on {self.n_nodes} nodes, {self.n_free} free, "
+            f"classes {list(self.class_order)})"
+        )

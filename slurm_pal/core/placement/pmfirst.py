@@ -1,0 +1,75 @@
+"""PM-First (PAL paper, Algorithm 1): the job's class gets the free GPUs with the lowest PM-scores.
+
+Ties between equally scored GPUs go toward packing the way PAL's code breaks them: prefer the node
+whose free GPUs of that score number closest to the job's size (``|count - N|``). A multi-GPU
+allocation that spans nodes pays the penalty of the level it reaches in its LV product.
+
+With user constraints the rule stays "lowest worst score first": the smallest score threshold
+under which the constraints can be met, then packing (``--gpus-per-node``: the nodes whose best
+GPUs are best; node bounds or a node list: the nodes with most usable GPUs).
+"""
+
+from __future__ import annotations
+
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.placement.base import PlacementResult
+from slurm_pal.core.placement.view import (
+    RequestView,
+    build_allocation,
+    describe_nodes,
+    placed,
+    prepare,
+    unplaced,
+)
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.topology import CLUSTER_RANK
+
+__all__ = ["PMFirstPolicy", "constraint_text"]
+
+
+def constraint_text(request: PlacementRequest) -> str:
+    """The request's shape in Slurm words, for reasons."""
+    parts = [f"{request.gpus} GPU(s)"]
+    if request.gpus_per_node:
+        parts.append(f"{request.gpus_per_node} per node")
+    if request.min_nodes or request.max_nodes:
+        parts.append(f"nodes {request.min_nodes or 1}-{request.max_nodes or ''}".rstrip("-"))
+    if request.required_nodes:
+        parts.append(f"on {', '.join(sorted(request.required_nodes))}")
+    return ", ".join(parts)
+
+
+def pmfirst_place(view: RequestView, label: str) -> PlacementResult:
+    """The PM-First decision on a prepared view (shared with PAL for N == 1)."""
+    first = view.first_bins(CLUSTER_RANK)
+    bin_index = int(first[0])
+    if bin_index >= view.n_bins:
+        return unplaced(
+            view.request,
+            f"{label}: no free GPUs satisfy {constraint_text(view.request)}",
+        )
+    gpus = view.select(CLUSTER_RANK, 0, bin_index)
+    allocation = build_allocation(
+        view,
+        gpus,
+        lambda a: (
+            f"{label}: best {a.n_gpus} free GPU(s) for class {a.job_class}, "
+            f"V={a.max_score:.3g} L={a.penalty:g} ({a.level}), {describe_nodes(a)}"
+        ),
+    )
+    return placed(allocation, view.request)
+
+
+class PMFirstPolicy:
+    """PM-First placement: variability first, packing only to break ties."""
+
+    name = "pm-first"
+
+    def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
+        view = prepare(request, cluster)
+        if isinstance(view, str):
+            return unplaced(request, f"PM-First: {view}")
+        return pmfirst_place(view, "PM-First")
+
+    def __repr__(self) -> str:
+        return "PMFirstPolicy()"
