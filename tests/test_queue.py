@@ -1,0 +1,97 @@
+"""PAL's round: cut the queue where demand exceeds the free GPUs, sort the cut by class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.placement import get_policy
+from slurm_pal.core.queue import placement_order, plan_round
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.topology import Topology
+
+
+def job(job_id: str, job_class: str, gpus: int) -> PlacementRequest:
+    return PlacementRequest(job_id, job_class, gpus)
+
+
+def cluster(nodes: int = 2, per_node: int = 4) -> Cluster:
+    scores = [0.9, 1.0, 1.1, 1.3]
+    gpus = [
+        GpuSpec(f"n{n}-{i}", f"n{n}", i, "v100", {c: scores[(i + n) % 4] for c in ("A", "B", "C")})
+        for n in range(nodes)
+        for i in range(per_node)
+    ]
+    return Cluster.from_gpus(gpus, Topology.flat())
+
+
+def test_placement_order_follows_the_papers_figure_4() -> None:
+    """Six jobs, demand exceeds the GPUs after the fifth: the first five are sorted by class."""
+    queue = [job("1", "B", 2), job("2", "C", 1), job("3", "A", 2), job("4", "B", 1)]
+    queue += [job("5", "A", 2), job("6", "A", 2)]
+    order = placement_order(queue, free_gpus=8, class_order=("A", "B", "C"))
+    assert [r.job_id for r in order] == ["3", "5", "1", "4", "2", "6"]
+
+
+def test_cut_excludes_the_job_that_crosses_and_keeps_the_tail_in_priority_order() -> None:
+    queue = [job("1", "C", 3), job("2", "B", 3), job("3", "A", 1), job("4", "A", 1)]
+    order = placement_order(queue, free_gpus=6, class_order=("A", "B", "C"))
+    assert [r.job_id for r in order] == ["2", "1", "3", "4"]
+
+
+def test_unknown_classes_sort_last_and_stably() -> None:
+    queue = [job("1", "X", 1), job("2", "B", 1), job("3", "Y", 1), job("4", "A", 1)]
+    order = placement_order(queue, free_gpus=4, class_order=("A", "B"))
+    assert [r.job_id for r in order] == ["4", "2", "1", "3"]
+
+
+def test_plan_round_places_class_a_first_on_the_best_gpus() -> None:
+    state = cluster()
+    queue = [job("c", "C", 1), job("a", "A", 1)]
+    results = plan_round(queue, state, get_policy("pm-first"))
+    assert [r.request.job_id for r in results] == ["a", "c"]
+    a_gpu, c_gpu = (r.allocation.gpu_ids[0] for r in results if r.allocation)
+    assert state.classes["A"].scores[a_gpu] == 0.9
+    assert a_gpu != c_gpu
+
+
+def test_plan_round_works_on_a_copy_unless_in_place() -> None:
+    state = cluster()
+    before = state.free.copy()
+    results = plan_round([job("1", "A", 4), job("2", "B", 2)], state, get_policy("pal"))
+    assert all(r.placed for r in results)
+    np.testing.assert_array_equal(state.free, before)
+    plan_round([job("1", "A", 4), job("2", "B", 2)], state, get_policy("pal"), in_place=True)
+    assert state.n_free == 2
+
+
+def test_stop_ends_the_round_at_the_first_misfit_and_skip_goes_on() -> None:
+    state = cluster()
+    queue = [job("1", "A", 6), job("2", "A", 4), job("3", "B", 2)]
+    stopped = plan_round(queue, state, get_policy("pal"), on_misfit="stop")
+    assert [(r.request.job_id, r.placed) for r in stopped] == [
+        ("1", True),
+        ("2", False),
+        ("3", False),
+    ]
+    assert "did not fit" in stopped[2].reason
+    skipped = plan_round(queue, state, get_policy("pal"), on_misfit="skip")
+    assert [(r.request.job_id, r.placed) for r in skipped] == [
+        ("1", True),
+        ("2", False),
+        ("3", True),
+    ]
+
+
+def test_allocations_in_a_round_never_overlap() -> None:
+    state = cluster(nodes=4)
+    queue = [job(str(i), "ABC"[i % 3], 1 + i % 4) for i in range(10)]
+    results = plan_round(queue, state, get_policy("pal"), on_misfit="skip")
+    used = [gpu for r in results if r.allocation for gpu in r.allocation.gpu_ids]
+    assert len(used) == len(set(used)) == 16
+
+
+def test_bad_misfit_option_is_a_programming_error() -> None:
+    with pytest.raises(ValueError):
+        plan_round([], cluster(), get_policy("pal"), on_misfit="backfill")  # type: ignore[arg-type]
