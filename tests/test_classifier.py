@@ -1,0 +1,237 @@
+"""Job classifier: ordered, stable K-Means classes in the (DRAM, FU) plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from slurm_pal.adapters.ncu import application_features, read_ncu_csv
+from slurm_pal.core.classifier import (
+    JobClassifier,
+    TooFewApplicationsError,
+    TooFewApplicationsWarning,
+    default_class_names,
+)
+from slurm_pal.core.features import UtilizationFeatures
+
+_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+
+# A small catalogue spread over the plane: (dram_util, fu_util) in percent.
+CATALOGUE = {
+    "sgemm": (8.0, 85.0),  # compute-bound
+    "resnet50": (20.0, 70.0),
+    "bert": (40.0, 45.0),  # in between
+    "gpt2": (35.0, 50.0),
+    "pagerank": (75.0, 15.0),  # memory-bound
+    "stream": (85.0, 10.0),
+}
+CATALOGUE_X = np.array(list(CATALOGUE.values()))
+
+percent = st.floats(min_value=0.0, max_value=100.0, allow_nan=False, allow_infinity=False)
+points_strategy = st.lists(st.tuples(percent, percent), min_size=3, max_size=40).filter(
+    lambda pts: len(set(pts)) >= 3
+)
+
+
+def test_catalogue_classes_are_ordered_compute_to_memory() -> None:
+    model = JobClassifier(n_classes=3).fit(CATALOGUE_X)
+    labels = dict(zip(CATALOGUE, model.labels_, strict=True))
+    assert labels == {
+        "sgemm": "A",
+        "resnet50": "A",
+        "bert": "B",
+        "gpt2": "B",
+        "pagerank": "C",
+        "stream": "C",
+    }
+    assert list(model.classes_) == ["A", "B", "C"]
+    np.testing.assert_allclose(model.cluster_centers_, [[14, 77.5], [37.5, 47.5], [80, 12.5]])
+    np.testing.assert_allclose(model.compute_scores_, [63.5, 10.0, -67.5])
+
+
+def test_real_ncu_samples_go_to_the_nearest_class() -> None:
+    if not SHARED_NCU.is_dir():
+        pytest.skip(f"real ncu samples not found under {SHARED_NCU} (set SLURM_PAL_SHARED_DATA)")
+    dropout = application_features([read_ncu_csv(SHARED_NCU / "dropout-162-launches.csv")])
+    llm = application_features([read_ncu_csv(SHARED_NCU / "llm-kernel-rtx5090.details.csv")])
+    model = JobClassifier().fit(CATALOGUE_X)
+    assert list(model.predict([dropout, llm])) == ["C", "B"]  # dropout (56, 22); llm (37, 37)
+
+
+def test_accepts_features_objects_and_named_dataframe_columns() -> None:
+    features = [
+        UtilizationFeatures(d, f, "ncu", "x", "y", 1, 1.0, "ns") for d, f in CATALOGUE.values()
+    ]
+    frame = pd.DataFrame(CATALOGUE_X, columns=["dram_util", "fu_util"])[["fu_util", "dram_util"]]
+    by_array = JobClassifier().fit(CATALOGUE_X).labels_
+    assert list(JobClassifier().fit(features).labels_) == list(by_array)
+    assert list(JobClassifier().fit(frame).labels_) == list(by_array)
+
+
+def test_sklearn_conventions() -> None:
+    model = JobClassifier(n_classes=2, random_state=7, class_names=["hot", "cold"])
+    assert model.get_params() == {
+        "n_classes": 2,
+        "random_state": 7,
+        "class_names": ["hot", "cold"],
+        "n_init": 10,
+        "too_few": "raise",
+    }
+    with pytest.raises(NotFittedError):
+        model.predict(CATALOGUE_X)
+    copy = clone(model).set_params(n_classes=3, class_names=None)
+    assert list(copy.fit_predict(CATALOGUE_X)) == ["A", "A", "B", "B", "C", "C"]
+    assert list(model.fit(CATALOGUE_X).classes_) == ["hot", "cold"]
+    assert model.transform(CATALOGUE_X).shape == (6, 2)
+
+
+def test_to_dict_is_json_and_round_trips() -> None:
+    model = JobClassifier(class_names=("compute", "mixed", "memory")).fit(CATALOGUE_X)
+    restored = JobClassifier.from_dict(json.loads(json.dumps(model.to_dict())))
+    queries = np.array([[0, 100], [50, 50], [100, 0], [56.0, 21.6], [30, 30]])
+    assert list(restored.predict(queries)) == list(model.predict(queries))
+    assert restored.get_params() == {**model.get_params(), "class_names": list(model.class_names)}
+    np.testing.assert_array_equal(restored.cluster_centers_, model.cluster_centers_)
+
+
+def test_from_dict_refuses_inconsistent_models() -> None:
+    data = JobClassifier().fit(CATALOGUE_X).to_dict()
+    with pytest.raises(ValueError, match=r"supported: \[1\]"):
+        JobClassifier.from_dict({**data, "version": 99})
+    with pytest.raises(ValueError, match="not in class order"):
+        JobClassifier.from_dict({**data, "centroids": data["centroids"][::-1]})
+    with pytest.raises(ValueError, match="do not match"):
+        JobClassifier.from_dict({**data, "classes": ["X", "Y", "Z"]})
+
+
+def test_nan_is_a_clear_error() -> None:
+    X = CATALOGUE_X.copy()
+    X[4, 1] = np.nan
+    with pytest.raises(ValueError, match=r"rows \[4\] contain NaN"):
+        JobClassifier().fit(X)
+    model = JobClassifier().fit(CATALOGUE_X)
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict([[np.nan, 3.0]])
+
+
+def test_minos_style_percentages_are_refused() -> None:
+    with pytest.raises(ValueError, match="within 0..100"):
+        JobClassifier().fit(np.vstack([CATALOGUE_X, [3807.66, 2429.73]]))
+
+
+def test_wrong_shape() -> None:
+    with pytest.raises(ValueError, match=r"expected shape \(n_applications, 2\)"):
+        JobClassifier().fit([[1.0, 2.0, 3.0]])
+
+
+def test_too_few_distinct_applications_raise_by_default() -> None:
+    duplicated = np.array([[10, 80], [10, 80], [70, 20], [70, 20]])
+    with pytest.raises(TooFewApplicationsError, match="got 2 distinct among 4 given"):
+        JobClassifier(n_classes=3).fit(duplicated)
+
+
+def test_too_few_reduce_warns_and_records() -> None:
+    duplicated = np.array([[10, 80], [10, 80], [70, 20]])
+    with pytest.warns(TooFewApplicationsWarning, match=r"fitting 2 classes \['A', 'B'\]"):
+        model = JobClassifier(n_classes=3, too_few="reduce").fit(duplicated)
+    assert model.n_classes_ == 2
+    assert list(model.labels_) == ["A", "A", "B"]
+
+
+def test_duplicates_with_enough_distinct_points_fit_without_warning() -> None:
+    X = np.vstack([CATALOGUE_X, CATALOGUE_X, CATALOGUE_X[:2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = JobClassifier().fit(X)
+    assert list(model.labels_[:6]) == ["A", "A", "B", "B", "C", "C"]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n_classes": 0}, "n_classes must be an integer >= 1"),
+        ({"too_few": "ignore"}, r"too_few must be one of \('raise', 'reduce'\)"),
+        ({"class_names": ["A", "B"]}, "class_names has 2 names"),
+        ({"class_names": ["A", "A", "B"]}, "must be distinct"),
+        ({"n_init": 0}, "n_init must be"),
+    ],
+)
+def test_invalid_parameters_name_the_valid_choices(params, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        JobClassifier(**params).fit(CATALOGUE_X)
+
+
+def test_default_class_names() -> None:
+    assert default_class_names(4) == ["A", "B", "C", "D"]
+    assert default_class_names(27)[-1] == "A1"
+
+
+# --------------------------------------------------------------------------------------------
+# Properties
+
+
+@settings(max_examples=60, deadline=None)
+@given(points=points_strategy, data=st.data())
+def test_refit_on_shuffled_input_gives_the_same_classes(points, data) -> None:
+    X = np.array(points)
+    permutation = data.draw(st.permutations(range(len(X))))
+    first = JobClassifier(n_classes=3).fit(X)
+    second = JobClassifier(n_classes=3).fit(X[permutation])
+    np.testing.assert_array_equal(first.cluster_centers_, second.cluster_centers_)
+    assert list(second.labels_) == list(first.labels_[permutation])
+    assert list(second.predict(X)) == list(first.labels_)
+
+
+@settings(max_examples=60, deadline=None)
+@given(points=points_strategy, k=st.integers(min_value=1, max_value=3))
+def test_classes_are_ordered_by_compute_boundness(points, k) -> None:
+    model = JobClassifier(n_classes=k).fit(np.array(points))
+    centers = model.cluster_centers_
+    scores = centers[:, 1] - centers[:, 0]
+    np.testing.assert_allclose(model.compute_scores_, scores)
+    assert np.all(np.diff(scores) <= 0)
+
+
+@st.composite
+def three_blobs(draw):
+    """Applications around a compute-bound, a mixed and a memory-bound centre."""
+    centres = {"A": (5.0, 85.0), "B": (45.0, 45.0), "C": (85.0, 5.0)}
+    jitter = st.floats(min_value=-5.0, max_value=5.0, allow_nan=False)
+    points, truth = [], []
+    for name, (dram, fu) in centres.items():
+        for _ in range(draw(st.integers(min_value=1, max_value=12))):
+            points.append((dram + draw(jitter), fu + draw(jitter)))
+            truth.append(name)
+    order = draw(st.permutations(range(len(points))))
+    return np.array(points)[order], [truth[i] for i in order]
+
+
+@settings(max_examples=60, deadline=None)
+@given(blobs=three_blobs(), seed=st.integers(min_value=0, max_value=2**31 - 1))
+def test_spread_applications_get_the_expected_ordered_classes(blobs, seed) -> None:
+    X, truth = blobs
+    model = JobClassifier(n_classes=3, random_state=seed).fit(X)
+    assert list(model.labels_) == truth
+
+
+CATALOGUE_MODEL = JobClassifier().fit(CATALOGUE_X)
+
+
+@settings(max_examples=100, deadline=None)
+@given(query=st.tuples(percent, percent))
+def test_new_applications_go_to_the_nearest_centroid(query) -> None:
+    model = CATALOGUE_MODEL
+    distances = np.linalg.norm(model.cluster_centers_ - np.array(query), axis=1)
+    (predicted,) = model.predict_index([query])
+    assert distances[predicted] == distances.min()
