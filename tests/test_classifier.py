@@ -22,7 +22,11 @@ from slurm_pal.core.classifier import (
     TooFewApplicationsWarning,
     default_class_names,
 )
-from slurm_pal.core.features import UtilizationFeatures
+from slurm_pal.core.features import (
+    UtilizationFeatures,
+    time_weighted_mean,
+    weighted_mean_skipping_missing,
+)
 
 _DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
@@ -175,6 +179,62 @@ def test_invalid_parameters_name_the_valid_choices(params, message) -> None:
 def test_default_class_names() -> None:
     assert default_class_names(4) == ["A", "B", "C", "D"]
     assert default_class_names(27)[-1] == "A1"
+
+
+# --------------------------------------------------------------------------------------------
+# The shared features record and its weighted means (slurm_pal.core.features)
+
+
+def test_time_weighted_mean_counts_every_launch_with_its_own_weight() -> None:
+    # 162 launches of one kernel must not collapse to one duration (the Minos bug)
+    assert time_weighted_mean([20.0] * 162, [10.0] * 162) == pytest.approx(20.0)
+    assert time_weighted_mean([10.0, 40.0], [3.0, 1.0]) == pytest.approx(17.5)
+
+
+@pytest.mark.parametrize(
+    ("values", "weights", "message"),
+    [
+        ([1.0], [1.0, 2.0], "1 values but 2 weights"),
+        ([], [], "zero values"),
+        ([1.0, 2.0], [0.0, 0.0], "total weight is zero"),
+        ([1.0], [-1.0], "must be finite and >= 0"),
+        ([float("nan")], [1.0], "must be finite"),
+    ],
+)
+def test_time_weighted_mean_rejects_bad_input(values, weights, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        time_weighted_mean(values, weights)
+
+
+def test_weighted_mean_skipping_missing_reports_the_left_out_weight() -> None:
+    result = weighted_mean_skipping_missing([10.0, None, 30.0], [1.0, 2.0, 1.0])
+    assert result.mean == pytest.approx(20.0)
+    assert result.excluded_fraction == pytest.approx(0.5)
+    assert result.used_count == 2
+    with pytest.raises(ValueError, match="no value present"):
+        weighted_mean_skipping_missing([None, None], [1.0, 1.0])
+
+
+def test_utilization_features_validate_and_round_trip_through_json() -> None:
+    features = UtilizationFeatures(
+        dram_util=56.02,
+        fu_util=21.61,
+        source="ncu",
+        dram_source="gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+        fu_source="sm__throughput.avg.pct_of_peak_sustained_elapsed (fallback: no pipe metric)",
+        measurements=162,
+        weight_total=5_689_984.0,
+        weight_unit="ns",
+    )
+    restored = UtilizationFeatures.from_dict(json.loads(json.dumps(features.to_dict())))
+    assert restored == features
+    assert features.as_point() == (56.02, 21.61)
+    with pytest.raises(ValueError, match=r"source must be one of \('ncu', 'nvml', 'dcgm'\)"):
+        UtilizationFeatures(1.0, 2.0, "nsight", "d", "f", 1, 1.0, "ns")
+    with pytest.raises(ValueError, match="dram_util must be a finite number"):
+        UtilizationFeatures(float("nan"), 2.0, "ncu", "d", "f", 1, 1.0, "ns")
+    with pytest.raises(ValueError, match="unknown UtilizationFeatures keys"):
+        UtilizationFeatures.from_dict({**features.to_dict(), "colour": "blue"})
 
 
 # --------------------------------------------------------------------------------------------
