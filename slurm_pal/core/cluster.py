@@ -11,9 +11,13 @@ Layout choices that make placement vectorizable:
 - GPUs are stored sorted by (node, local index); ``node_gpus`` is a padded node x slot matrix of
   GPU ids, so "the GPUs of these nodes" is one fancy-indexing step.
 - Per job class, scores take few distinct values (the K-Means bins plus a few outliers).
-  ``np.unique`` turns them into a sorted ``bin_scores`` vector and a ``bin_of`` GPU -> bin index,
-  and the cluster keeps ``free_counts``: free GPUs per (node, bin). A PAL step then works on a
-  nodes x bins integer matrix instead of on GPUs or GPU combinations.
+  ``np.unique`` turns them into a sorted ``bin_scores`` vector and a ``bin_of`` GPU -> bin index.
+- Per class the cluster keeps, up to date in place, ``sorted_free_bins``: for every node the bins
+  of its free GPUs in ascending order, padded with ``n_bins`` (a nodes x GPUs-per-node matrix),
+  and ``bin_totals``: free GPUs per bin. Column ``N - 1`` of the first is each node's best
+  possible worst score for an N-GPU job; the cumulative sum of the second answers the same for
+  the whole cluster. Neither depends on how many outliers add bins, and nothing enumerates GPUs
+  or combinations.
 """
 
 from __future__ import annotations
@@ -81,9 +85,13 @@ class Cluster:
     """
 
     __slots__ = (
+        "_bin_totals",
+        "_class_bins",
+        "_class_row",
+        "_class_sentinel",
         "_feature_masks",
-        "_free_counts",
         "_node_free",
+        "_sorted_bins",
         "class_order",
         "classes",
         "free",
@@ -126,7 +134,11 @@ class Cluster:
     class_order: tuple[str, ...]
     topology: Topology
     free: BoolArray
-    _free_counts: dict[str, NDArray[np.int32]]
+    _class_row: dict[str, int]
+    _class_bins: NDArray[np.int32]
+    _class_sentinel: NDArray[np.int32]
+    _sorted_bins: NDArray[np.int32]
+    _bin_totals: NDArray[np.int64]
     _node_free: IntArray
     _feature_masks: dict[str, BoolArray]
 
@@ -246,6 +258,13 @@ class Cluster:
                 )
             self.class_order = tuple(class_order)
 
+        self._class_row = {name: row for row, name in enumerate(class_names)}
+        self._class_bins = _readonly(
+            np.stack([self.classes[name].bin_of for name in class_names]).astype(np.int32)
+        )
+        self._class_sentinel = _readonly(
+            np.array([self.classes[name].n_bins for name in class_names], dtype=np.int32)
+        )
         self.free = np.ones(len(specs), dtype=bool)
         self._feature_masks = {}
         self._recount()
@@ -255,13 +274,28 @@ class Cluster:
         return self
 
     def _recount(self) -> None:
+        """Rebuild the free-state summaries from ``free`` (construction only)."""
         n_nodes = len(self.node_names)
         self._node_free = np.bincount(self.gpu_node[self.free], minlength=n_nodes).astype(np.intp)
-        self._free_counts = {}
-        for name, klass in self.classes.items():
-            cells = self.gpu_node[self.free] * klass.n_bins + klass.bin_of[self.free]
-            counts = np.bincount(cells, minlength=n_nodes * klass.n_bins)
-            self._free_counts[name] = counts.reshape(n_nodes, klass.n_bins).astype(np.int32)
+        width = int(self._class_sentinel.max()) + 1
+        self._bin_totals = np.zeros((len(self.classes), width), dtype=np.int64)
+        for row in range(len(self.classes)):
+            self._bin_totals[row] = np.bincount(self._class_bins[row][self.free], minlength=width)[
+                :width
+            ]
+        self._sorted_bins = np.empty(
+            (len(self.classes), n_nodes, self.node_gpus.shape[1]), np.int32
+        )
+        self._resort(np.arange(n_nodes))
+
+    def _resort(self, nodes: IntArray) -> None:
+        """Recompute ``sorted_free_bins`` rows of ``nodes`` for every class at once."""
+        slots = self.node_gpus[nodes]
+        safe = np.where(slots >= 0, slots, 0)
+        usable = (slots >= 0) & self.free[safe]
+        keys = np.where(usable, self._class_bins[:, safe], self._class_sentinel[:, None, None])
+        keys.sort(axis=-1)
+        self._sorted_bins[:, nodes, :] = keys
 
     # --- sizes and lookups -------------------------------------------------------------------
 
@@ -288,11 +322,27 @@ class Cluster:
         view.flags.writeable = False
         return view
 
-    def free_counts(self, job_class: str) -> NDArray[np.int32]:
-        """Free GPUs per (node, bin) for a class (read-only view, kept current in place)."""
-        view = self._free_counts[job_class].view()
+    def sorted_free_bins(self, job_class: str) -> NDArray[np.int32]:
+        """Per node, the class bins of its free GPUs ascending, padded with ``n_bins``
+        (read-only view, kept current in place)."""
+        view = self._sorted_bins[self._class_row[job_class]].view()
         view.flags.writeable = False
         return view
+
+    def bin_totals(self, job_class: str) -> NDArray[np.int64]:
+        """Free GPUs per bin of the class (read-only view, kept current in place)."""
+        klass = self.classes[job_class]
+        view = self._bin_totals[self._class_row[job_class], : klass.n_bins].view()
+        view.flags.writeable = False
+        return view
+
+    def free_counts(self, job_class: str) -> NDArray[np.int64]:
+        """Free GPUs per (node, bin) of the class (computed on demand: nodes x bins)."""
+        n_bins = self.classes[job_class].n_bins
+        keys = self.sorted_free_bins(job_class)
+        cells = np.arange(self.n_nodes)[:, None] * (n_bins + 1) + keys
+        flat = np.bincount(cells.ravel(), minlength=self.n_nodes * (n_bins + 1))
+        return flat.reshape(self.n_nodes, n_bins + 1)[:, :n_bins]
 
     def gpu_id(self, uuid: str) -> int:
         """The internal GPU id (row) of a UUID; KeyError names the unknown UUID."""
@@ -329,7 +379,8 @@ class Cluster:
             setattr(other, name, getattr(self, name))
         other.free = self.free.copy()
         other._node_free = self._node_free.copy()
-        other._free_counts = {name: counts.copy() for name, counts in self._free_counts.items()}
+        other._sorted_bins = self._sorted_bins.copy()
+        other._bin_totals = self._bin_totals.copy()
         return other
 
     def _gpu_ids(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> IntArray:
@@ -346,8 +397,9 @@ class Cluster:
     def _apply(self, ids: IntArray, delta: int) -> None:
         nodes = self.gpu_node[ids]
         np.add.at(self._node_free, nodes, delta)
-        for name, klass in self.classes.items():
-            np.add.at(self._free_counts[name], (nodes, klass.bin_of[ids]), delta)
+        rows = np.arange(len(self.classes))[:, None]
+        np.add.at(self._bin_totals, (rows, self._class_bins[:, ids]), delta)
+        self._resort(np.unique(nodes))
 
     def allocate(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> None:
         """Mark GPUs (ids, or an Allocation) busy, in place. ValueError if one is already busy."""

@@ -53,7 +53,7 @@ class PackedPolicy:
     def _pick(view: RequestView) -> tuple[np.ndarray, str] | None:
         shape = view.shape
         top = view.n_bins - 1
-        free = view.cum[:, -1]
+        free = view.usable_counts()
         nodes = np.arange(free.size)
         if shape.per_node is not None:
             assert shape.node_count is not None

@@ -51,7 +51,7 @@ class RandomPolicy:
 
     def _pick(self, view: RequestView) -> np.ndarray | None:
         shape, rng = view.shape, self.rng
-        free = view.cum[:, -1]
+        free = view.usable_counts()
         nodes = np.flatnonzero(free)
         if shape.per_node is not None:
             assert shape.node_count is not None

@@ -1,14 +1,14 @@
 """A request's view of the cluster, and the vectorized steps the policies are built from.
 
-Everything here works on ``counts``: free GPUs the request may use, per (node, score bin) of its
-class, and on their cumulative sums over bins (``cum[node, b]`` = usable GPUs of the node with a
-score of at most ``bin_scores[b]``). Two facts make this enough:
+The view holds, for the request's class, ``sorted`` (per node: the bins of the free GPUs the request
+may use, ascending, padded with ``n_bins``) and ``totals`` (usable free GPUs per bin). Two facts
+make that enough:
 
-- the best set of N GPUs inside any group of GPUs (a node, a switch, the cluster) under a score
-  threshold is its N best GPUs: a set's slowest GPU is minimized by taking the smallest scores, so
-  no combination is ever enumerated;
+- the best set of N GPUs inside any group (a node, a switch, the cluster) under a score threshold
+  is its N best GPUs: a set's slowest GPU is minimized by taking the smallest scores, so no
+  combination is ever enumerated. For one node that set's worst bin is ``sorted[node, N - 1]``;
 - feasibility is monotone in the threshold, so "the smallest bin at which a group can hold the
-  job" is a count of bins where it cannot: ``(cum < N).sum(axis=1)``.
+  job" is a search in cumulative counts.
 
 Groups are the units of a locality level: each node (rank 0), each leaf switch (rank 1), the
 whole cluster (rank 2). A group's "first bin" is the smallest bin at which it can hold the job
@@ -75,26 +75,63 @@ def placed(allocation: Allocation, request: PlacementRequest) -> PlacementResult
 
 
 class RequestView:
-    """Eligible free GPUs of one request's class, as per-(node, bin) counts."""
+    """Usable free GPUs of one request's class, summarized per node and per bin."""
 
-    __slots__ = ("cluster", "counts", "cum", "gpu_model", "klass", "n_bins", "request", "shape")
+    __slots__ = (
+        "cluster",
+        "gpu_model",
+        "klass",
+        "n_bins",
+        "request",
+        "shape",
+        "sorted",
+        "totals",
+        "width",
+    )
 
     def __init__(
         self,
         request: PlacementRequest,
         cluster: Cluster,
         shape: Shape,
-        counts: NDArray[np.int32],
+        sorted_bins: NDArray[np.int32],
+        totals: NDArray[np.int64],
         gpu_model: int | None,
     ) -> None:
         self.request = request
         self.cluster = cluster
         self.klass: ClassScores = cluster.classes[request.job_class]
         self.shape = shape
-        self.counts = counts
-        self.cum = np.cumsum(counts, axis=1)
+        self.sorted = sorted_bins
+        self.totals = totals
         self.n_bins = self.klass.n_bins
+        self.width = sorted_bins.shape[1]
         self.gpu_model = gpu_model
+
+    # --- per-node summaries --------------------------------------------------------------------
+
+    def node_first(self, count: int, rows: IntArray | None = None) -> IntArray:
+        """Per node: the bin of its ``count``-th best usable GPU (``n_bins`` if it has fewer)."""
+        if count > self.width:
+            size = self.cluster.n_nodes if rows is None else rows.size
+            return np.full(size, self.n_bins, dtype=np.int32)
+        column = self.sorted[:, count - 1]
+        return column if rows is None else column[rows]
+
+    def at_most(self, rows: IntArray, bin_index: int) -> IntArray:
+        """Per node of ``rows``: usable GPUs with a bin <= ``bin_index``."""
+        return (self.sorted[rows] <= bin_index).sum(axis=1)
+
+    def usable_counts(self) -> IntArray:
+        """Per node: usable free GPUs (any score)."""
+        return (self.sorted < self.n_bins).sum(axis=1)
+
+    def cumulative(self, rows: IntArray) -> IntArray:
+        """Per node of ``rows`` and bin: usable GPUs at or under that bin (rows x bins)."""
+        n_bins = self.n_bins
+        cells = np.arange(rows.size)[:, None] * (n_bins + 1) + self.sorted[rows]
+        flat = np.bincount(cells.ravel(), minlength=rows.size * (n_bins + 1))
+        return np.cumsum(flat.reshape(rows.size, n_bins + 1)[:, :n_bins], axis=1)
 
     # --- groups ----------------------------------------------------------------------------
 
@@ -121,21 +158,28 @@ class RequestView:
         return np.arange(self.cluster.n_nodes, dtype=np.intp)
 
     def group_sum(self, rank: int, per_node: np.ndarray) -> np.ndarray:
-        """Sum a per-node array (1-D or nodes x bins) over the groups of a level."""
+        """Sum a per-node array over the groups of a level."""
         if rank == NODE_RANK:
             return per_node
         if rank == SWITCH_RANK:
             cluster = self.cluster
-            return np.add.reduceat(
-                per_node[cluster.switch_node_order], cluster.switch_starts, axis=0
-            )
+            ordered = per_node[cluster.switch_node_order]
+            return np.add.reduceat(ordered, cluster.switch_starts, axis=0)
         return per_node.sum(axis=0, keepdims=True)
+
+    def _switch_cumulative(self) -> IntArray:
+        """Per switch and bin: usable GPUs at or under that bin."""
+        n_bins, cluster = self.n_bins, self.cluster
+        cells = cluster.node_switch[:, None] * (n_bins + 1) + self.sorted
+        n_switches = len(cluster.switch_names)
+        flat = np.bincount(cells.ravel(), minlength=n_switches * (n_bins + 1))
+        return np.cumsum(flat.reshape(n_switches, n_bins + 1)[:, :n_bins], axis=1)
 
     # --- feasibility -------------------------------------------------------------------------
 
     def first_bins(self, rank: int) -> IntArray:
         """Per group of the level: the smallest bin at which it can hold the job, or n_bins."""
-        shape, cum, n_bins = self.shape, self.cum, self.n_bins
+        shape, n_bins = self.shape, self.n_bins
         never = np.full(self.n_groups(rank), n_bins, dtype=np.intp)
         if shape.required.size:
             groups = np.unique(self.group_of_nodes(rank, shape.required))
@@ -144,26 +188,44 @@ class RequestView:
             return never
         if shape.per_node is not None:
             assert shape.node_count is not None
-            if rank == NODE_RANK and shape.node_count > 1:
-                return never
-            usable = (cum >= shape.per_node).astype(np.int32)
-            return (self.group_sum(rank, usable) < shape.node_count).sum(axis=1)
+            return self._kth_cost(rank, self.node_first(shape.per_node), shape.node_count)
         if rank == NODE_RANK:
-            return never if shape.min_nodes > 1 else (cum < shape.n).sum(axis=1)
-        first = (self.group_sum(rank, cum) < shape.n).sum(axis=1)
+            return never if shape.min_nodes > 1 else self.node_first(shape.n)
+        if rank == CLUSTER_RANK:
+            cumulative = np.cumsum(self.totals)
+            first = np.array([np.searchsorted(cumulative, shape.n)], dtype=np.intp)
+        else:
+            first = (self._switch_cumulative() < shape.n).sum(axis=1)
         if shape.simple:
             return first
         for group in np.flatnonzero(first < n_bins):
             first[group] = self._general_first(self.group_rows(rank, int(group)))
         return first
 
+    def _kth_cost(self, rank: int, cost: IntArray, k: int) -> IntArray:
+        """Per group: the k-th smallest node cost (the first bin with k usable nodes)."""
+        n_bins = self.n_bins
+        if rank == NODE_RANK:
+            return cost if k == 1 else np.full(cost.size, n_bins, dtype=np.intp)
+        if rank == CLUSTER_RANK:
+            if cost.size < k:
+                return np.array([n_bins], dtype=np.intp)
+            return np.array([np.partition(cost, k - 1)[k - 1]], dtype=np.intp)
+        cluster = self.cluster
+        order = np.lexsort((cost, cluster.node_switch))
+        sizes = np.diff(np.append(cluster.switch_starts, cost.size))
+        result = np.full(sizes.size, n_bins, dtype=np.intp)
+        big_enough = sizes >= k
+        result[big_enough] = cost[order][cluster.switch_starts[big_enough] + k - 1]
+        return result
+
     def _general_first(self, rows: IntArray) -> int:
         """First bin for one group under every constraint (required nodes, node bounds)."""
         shape = self.shape
-        cum = self.cum[rows]
         required = np.isin(rows, shape.required)
         if shape.required.size and required.sum() != shape.required.size:
             return self.n_bins
+        cum = self.cumulative(rows)
         if shape.per_node is not None:
             assert shape.node_count is not None
             usable = cum >= shape.per_node
@@ -219,48 +281,52 @@ class RequestView:
 
     def usable_gpus(self, nodes: IntArray) -> list[IntArray]:
         """Per node, its usable GPUs (any bin) by local index."""
-        counts = self.cum[nodes, -1]
+        counts = (self.sorted[nodes] < self.n_bins).sum(axis=1)
         taken = self.take(nodes, counts, 0, self.n_bins - 1, by_score=False)
         return np.split(taken, np.cumsum(counts)[:-1])
 
     def select(self, rank: int, group: int, bin_index: int) -> IntArray:
         """The best GPUs for the job inside one group, none scoring above ``bin_index``."""
+        if self.shape.simple:
+            if rank == CLUSTER_RANK:
+                return self.pmfirst_pick(None, bin_index)
+            return self.pmfirst_pick(self.group_rows(rank, group), bin_index)
         rows = self.group_rows(rank, group)
         if self.shape.per_node is not None:
             return self._select_per_node(rows, bin_index)
-        if self.shape.simple:
-            return self.pmfirst_pick(rows, bin_index)
         return self._select_bounded(rows, bin_index)
 
-    def pmfirst_pick(self, rows: IntArray, bin_index: int) -> IntArray:
-        """PM-First as PAL's code does it: every usable GPU below the threshold bin, then the rest
-        from the threshold bin, nodes ranked by ``|free GPUs of that bin on the node - N|``
-        (best-match packing), then node id, GPUs by local index."""
+    def pmfirst_pick(self, rows: IntArray | None, bin_index: int) -> IntArray:
+        """PM-First as PAL's code does it, among ``rows`` (None: every node): every usable GPU
+        below the threshold bin, then the rest from the threshold bin, nodes ranked by
+        ``|usable GPUs of that bin on the node - N|`` (best-match packing), then node id; GPUs by
+        local index."""
         n = self.shape.n
-        below = self.cum[rows, bin_index - 1] if bin_index else np.zeros(rows.size, np.intp)
-        below_nodes = np.flatnonzero(below)
-        lower = self.take(rows[below_nodes], below[below_nodes], 0, bin_index - 1, by_score=True)
+        keys = self.sorted if rows is None else self.sorted[rows]
+        holders = np.flatnonzero(keys[:, 0] <= bin_index)
+        nodes = holders if rows is None else rows[holders]
+        keys = keys[holders]
+        below = (keys < bin_index).sum(axis=1)
+        at_bin = (keys <= bin_index).sum(axis=1) - below
+        has_below = np.flatnonzero(below)
+        lower = self.take(nodes[has_below], below[has_below], 0, bin_index - 1, by_score=True)
         missing = n - lower.size
-        at_bin = self.counts[rows, bin_index]
-        holders = np.flatnonzero(at_bin)
-        order = holders[np.lexsort((holders, np.abs(at_bin[holders] - n)))]
+        with_bin = np.flatnonzero(at_bin)
+        order = with_bin[np.lexsort((nodes[with_bin], np.abs(at_bin[with_bin] - n)))]
         taken = np.cumsum(at_bin[order])
         last = int(np.searchsorted(taken, missing))
         chosen = order[: last + 1]
         counts = at_bin[chosen].copy()
         counts[-1] -= taken[last] - missing
-        upper = self.take(rows[chosen], counts, bin_index, bin_index, by_score=True)
+        upper = self.take(nodes[chosen], counts, bin_index, bin_index, by_score=True)
         return np.concatenate((lower, upper))
-
-    def _node_costs(self, rows: IntArray, per_node: int) -> IntArray:
-        return (self.cum[rows] < per_node).sum(axis=1)
 
     def _select_per_node(self, rows: IntArray, bin_index: int) -> IntArray:
         """``gpus_per_node`` jobs: required nodes, then the nodes whose ``g`` best GPUs are best,
         best fit (fewest free left) among equals."""
         shape = self.shape
         assert shape.per_node is not None and shape.node_count is not None
-        cost = self._node_costs(rows, shape.per_node)
+        cost = self.node_first(shape.per_node, rows)
         required = np.isin(rows, shape.required)
         others = np.flatnonzero((cost <= bin_index) & ~required)
         free_left = self.cluster.node_free[rows[others]]
@@ -275,9 +341,10 @@ class RequestView:
         most usable GPUs (fewest nodes), at least ``min_nodes`` of them; every chosen node gets its
         best GPU, the rest go to the best remaining GPUs."""
         shape = self.shape
-        cap = self.cum[rows, bin_index]
-        required = np.flatnonzero(np.isin(rows, shape.required))
-        others = np.flatnonzero((cap > 0) & ~np.isin(rows, shape.required))
+        cap = self.at_most(rows, bin_index)
+        is_required = np.isin(rows, shape.required)
+        required = np.flatnonzero(is_required)
+        others = np.flatnonzero((cap > 0) & ~is_required)
         others = others[np.lexsort((others, -cap[others]))]
         chosen = list(required)
         total = int(cap[required].sum())
@@ -291,7 +358,7 @@ class RequestView:
     def spread_pick(self, nodes: IntArray, bin_index: int, *, by_score: bool) -> IntArray:
         """N GPUs from ``nodes`` with at least one on each: each node's first GPU, then the best
         of the rest (by score or by node order and local index)."""
-        counts = self.cum[nodes, bin_index]
+        counts = self.at_most(nodes, bin_index)
         ranked = self.take(nodes, counts, 0, bin_index, by_score=by_score)
         owner = np.repeat(np.arange(nodes.size), counts)
         first_of_node = np.concatenate(([True], owner[1:] != owner[:-1]))
@@ -343,17 +410,22 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
         bad = [cluster.node_names[node] for node in required[~node_ok[required]]]
         return f"required node(s) {compress(bad)} lack the requested features or GPU model"
 
-    counts = cluster.free_counts(request.job_class)
-    if gpu_model is not None:
-        klass = cluster.classes[request.job_class]
-        usable = cluster.free & (cluster.gpu_model == gpu_model)
-        if node_ok is not None:
-            usable &= node_ok[cluster.gpu_node]
-        cells = cluster.gpu_node[usable] * klass.n_bins + klass.bin_of[usable]
-        flat = np.bincount(cells, minlength=cluster.n_nodes * klass.n_bins)
-        counts = flat.reshape(cluster.n_nodes, klass.n_bins).astype(np.int32)
-    elif node_ok is not None:
-        counts = counts * node_ok[:, None].astype(np.int32)
+    klass = cluster.classes[request.job_class]
+    sorted_bins = cluster.sorted_free_bins(request.job_class)
+    totals = cluster.bin_totals(request.job_class)
+    if gpu_model is not None or node_ok is not None:
+        slots = cluster.node_gpus
+        if gpu_model is not None:
+            safe = np.where(slots >= 0, slots, 0)
+            usable = (slots >= 0) & cluster.free[safe] & (cluster.gpu_model[safe] == gpu_model)
+            if node_ok is not None:
+                usable &= node_ok[:, None]
+            sorted_bins = np.where(usable, klass.bin_of[safe], klass.n_bins).astype(np.int32)
+            sorted_bins.sort(axis=1)
+        else:
+            assert node_ok is not None
+            sorted_bins = np.where(node_ok[:, None], sorted_bins, np.int32(klass.n_bins))
+        totals = np.bincount(sorted_bins.ravel(), minlength=klass.n_bins + 1)[: klass.n_bins]
 
     shape = Shape(
         n=request.gpus,
@@ -363,8 +435,8 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
         max_nodes=request.node_count if request.gpus_per_node else request.max_nodes,
         required=required,
     )
-    view = RequestView(request, cluster, shape, counts, gpu_model)
-    usable_total = int(view.cum[:, -1].sum())
+    view = RequestView(request, cluster, shape, sorted_bins, totals, gpu_model)
+    usable_total = int(totals.sum())
     if usable_total < shape.n:
         return (
             f"needs {shape.n} GPUs, {usable_total} usable free "
