@@ -150,3 +150,33 @@ def test_pal_artifact_mode_reproduces_k2_plus_one_cluster_per_outlier() -> None:
     assert 1.0 in np.round(binner.centroids_, 12)
     assert binner.outlier_mask_.sum() == 3
     assert PMBinner().fit(x).k_ == 2  # the corrected mode agrees here, for the right reason
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kmeans_1d_matches_scikit_learn_on_its_objective(seed: int) -> None:
+    from sklearn.cluster import KMeans
+
+    from slurm_pal.core.binning import kmeans_1d
+
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.normal(1.0, 0.02, 150), rng.normal(1.1, 0.02, 50), [1.5, 1.6]])
+    k = 2 + seed % 6
+    centers, labels, inertia = kmeans_1d(x, k, random_state=seed)
+    reference = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(x.reshape(-1, 1))
+    assert inertia <= reference.inertia_ * 1.05
+    assert np.all(np.diff(centers) > 0) and len(centers) == k
+    recomputed = sum(((x[labels == j] - centers[j]) ** 2).sum() for j in range(k))
+    assert inertia == pytest.approx(recomputed, rel=1e-9, abs=1e-12)
+    again = kmeans_1d(x, k, random_state=seed)
+    np.testing.assert_array_equal(again[0], centers)
+
+
+def test_kmeans_1d_finds_well_separated_groups_exactly() -> None:
+    from slurm_pal.core.binning import kmeans_1d
+
+    x = np.array([1.0, 1.01, 0.99, 2.0, 2.01, 1.99, 3.0, 3.02, 2.98])
+    centers, labels, _ = kmeans_1d(x, 3)
+    np.testing.assert_allclose(centers, [1.0, 2.0, 3.0])
+    assert list(labels) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    with pytest.raises(ValueError, match="distinct values"):
+        kmeans_1d([1.0, 1.0, 2.0], 3)

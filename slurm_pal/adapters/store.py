@@ -294,7 +294,7 @@ class Store:
                      WHERE b.campaign_id = c.id),
                    (SELECT count(*) FROM sources s WHERE s.campaign_id = c.id),
                    (SELECT count(*) FROM measurements m WHERE m.campaign_id = c.id)
-            FROM campaigns c ORDER BY c.created_at, c.id
+            FROM campaigns c ORDER BY c.rowid
             """
         ).fetchall()
         return [

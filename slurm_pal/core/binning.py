@@ -72,6 +72,85 @@ def silhouette_1d(values: ArrayLike, labels: ArrayLike) -> float:
     return float(s.mean())
 
 
+def kmeans_1d(
+    values: ArrayLike, k: int, *, n_init: int = 10, random_state: int = 0, max_iter: int = 300
+) -> tuple[NDArray[np.float64], NDArray[np.intp], float]:
+    """K-Means on one dimension: (sorted centers, labels, inertia), best of ``n_init`` starts.
+
+    Same objective and the same k-means++ seeding idea as scikit-learn's KMeans, but 1-D makes
+    every Lloyd step a sort-free prefix-sum pass: clusters are intervals of the sorted values, cut
+    at the midpoints between neighbouring centers. That is ~100x faster than calling KMeans ten
+    times per K (``benchmarks/binning.py``), which matters for 30,000-GPU campaigns. One extra
+    deterministic start from evenly spaced quantiles is always tried.
+    """
+    x = np.sort(np.asarray(values, dtype=float).ravel())
+    n = len(x)
+    if not 1 <= k <= len(np.unique(x)):
+        raise ValueError(f"k must be within 1..{len(np.unique(x))} (distinct values), got {k}")
+    prefix = np.concatenate(([0.0], np.cumsum(x)))
+    prefix_sq = np.concatenate(([0.0], np.cumsum(x * x)))
+    rng = np.random.default_rng(random_state)
+
+    tol = 1e-4 * float(np.var(x))  # scikit-learn's default stopping rule
+
+    def lloyd(centers: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
+        for _ in range(max_iter):
+            cuts = np.searchsorted(x, (centers[1:] + centers[:-1]) / 2, side="right")
+            starts = np.concatenate(([0], cuts))
+            ends = np.concatenate((cuts, [n]))
+            counts = ends - starts
+            sums = prefix[ends] - prefix[starts]
+            new = np.where(counts > 0, sums / np.maximum(counts, 1), centers)
+            new.sort()
+            shift = float(np.sum((new - centers) ** 2))
+            centers = new
+            if shift <= tol:
+                break
+        cuts = np.searchsorted(x, (centers[1:] + centers[:-1]) / 2, side="right")
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [n]))
+        counts = ends - starts
+        sums = prefix[ends] - prefix[starts]
+        sq = prefix_sq[ends] - prefix_sq[starts]
+        inertia = float(np.sum(sq - 2 * centers * sums + counts * centers**2))
+        return centers, max(inertia, 0.0)
+
+    def plus_plus() -> NDArray[np.float64]:
+        # Greedy k-means++ as in scikit-learn: 2 + log(k) candidates per step, keep the best.
+        trials = 2 + int(np.log(k))
+        centers = np.array([x[rng.integers(n)]])
+        d2 = (x - centers[0]) ** 2
+        for _ in range(k - 1):
+            total = d2.sum()
+            if total == 0:
+                break
+            cumulative = np.cumsum(d2)
+            picks = np.searchsorted(cumulative, rng.random(trials) * total, side="right")
+            picks = np.minimum(picks, n - 1)
+            cand_d2 = np.minimum(d2[None, :], (x[None, :] - x[picks][:, None]) ** 2)
+            best = int(np.argmin(cand_d2.sum(axis=1)))
+            centers = np.append(centers, x[picks[best]])
+            d2 = cand_d2[best]
+        centers = np.unique(centers)
+        return centers if len(centers) == k else _spread(x, k)
+
+    starts_list = [_spread(x, k)] + [plus_plus() for _ in range(n_init)]
+    best_centers, best_inertia = lloyd(starts_list[0])
+    for init in starts_list[1:]:
+        centers, inertia = lloyd(np.sort(init))
+        if inertia < best_inertia - 1e-15 * max(1.0, abs(best_inertia)):
+            best_centers, best_inertia = centers, inertia
+    mids = (best_centers[1:] + best_centers[:-1]) / 2
+    labels = np.searchsorted(mids, np.asarray(values, dtype=float).ravel(), side="right")
+    return best_centers, labels.astype(np.intp), best_inertia
+
+
+def _spread(x: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """k distinct start centers at evenly spaced quantiles of the sorted distinct values."""
+    distinct = np.unique(x)
+    return distinct[np.linspace(0, len(distinct) - 1, k).round().astype(int)]
+
+
 @dataclass(frozen=True)
 class Bin:
     """One PM bin: its score (the centroid, median GPU = 1.0) and how many GPUs it holds."""
@@ -165,7 +244,9 @@ class PMBinner(BaseEstimator):
             return
         fits: dict[int, NDArray[np.float64]] = {}
         for k in range(self.k_min, k_top + 1):
-            centers, labels = self._kmeans(regular, k)
+            centers, labels, _ = kmeans_1d(
+                regular, k, n_init=self.n_init, random_state=self.random_state
+            )
             fits[k] = centers
             if len(np.unique(labels)) < 2 or np.min(np.diff(np.sort(centers))) < self.min_gap:
                 continue
@@ -188,21 +269,16 @@ class PMBinner(BaseEstimator):
         self._artifact_outliers = norm > self.outlier_high_
         n_clusters = 2 + int(self._artifact_outliers.sum())
         n_clusters = min(n_clusters, len(np.unique(norm)))
-        centers, _ = self._kmeans(norm, n_clusters, random_state=1)
+        # scikit-learn's KMeans, seeded as PAL's code seeds it, to stay close to the artifact.
+        model = KMeans(n_clusters=n_clusters, n_init=self.n_init, random_state=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(norm.reshape(-1, 1))
+        centers = model.cluster_centers_.ravel()
         self.k_ = n_clusters
         self.silhouette_ = float("nan")
         self.silhouette_by_k_ = {}
         self.centroids_ = np.sort(centers / np.median(centers))
-
-    def _kmeans(
-        self, values: NDArray[np.float64], k: int, random_state: int | None = None
-    ) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
-        seed = self.random_state if random_state is None else random_state
-        model = KMeans(n_clusters=k, n_init=self.n_init, random_state=seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            labels = model.fit_predict(values.reshape(-1, 1))
-        return model.cluster_centers_.ravel(), labels
 
     # -- applying ------------------------------------------------------------------------
     def normalize(self, X: ArrayLike) -> NDArray[np.float64]:
