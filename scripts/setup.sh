@@ -26,6 +26,11 @@ if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 
+# The test suite starts a real Slurm (munge, slurmctld, slurmd) on loopback: install it with dev.
+if [ "$extras" = "dev" ] && [ -f scripts/install-slurm.sh ]; then
+  bash scripts/install-slurm.sh
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
