@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.conftest import LONGHORN_FILES
+from slurm_pal.cli.main import app
+from tests.conftest import LONGHORN, LONGHORN_FILES
 
 
 def test_demo_runs_on_embedded_defaults(run_cli) -> None:
@@ -63,22 +66,31 @@ def test_errors_are_one_clear_line_and_exit_2(run_cli, tmp_path: Path, example_c
     assert "campaigns: c1" in result.output
 
 
-@pytest.fixture
-def longhorn_campaign(run_cli, longhorn: Path, tmp_path: Path, monkeypatch) -> dict:
-    config = tmp_path / "longhorn.toml"
-    config.write_text(
-        '[classes]\nnames = ["A", "B", "C", "D", "S"]\n[profiling]\ngpu_model = "v100"\n'
-    )
-    monkeypatch.setenv("SLURM_PAL_CONFIG", str(config))
+@pytest.fixture(scope="module")
+def longhorn_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The four Longhorn files ingested once through the CLI; returns the env to reach them."""
+    if not all((LONGHORN / f).is_file() for f in LONGHORN_FILES.values()):
+        pytest.skip(f"shared reference data not found at {LONGHORN} (set SLURM_PAL_SHARED_DATA)")
+    tmp = tmp_path_factory.mktemp("longhorn")
+    config = tmp / "longhorn.toml"
+    config.write_text('[classes]\nnames = ["A", "B", "C", "D", "S"]\n')
+    env = {"SLURM_PAL_DB": str(tmp / "store.db"), "SLURM_PAL_CONFIG": str(config)}
+    runner = CliRunner()
     for cls, name in LONGHORN_FILES.items():
-        run_cli("profile", "ingest", longhorn / name, "--class", cls, "--campaign", "longhorn")
-    return json.loads(run_cli("profile", "bins", "--json").output)
+        args = ["profile", "ingest", str(LONGHORN / name), "--class", cls, "--campaign", "lh"]
+        result = runner.invoke(app, [*args, "--gpu-model", "v100"], env=env)
+        assert result.exit_code == 0, result.output
+    return env
 
 
-def test_longhorn_bins_hold_the_properties_placement_needs(
-    longhorn_campaign: dict, run_cli
-) -> None:
-    bins = longhorn_campaign
+def cli(env: dict[str, str], *args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_longhorn_bins_hold_the_properties_placement_needs(longhorn_store: dict) -> None:
+    bins = json.loads(cli(longhorn_store, "profile", "bins", "--json"))
     assert list(bins) == ["A", "B", "D", "S"]
     gpus_per_file = {"A": 336, "B": 136, "D": 172, "S": 392}
     for cls, b in bins.items():
@@ -96,19 +108,23 @@ def test_longhorn_bins_hold_the_properties_placement_needs(
     assert spread["A"] > spread["B"] and spread["A"] > spread["D"]
     assert len(bins["A"]["outliers"]) >= 3
     # A location id from the resnet file resolves to the GPU, which also has a pagerank score.
-    shown = json.loads(run_cli("profile", "show", "c005-4-3", "--json").output)
+    shown = json.loads(cli(longhorn_store, "profile", "show", "c005-4-3", "--json"))
     assert shown["uuid"].startswith("GPU-")
     assert shown["classes"]["A"]["measured"] and shown["classes"]["D"]["measured"]
-    labels = json.loads(run_cli("profile", "labels", "--json").output)["labels"]
+    labels = json.loads(cli(longhorn_store, "profile", "labels", "--json"))["labels"]
     all_gpus = 608  # the four files' GPUs, once identities are merged across files
     assert sum(r["gpus"] for r in labels) == all_gpus
     assert all(r["label"].startswith("v100-") for r in labels)
     assert set(labels[0]["scores"]) == {"A", "B", "D", "S"}
 
 
-def test_longhorn_pal_artifact_mode(longhorn_campaign: dict, run_cli) -> None:
-    run_cli("profile", "rebin", "--pal-artifact")
-    bins = json.loads(run_cli("profile", "bins", "--json").output)
+def test_longhorn_pal_artifact_mode(longhorn_store: dict, tmp_path: Path) -> None:
+    env = dict(longhorn_store)
+    copy = tmp_path / "artifact.db"
+    shutil.copy(env["SLURM_PAL_DB"], copy)
+    env["SLURM_PAL_DB"] = str(copy)
+    cli(env, "profile", "rebin", "--pal-artifact")
+    bins = json.loads(cli(env, "profile", "bins", "--json"))
     for b in bins.values():
         assert b["mode"] == "pal-artifact"
         # K = 2 + one per one-sided outlier, and scores are centroids / median centroid.
