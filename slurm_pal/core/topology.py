@@ -79,6 +79,9 @@ class Topology:
                 "locality penalties must not decrease with distance: within_node "
                 f"{penalties[0]} <= within_switch {penalties[1]} <= across_switches {penalties[2]}"
             )
+        levels = self._build_levels()  # derived, cached: levels are read on every placement
+        object.__setattr__(self, "_levels", levels)
+        object.__setattr__(self, "_level_by_rank", {level.rank: level for level in levels})
 
     @classmethod
     def flat(
@@ -117,6 +120,9 @@ class Topology:
     @property
     def levels(self) -> tuple[Level, ...]:
         """The locality levels an allocation can reach, most local first."""
+        return self._levels
+
+    def _build_levels(self) -> tuple[Level, ...]:
         node = Level(WITHIN_NODE, NODE_RANK, self.within_node)
         if not self.has_switches:
             return (node, Level(ACROSS_NODES, CLUSTER_RANK, self.across_switches))
@@ -128,10 +134,10 @@ class Topology:
 
     def level(self, rank: int) -> Level:
         """The level of a given rank (0 node, 1 switch, 2 cluster)."""
-        for level in self.levels:
-            if level.rank == rank:
-                return level
-        raise ValueError(f"this topology has no level of rank {rank}")
+        try:
+            return self._level_by_rank[rank]
+        except KeyError:
+            raise ValueError(f"this topology has no level of rank {rank}") from None
 
     def switch_of(self, node: str) -> str | None:
         """The node's leaf switch, or None when the topology does not place it."""

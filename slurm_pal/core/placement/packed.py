@@ -19,7 +19,6 @@ from slurm_pal.core.placement.pmfirst import constraint_text
 from slurm_pal.core.placement.view import (
     RequestView,
     build_allocation,
-    describe_nodes,
     placed,
     prepare,
     unplaced,
@@ -45,7 +44,9 @@ class PackedPolicy:
         allocation = build_allocation(
             view,
             gpus,
-            lambda a: f"Packed: {how}, {describe_nodes(a)} (V={a.max_score:.3g} L={a.penalty:g})",
+            lambda level, worst, nodes: (
+                f"Packed: {how}, {nodes} (V={worst:.3g} L={level.penalty:g})"
+            ),
         )
         return placed(allocation, request)
 

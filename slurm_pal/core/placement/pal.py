@@ -22,13 +22,14 @@ prefers one switch when that pays.
 
 from __future__ import annotations
 
+import numpy as np
+
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.lxv import LxVMatrix
 from slurm_pal.core.placement.base import PlacementResult
 from slurm_pal.core.placement.pmfirst import constraint_text, pmfirst_place
 from slurm_pal.core.placement.view import (
     build_allocation,
-    describe_nodes,
     placed,
     prepare,
     unplaced,
@@ -64,22 +65,24 @@ class PALPolicy:
         if request.gpus == 1:
             return pmfirst_place(view, "PAL (1 GPU: PM-First)")
         matrix = self.matrix(cluster, request.job_class)
-        first_by_rank = {}
+        first_by_rank: dict[int, tuple[np.ndarray, int]] = {}
         for entry in matrix.traversal:
             rank = entry.level.rank
-            first = first_by_rank.get(rank)
-            if first is None:
-                first = first_by_rank[rank] = view.first_bins(rank)
-            if first.min() > entry.bin:
+            known = first_by_rank.get(rank)
+            if known is None:
+                first = view.first_bins(rank)
+                known = first_by_rank[rank] = (first, int(first.min()))
+            first, earliest = known
+            if earliest > entry.bin:
                 continue
             group = view.best_group(rank, first, entry.bin)
             gpus = view.select(rank, group, entry.bin)
             allocation = build_allocation(
                 view,
                 gpus,
-                lambda a, e=entry: (
+                lambda level, worst, nodes, e=entry: (
                     f"PAL: {e.level.name} entry #{e.rank} V={e.score:.3g} L={e.level.penalty:g} "
-                    f"(LV={e.lv_product:.3g}), {describe_nodes(a)}"
+                    f"(LV={e.lv_product:.3g}), {nodes}"
                 ),
             )
             return placed(allocation, request)

@@ -16,7 +16,6 @@ from slurm_pal.core.placement.base import PlacementResult
 from slurm_pal.core.placement.view import (
     RequestView,
     build_allocation,
-    describe_nodes,
     placed,
     prepare,
     unplaced,
@@ -52,9 +51,9 @@ def pmfirst_place(view: RequestView, label: str) -> PlacementResult:
     allocation = build_allocation(
         view,
         gpus,
-        lambda a: (
-            f"{label}: best {a.n_gpus} free GPU(s) for class {a.job_class}, "
-            f"V={a.max_score:.3g} L={a.penalty:g} ({a.level}), {describe_nodes(a)}"
+        lambda level, worst, nodes: (
+            f"{label}: best {view.shape.n} free GPU(s) for class {view.request.job_class}, "
+            f"V={worst:.3g} L={level.penalty:g} ({level.name}), {nodes}"
         ),
     )
     return placed(allocation, view.request)

@@ -18,7 +18,6 @@ whole cluster (rank 2). A group's "first bin" is the smallest bin at which it ca
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,13 +26,12 @@ from slurm_pal.core.cluster import ClassScores, Cluster
 from slurm_pal.core.hostlist import compress
 from slurm_pal.core.placement.base import Allocation, PlacementResult
 from slurm_pal.core.request import PlacementRequest
-from slurm_pal.core.topology import CLUSTER_RANK, NODE_RANK, SWITCH_RANK
+from slurm_pal.core.topology import CLUSTER_RANK, NODE_RANK, SWITCH_RANK, Level
 
 __all__ = [
     "RequestView",
     "Shape",
     "build_allocation",
-    "describe_nodes",
     "placed",
     "prepare",
     "unplaced",
@@ -42,28 +40,35 @@ __all__ = [
 IntArray = NDArray[np.intp]
 BoolArray = NDArray[np.bool_]
 _EMPTY = np.zeros(0, dtype=np.intp)
+_COLUMNS = np.arange(4096, dtype=np.intp)
+_UNUSABLE = np.iinfo(np.intp).max // 2
+"""Sort key of a slot that cannot be taken (large, with room to add a column number)."""
 
 
-@dataclass(frozen=True, eq=False)
 class Shape:
     """The request's GPU and node counts in cluster terms (``required`` are node ids)."""
 
-    n: int
-    per_node: int | None
-    node_count: int | None
-    min_nodes: int
-    max_nodes: int | None
-    required: IntArray
+    __slots__ = ("max_nodes", "min_nodes", "n", "node_count", "per_node", "required", "simple")
 
-    @property
-    def simple(self) -> bool:
-        """Only a GPU count: PM-First's own tie-breaking applies."""
-        return (
-            self.per_node is None
-            and not self.required.size
-            and self.max_nodes is None
-            and self.min_nodes <= 1
+    def __init__(
+        self,
+        n: int,
+        per_node: int | None,
+        node_count: int | None,
+        min_nodes: int,
+        max_nodes: int | None,
+        required: IntArray,
+    ) -> None:
+        self.n = n
+        self.per_node = per_node
+        self.node_count = node_count
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes
+        self.required = required
+        self.simple = (
+            per_node is None and not required.size and max_nodes is None and min_nodes <= 1
         )
+        """Only a GPU count: PM-First's own tie-breaking applies."""
 
 
 def unplaced(request: PlacementRequest, reason: str) -> PlacementResult:
@@ -180,8 +185,8 @@ class RequestView:
     def first_bins(self, rank: int) -> IntArray:
         """Per group of the level: the smallest bin at which it can hold the job, or n_bins."""
         shape, n_bins = self.shape, self.n_bins
-        never = np.full(self.n_groups(rank), n_bins, dtype=np.intp)
         if shape.required.size:
+            never = np.full(self.n_groups(rank), n_bins, dtype=np.intp)
             groups = np.unique(self.group_of_nodes(rank, shape.required))
             if groups.size == 1:
                 never[groups[0]] = self._general_first(self.group_rows(rank, int(groups[0])))
@@ -190,7 +195,9 @@ class RequestView:
             assert shape.node_count is not None
             return self._kth_cost(rank, self.node_first(shape.per_node), shape.node_count)
         if rank == NODE_RANK:
-            return never if shape.min_nodes > 1 else self.node_first(shape.n)
+            if shape.min_nodes > 1:
+                return np.full(self.n_groups(rank), n_bins, dtype=np.intp)
+            return self.node_first(shape.n)
         if rank == CLUSTER_RANK:
             cumulative = np.cumsum(self.totals)
             first = np.array([np.searchsorted(cumulative, shape.n)], dtype=np.intp)
@@ -251,7 +258,7 @@ class RequestView:
         candidates = np.flatnonzero(first <= bin_index)
         if candidates.size == 1:
             return int(candidates[0])
-        free_left = self.group_sum(rank, self.cluster.node_free)[candidates]
+        free_left = self.group_sum(rank, self.cluster._node_free)[candidates]
         return int(candidates[np.argmin(free_left)])
 
     # --- picking GPUs --------------------------------------------------------------------------
@@ -271,13 +278,22 @@ class RequestView:
         usable = valid & cluster.free[safe] & (bins >= low_bin) & (bins <= high_bin)
         if self.gpu_model is not None:
             usable &= cluster.gpu_model[safe] == self.gpu_model
-        width = slots.shape[1]
-        key = np.arange(width) + (bins * width if by_score else 0)
-        key = np.where(usable, key, np.iinfo(np.intp).max)
+        width = self.width
+        key = np.where(usable, bins * width if by_score else 0, _UNUSABLE) + _COLUMNS[:width]
         order = np.argsort(key, axis=1, kind="stable")
-        picked = np.take_along_axis(safe, order, axis=1)
-        keep = np.arange(width) < np.asarray(counts)[:, None]
-        return picked[keep]
+        picked = safe[np.arange(nodes.size)[:, None], order]
+        return picked[_COLUMNS[:width] < np.asarray(counts)[:, None]]
+
+    def node_pick(self, node: int, n: int) -> IntArray:
+        """One node's ``n`` best usable GPUs (lowest scores, then lowest local index)."""
+        cluster = self.cluster
+        slots = cluster.node_gpus[node]
+        slots = slots[slots >= 0]
+        usable = cluster.free[slots]
+        if self.gpu_model is not None:
+            usable &= cluster.gpu_model[slots] == self.gpu_model
+        candidates = slots[usable]
+        return candidates[np.argsort(self.klass.bin_of[candidates], kind="stable")[:n]]
 
     def usable_gpus(self, nodes: IntArray) -> list[IntArray]:
         """Per node, its usable GPUs (any bin) by local index."""
@@ -288,6 +304,8 @@ class RequestView:
     def select(self, rank: int, group: int, bin_index: int) -> IntArray:
         """The best GPUs for the job inside one group, none scoring above ``bin_index``."""
         if self.shape.simple:
+            if rank == NODE_RANK:
+                return self.node_pick(group, self.shape.n)
             if rank == CLUSTER_RANK:
                 return self.pmfirst_pick(None, bin_index)
             return self.pmfirst_pick(self.group_rows(rank, group), bin_index)
@@ -405,14 +423,18 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
             node_ok = model_nodes if node_ok is None else node_ok & model_nodes
             gpu_model = None  # whole nodes are filtered; no per-GPU test needed
 
-    required = np.array(sorted(cluster.node_index[n] for n in request.required_nodes), np.intp)
+    required = _EMPTY
+    if request.required_nodes:
+        required = np.array(sorted(cluster.node_index[n] for n in request.required_nodes), np.intp)
     if node_ok is not None and required.size and not node_ok[required].all():
         bad = [cluster.node_names[node] for node in required[~node_ok[required]]]
         return f"required node(s) {compress(bad)} lack the requested features or GPU model"
 
     klass = cluster.classes[request.job_class]
-    sorted_bins = cluster.sorted_free_bins(request.job_class)
-    totals = cluster.bin_totals(request.job_class)
+    # The cluster's own arrays, not read-only views: cheaper, and the view never writes to them.
+    row = cluster._class_row[request.job_class]
+    sorted_bins = cluster._sorted_bins[row]
+    totals = cluster._bin_totals[row, : klass.n_bins]
     if gpu_model is not None or node_ok is not None:
         slots = cluster.node_gpus
         if gpu_model is not None:
@@ -446,40 +468,35 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
 
 
 def build_allocation(
-    view: RequestView, gpu_ids: IntArray, explain: Callable[[Allocation], str]
+    view: RequestView, gpu_ids: IntArray, explain: Callable[[Level, float, str], str]
 ) -> Allocation:
-    """Describe chosen GPUs: sorted ids, the level they span, V, L, the LV product, and the
-    reason ``explain`` writes from all that."""
+    """Describe chosen GPUs: sorted ids, the level they span, V, L and the LV product. The
+    reason is ``explain(level, max score, "node n01" / "nodes n[01-02]")``."""
     cluster = view.cluster
     ids = np.sort(gpu_ids)
-    nodes = cluster.gpu_node[ids]
-    distinct = np.unique(nodes)
-    if distinct.size == 1:
+    id_list = ids.tolist()
+    node_ids = cluster.gpu_node[ids].tolist()
+    distinct = list(dict.fromkeys(node_ids))
+    if len(distinct) == 1:
         rank = NODE_RANK
-    elif cluster.topology.has_switches and np.unique(cluster.node_switch[distinct]).size == 1:
+    elif cluster.topology.has_switches and len(set(cluster.node_switch[distinct].tolist())) == 1:
         rank = SWITCH_RANK
     else:
         rank = CLUSTER_RANK
     level = cluster.topology.level(rank)
     max_score = float(view.klass.scores[ids].max())
-    id_list = ids.tolist()
-    draft = Allocation(
+    names = [cluster.node_names[node] for node in distinct]
+    node_text = f"node {names[0]}" if len(names) == 1 else f"nodes {compress(names)}"
+    return Allocation(
         job_id=view.request.job_id,
         job_class=view.request.job_class,
         gpu_ids=tuple(id_list),
-        uuids=tuple(cluster.uuids[gpu] for gpu in id_list),
-        nodes=tuple(cluster.node_names[node] for node in nodes.tolist()),
+        uuids=tuple([cluster.uuids[gpu] for gpu in id_list]),
+        nodes=tuple([cluster.node_names[node] for node in node_ids]),
         local_indices=tuple(cluster.gpu_local_index[ids].tolist()),
         max_score=max_score,
         level=level.name,
         penalty=level.penalty,
         lv_product=level.penalty * max_score,
-        reason="",
+        reason=explain(level, max_score, node_text),
     )
-    return replace(draft, reason=explain(draft))
-
-
-def describe_nodes(allocation: Allocation) -> str:
-    """``node n03`` or ``nodes n[01-02]`` for reasons."""
-    names = allocation.node_names
-    return f"node {names[0]}" if len(names) == 1 else f"nodes {compress(names)}"
