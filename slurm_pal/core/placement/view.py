@@ -330,7 +330,10 @@ class RequestView:
         lower = self.take(nodes[has_below], below[has_below], 0, bin_index - 1, by_score=True)
         missing = n - lower.size
         with_bin = np.flatnonzero(at_bin)
-        order = with_bin[np.lexsort((nodes[with_bin], np.abs(at_bin[with_bin] - n)))]
+        # |at_bin - n| then node id: nodes are ascending, so a stable sort on the locality score
+        # keeps node order among ties (16-bit keys make numpy use a linear-time radix sort).
+        locality = np.minimum(np.abs(at_bin[with_bin] - n), 65535).astype(np.uint16)
+        order = with_bin[np.argsort(locality, kind="stable")]
         taken = np.cumsum(at_bin[order])
         last = int(np.searchsorted(taken, missing))
         chosen = order[: last + 1]
@@ -396,7 +399,7 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
             f"unknown job class {request.job_class!r} (cluster has "
             f"{', '.join(cluster.class_order)})"
         )
-    unknown = sorted(request.required_nodes - cluster.node_index.keys())
+    unknown = sorted(n for n in request.required_nodes if n not in cluster.node_index)
     if unknown:
         return f"unknown required node(s): {compress(unknown)}"
 
