@@ -90,6 +90,7 @@ class Cluster:
         "_class_row",
         "_class_sentinel",
         "_feature_masks",
+        "_gpu_lists",
         "_node_free",
         "_padded",
         "_sorted_bins",
@@ -143,6 +144,7 @@ class Cluster:
     _bin_totals: NDArray[np.int64]
     _total_offsets: IntArray
     _padded: bool
+    _gpu_lists: dict[str, list]
     _node_free: IntArray
     _feature_masks: dict[str, BoolArray]
 
@@ -269,6 +271,12 @@ class Cluster:
         self._class_sentinel = _readonly(
             np.array([self.classes[name].n_bins for name in class_names], dtype=np.int32)
         )
+        # Plain-list mirrors for describing a handful of GPUs without numpy call overhead.
+        self._gpu_lists = {
+            "node": self.gpu_node.tolist(),
+            "local_index": self.gpu_local_index.tolist(),
+            **{f"score:{name}": klass.scores.tolist() for name, klass in self.classes.items()},
+        }
         self.free = np.ones(len(specs), dtype=bool)
         self._feature_masks = {}
         self._recount()

@@ -476,9 +476,10 @@ def build_allocation(
     """Describe chosen GPUs: sorted ids, the level they span, V, L and the LV product. The
     reason is ``explain(level, max score, "node n01" / "nodes n[01-02]")``."""
     cluster = view.cluster
-    ids = np.sort(gpu_ids)
-    id_list = ids.tolist()
-    node_ids = cluster.gpu_node[ids].tolist()
+    id_list = sorted(gpu_ids.tolist())
+    lists = cluster._gpu_lists
+    node_of, scores = lists["node"], lists[f"score:{view.request.job_class}"]
+    node_ids = [node_of[gpu] for gpu in id_list]
     distinct = list(dict.fromkeys(node_ids))
     if len(distinct) == 1:
         rank = NODE_RANK
@@ -487,7 +488,7 @@ def build_allocation(
     else:
         rank = CLUSTER_RANK
     level = cluster.topology.level(rank)
-    max_score = float(view.klass.scores[ids].max())
+    max_score = max([scores[gpu] for gpu in id_list])
     names = [cluster.node_names[node] for node in distinct]
     node_text = f"node {names[0]}" if len(names) == 1 else f"nodes {compress(names)}"
     return Allocation(
@@ -496,7 +497,7 @@ def build_allocation(
         gpu_ids=tuple(id_list),
         uuids=tuple([cluster.uuids[gpu] for gpu in id_list]),
         nodes=tuple([cluster.node_names[node] for node in node_ids]),
-        local_indices=tuple(cluster.gpu_local_index[ids].tolist()),
+        local_indices=tuple([lists["local_index"][gpu] for gpu in id_list]),
         max_score=max_score,
         level=level.name,
         penalty=level.penalty,
