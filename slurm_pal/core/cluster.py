@@ -91,6 +91,7 @@ class Cluster:
         "_class_sentinel",
         "_feature_masks",
         "_gpu_lists",
+        "_lxv_cache",
         "_node_free",
         "_padded",
         "_sorted_bins",
@@ -145,6 +146,7 @@ class Cluster:
     _total_offsets: IntArray
     _padded: bool
     _gpu_lists: dict[str, list]
+    _lxv_cache: dict[str, LxVMatrix]
     _node_free: IntArray
     _feature_masks: dict[str, BoolArray]
 
@@ -277,6 +279,7 @@ class Cluster:
             "local_index": self.gpu_local_index.tolist(),
             **{f"score:{name}": klass.scores.tolist() for name, klass in self.classes.items()},
         }
+        self._lxv_cache = {}  # shared by copies: bins and topology never change
         self.free = np.ones(len(specs), dtype=bool)
         self._feature_masks = {}
         self._recount()
@@ -380,12 +383,17 @@ class Cluster:
         return mask
 
     def lxv(self, job_class: str) -> LxVMatrix:
-        """The class's L x V matrix from its bins and this cluster's locality levels."""
-        if job_class not in self.classes:
-            raise KeyError(f"unknown job class {job_class!r}; known: {', '.join(self.class_order)}")
-        return LxVMatrix.build(
-            job_class, tuple(self.classes[job_class].bin_scores), self.topology.levels
-        )
+        """The class's L x V matrix from its bins and this cluster's locality levels (built once
+        per layout; copies share it)."""
+        matrix = self._lxv_cache.get(job_class)
+        if matrix is None:
+            if job_class not in self.classes:
+                known = ", ".join(self.class_order)
+                raise KeyError(f"unknown job class {job_class!r}; known: {known}")
+            klass = self.classes[job_class]
+            matrix = LxVMatrix.build(job_class, tuple(klass.bin_scores), self.topology.levels)
+            self._lxv_cache[job_class] = matrix
+        return matrix
 
     # --- state ---------------------------------------------------------------------------------
 

@@ -44,19 +44,9 @@ class PALPolicy:
 
     name = "pal"
 
-    def __init__(self) -> None:
-        self._matrices: dict[tuple[int, str], LxVMatrix] = {}
-
     def matrix(self, cluster: Cluster, job_class: str) -> LxVMatrix:
-        """The class's L x V matrix (cached per cluster layout; copies share it)."""
-        key = (id(cluster.uuids), job_class)
-        matrix = self._matrices.get(key)
-        if matrix is None:
-            matrix = cluster.lxv(job_class)
-            if len(self._matrices) > 64:
-                self._matrices.clear()
-            self._matrices[key] = matrix
-        return matrix
+        """The class's L x V matrix (the cluster caches it per layout)."""
+        return cluster.lxv(job_class)
 
     def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
         view = prepare(request, cluster)

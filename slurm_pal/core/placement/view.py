@@ -40,7 +40,7 @@ __all__ = [
 IntArray = NDArray[np.intp]
 BoolArray = NDArray[np.bool_]
 _EMPTY = np.zeros(0, dtype=np.intp)
-_COLUMNS = np.arange(4096, dtype=np.intp)
+_COLUMNS = np.arange(64, dtype=np.intp)
 _UNUSABLE = np.iinfo(np.intp).max // 2
 """Sort key of a slot that cannot be taken (large, with room to add a column number)."""
 
@@ -84,6 +84,7 @@ class RequestView:
 
     __slots__ = (
         "cluster",
+        "columns",
         "gpu_model",
         "klass",
         "n_bins",
@@ -110,7 +111,8 @@ class RequestView:
         self.sorted = sorted_bins
         self.totals = totals
         self.n_bins = self.klass.n_bins
-        self.width = sorted_bins.shape[1]
+        self.width = width = sorted_bins.shape[1]
+        self.columns = _COLUMNS[:width] if width <= _COLUMNS.size else np.arange(width)
         self.gpu_model = gpu_model
 
     # --- per-node summaries --------------------------------------------------------------------
@@ -279,10 +281,10 @@ class RequestView:
         if self.gpu_model is not None:
             usable &= cluster.gpu_model[safe] == self.gpu_model
         width = self.width
-        key = np.where(usable, bins * width if by_score else 0, _UNUSABLE) + _COLUMNS[:width]
+        key = np.where(usable, bins * width if by_score else 0, _UNUSABLE) + self.columns
         order = np.argsort(key, axis=1, kind="stable")
         picked = safe[np.arange(nodes.size)[:, None], order]
-        return picked[_COLUMNS[:width] < np.asarray(counts)[:, None]]
+        return picked[self.columns < np.asarray(counts)[:, None]]
 
     def node_pick(self, node: int, n: int) -> IntArray:
         """One node's ``n`` best usable GPUs (lowest scores, then lowest local index)."""
