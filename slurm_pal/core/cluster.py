@@ -239,12 +239,15 @@ class Cluster:
         for name in class_names:
             values = []
             for spec in specs:
-                score = spec.scores.get(name)
-                if score is None or not isinstance(score, int | float) or not math.isfinite(score):
+                try:
+                    score = float(spec.scores[name])
+                except (KeyError, TypeError, ValueError):
+                    score = math.nan
+                if not math.isfinite(score):
                     raise ValueError(f"GPU {spec.uuid} has no finite PM-score for class {name!r}")
                 if score <= 0:
                     raise ValueError(f"GPU {spec.uuid} has a PM-score <= 0 for class {name!r}")
-                values.append(float(score))
+                values.append(score)
             scores = np.array(values)
             bin_scores, bin_of = np.unique(scores, return_inverse=True)
             if n_nodes * bin_scores.size > MAX_COUNT_CELLS:

@@ -403,7 +403,7 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
         )
     unknown = sorted(n for n in request.required_nodes if n not in cluster.node_index)
     if unknown:
-        return f"unknown required node(s): {compress(unknown)}"
+        return f"unknown required node(s): {_names_text(unknown)}"
 
     node_ok: BoolArray | None = None
     if request.excluded_nodes:
@@ -433,7 +433,7 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
         required = np.array(sorted(cluster.node_index[n] for n in request.required_nodes), np.intp)
     if node_ok is not None and required.size and not node_ok[required].all():
         bad = [cluster.node_names[node] for node in required[~node_ok[required]]]
-        return f"required node(s) {compress(bad)} lack the requested features or GPU model"
+        return f"required node(s) {_names_text(bad)} lack the requested features or GPU model"
 
     klass = cluster.classes[request.job_class]
     # The cluster's own arrays, not read-only views: cheaper, and the view never writes to them.
@@ -492,7 +492,7 @@ def build_allocation(
     level = cluster.topology.level(rank)
     max_score = max([scores[gpu] for gpu in id_list])
     names = [cluster.node_names[node] for node in distinct]
-    node_text = f"node {names[0]}" if len(names) == 1 else f"nodes {compress(names)}"
+    node_text = f"node {names[0]}" if len(names) == 1 else f"nodes {_names_text(names)}"
     return Allocation(
         job_id=view.request.job_id,
         job_class=view.request.job_class,
@@ -506,3 +506,11 @@ def build_allocation(
         lv_product=level.penalty * max_score,
         reason=explain(level, max_score, node_text),
     )
+
+
+def _names_text(names: list[str]) -> str:
+    """Node names as a hostlist (``n[01-03]``), or listed when they do not fold."""
+    try:
+        return compress(names)
+    except ValueError:
+        return ", ".join(names)
