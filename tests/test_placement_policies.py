@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -272,3 +273,21 @@ def test_registry_builds_policies_and_lists_names_on_error() -> None:
         get_policy("tetris")
     with pytest.raises(ValueError, match="bad parameters"):
         get_policy("pal", seed=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(5, 12))
+def test_pal_is_pm_first_for_jobs_larger_than_a_node_on_a_flat_topology(
+    seed: int, gpus: int
+) -> None:
+    """The paper sends such jobs to PM-First; walking the matrix gives the very same answer."""
+    rng = np.random.default_rng(seed)
+    layout = {f"n{i}": rng.choice([0.9, 1.0, 1.1, 2.0], size=4).tolist() for i in range(5)}
+    busy = tuple(f"n{i}-{j}" for i in range(5) for j in range(4) if rng.random() < 0.3)
+    cluster = make_cluster(layout, busy=busy)
+    request = PlacementRequest("j", "A", gpus)
+    pal = get_policy("pal").place(request, cluster).allocation
+    pm_first = get_policy("pm-first").place(request, cluster).allocation
+    assert (pal is None) == (pm_first is None)
+    if pal is not None and pm_first is not None:
+        assert pal.gpu_ids == pm_first.gpu_ids
