@@ -280,7 +280,10 @@ class Cluster:
         self._gpu_lists = {
             "node": self.gpu_node.tolist(),
             "local_index": self.gpu_local_index.tolist(),
+            "model": self.gpu_model.tolist(),
+            "node_gpus": [[g for g in row if g >= 0] for row in self.node_gpus.tolist()],
             **{f"score:{name}": klass.scores.tolist() for name, klass in self.classes.items()},
+            **{f"bin:{name}": klass.bin_of.tolist() for name, klass in self.classes.items()},
         }
         self._lxv_cache = {}  # shared by copies: bins and topology never change
         self.free = np.ones(len(specs), dtype=bool)

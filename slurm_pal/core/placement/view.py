@@ -286,16 +286,18 @@ class RequestView:
         picked = safe[np.arange(nodes.size)[:, None], order]
         return picked[self.columns < np.asarray(counts)[:, None]]
 
-    def node_pick(self, node: int, n: int) -> IntArray:
-        """One node's ``n`` best usable GPUs (lowest scores, then lowest local index)."""
+    def node_pick(self, node: int, n: int) -> list[int]:
+        """One node's ``n`` best usable GPUs (lowest scores, then lowest local index). Plain
+        Python: a node holds a handful of GPUs, fewer than numpy's per-call overhead is worth."""
         cluster = self.cluster
-        slots = cluster.node_gpus[node]
-        slots = slots[slots >= 0]
-        usable = cluster.free[slots]
+        lists = cluster._gpu_lists
+        bins, free = lists[f"bin:{self.request.job_class}"], cluster.free
+        slots = lists["node_gpus"][node]
         if self.gpu_model is not None:
-            usable &= cluster.gpu_model[slots] == self.gpu_model
-        candidates = slots[usable]
-        return candidates[np.argsort(self.klass.bin_of[candidates], kind="stable")[:n]]
+            models, wanted = lists["model"], self.gpu_model
+            slots = [gpu for gpu in slots if models[gpu] == wanted]
+        ranked = sorted([(bins[gpu], gpu) for gpu in slots if free[gpu]])
+        return [gpu for _, gpu in ranked[:n]]
 
     def usable_gpus(self, nodes: IntArray) -> list[IntArray]:
         """Per node, its usable GPUs (any bin) by local index."""
@@ -303,7 +305,7 @@ class RequestView:
         taken = self.take(nodes, counts, 0, self.n_bins - 1, by_score=False)
         return np.split(taken, np.cumsum(counts)[:-1])
 
-    def select(self, rank: int, group: int, bin_index: int) -> IntArray:
+    def select(self, rank: int, group: int, bin_index: int) -> IntArray | list[int]:
         """The best GPUs for the job inside one group, none scoring above ``bin_index``."""
         if self.shape.simple:
             if rank == NODE_RANK:
@@ -473,12 +475,12 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
 
 
 def build_allocation(
-    view: RequestView, gpu_ids: IntArray, explain: Callable[[Level, float, str], str]
+    view: RequestView, gpu_ids: IntArray | list[int], explain: Callable[[Level, float, str], str]
 ) -> Allocation:
     """Describe chosen GPUs: sorted ids, the level they span, V, L and the LV product. The
     reason is ``explain(level, max score, "node n01" / "nodes n[01-02]")``."""
     cluster = view.cluster
-    id_list = sorted(gpu_ids.tolist())
+    id_list = sorted(gpu_ids.tolist() if isinstance(gpu_ids, np.ndarray) else gpu_ids)
     lists = cluster._gpu_lists
     node_of, scores = lists["node"], lists[f"score:{view.request.job_class}"]
     node_ids = [node_of[gpu] for gpu in id_list]
