@@ -128,25 +128,50 @@ def detect_format(columns: pd.Index | list[str], path: Path | str = "<csv>") -> 
     )
 
 
-def _load_native(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+# canonical column -> (column in the file, kind); kinds: text, int, number, duration
+_NATIVE_COLUMNS = {
+    "node": ("node", "text"),
+    "gpu_index": ("gpu_index", "int"),
+    "gpu_model": ("gpu_model", "text"),
+    "job_class": ("job_class", "text"),
+    "benchmark": ("benchmark", "text"),
+    "duration": ("duration_s", "duration"),
+    "sm_clock_mhz": ("sm_clock_mhz", "number"),
+    "temperature_c": ("temperature_c", "number"),
+    "power_w": ("power_w", "number"),
+    "started_at": ("started_at", "number"),
+}
+_LONGHORN_COLUMNS = {
+    "gpu_model": ("model", "text"),
+    "job_class": ("job_class", "text"),  # absent: the class comes from --class
+    "benchmark": ("exp", "text"),
+    "duration": ("perf", "duration"),
+    "sm_clock_mhz": ("freq", "number"),
+    "temperature_c": ("temp", "number"),
+    "power_w": ("pwr", "number"),
+    "started_at": ("ts", "number"),
+}
+
+
+def _map_columns(table: pd.DataFrame, path: Path, mapping: dict) -> pd.DataFrame:
     out = pd.DataFrame(index=table.index)
     out["uuid"] = table["uuid"].str.strip()
-    out["node"] = _text(table, "node")
-    out["gpu_index"] = _integers(table, "gpu_index", path)
-    out["gpu_model"] = _text(table, "gpu_model")
-    out["job_class"] = _text(table, "job_class")
-    out["benchmark"] = _text(table, "benchmark")
-    out["duration"] = _numbers(table, "duration_s", path, required=True)
-    out["sm_clock_mhz"] = _numbers(table, "sm_clock_mhz", path)
-    out["temperature_c"] = _numbers(table, "temperature_c", path)
-    out["power_w"] = _numbers(table, "power_w", path)
-    out["started_at"] = _numbers(table, "started_at", path)
+    for name, (column, kind) in mapping.items():
+        if kind == "text":
+            out[name] = _text(table, column)
+        elif kind == "int":
+            out[name] = _integers(table, column, path)
+        else:
+            out[name] = _numbers(table, column, path, required=kind == "duration")
     return out
 
 
+def _load_native(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    return _map_columns(table, path, _NATIVE_COLUMNS)
+
+
 def _load_longhorn(table: pd.DataFrame, path: Path) -> pd.DataFrame:
-    out = pd.DataFrame(index=table.index)
-    out["uuid"] = table["uuid"].str.strip()
+    out = _map_columns(table, path, _LONGHORN_COLUMNS)
     cabinet = _text(table, "cabinet")
     node_num = _integers(table, "node", path)
     # Only 'device' is a physical index; sgemm's 'dev_id' is a CUDA ordinal inside the job
@@ -156,18 +181,15 @@ def _load_longhorn(table: pd.DataFrame, path: Path) -> pd.DataFrame:
     known = (cabinet != "") & (cabinet != "-1") & node_num.notna() & (node_num >= 0)
     out["node"] = np.where(known, cabinet + "-" + node_num.astype("string").fillna(""), "")
     out["gpu_index"] = device.where(known)
-    out["gpu_model"] = _text(table, "model")
-    out["job_class"] = ""
-    out["benchmark"] = _text(table, "exp")
-    out["duration"] = _numbers(table, "perf", path, required=True)
-    out["sm_clock_mhz"] = _numbers(table, "freq", path)
-    out["temperature_c"] = _numbers(table, "temp", path)
-    out["power_w"] = _numbers(table, "pwr", path)
-    out["started_at"] = _numbers(table, "ts", path)
     return out
 
 
 _LOADERS = {"slurm-pal": _load_native, "longhorn": _load_longhorn}
+
+
+def _first(mask: pd.Series) -> int:
+    """Position of the first True row (the caller turns it into a file line)."""
+    return int(np.flatnonzero(mask.to_numpy())[0])
 
 
 def _text(table: pd.DataFrame, column: str) -> pd.Series:
@@ -183,7 +205,7 @@ def _numbers(table: pd.DataFrame, column: str, path: Path, required: bool = Fals
     values = pd.to_numeric(text, errors="coerce")
     bad = values.isna() & ((text != "") | required)
     if bad.any():
-        first = int(np.flatnonzero(bad.to_numpy())[0])
+        first = _first(bad)
         shown = text.iloc[first] or "(empty)"
         raise CampaignFormatError(
             path, f"column '{column}' has {shown!r}, expected a number", line=first + 2
@@ -195,7 +217,7 @@ def _integers(table: pd.DataFrame, column: str, path: Path) -> pd.Series:
     values = _numbers(table, column, path)
     fractional = values.notna() & (values != values.round())
     if fractional.any():
-        first = int(np.flatnonzero(fractional.to_numpy())[0])
+        first = _first(fractional)
         raise CampaignFormatError(
             path, f"column '{column}' must hold whole numbers", line=first + 2
         )
@@ -206,7 +228,7 @@ def _apply_class(rows: pd.DataFrame, job_class: str | None, path: Path) -> pd.Da
     in_file = rows["job_class"] != ""
     if job_class is None:
         if not in_file.all():
-            first = int(np.flatnonzero(~in_file.to_numpy())[0])
+            first = _first(~in_file)
             raise CampaignFormatError(
                 path,
                 "no job class for this row: pass --class or add a 'job_class' column",
@@ -215,7 +237,7 @@ def _apply_class(rows: pd.DataFrame, job_class: str | None, path: Path) -> pd.Da
         return rows
     clash = in_file & (rows["job_class"] != job_class)
     if clash.any():
-        first = int(np.flatnonzero(clash.to_numpy())[0])
+        first = _first(clash)
         raise CampaignFormatError(
             path,
             f"row says class {rows['job_class'].iloc[first]!r} but --class is {job_class!r}",
@@ -228,7 +250,7 @@ def _apply_class(rows: pd.DataFrame, job_class: str | None, path: Path) -> pd.Da
 def _check_durations(rows: pd.DataFrame, path: Path) -> None:
     bad = ~(rows["duration"] > 0) | ~np.isfinite(rows["duration"])
     if bad.any():
-        first = int(np.flatnonzero(bad.to_numpy())[0])
+        first = _first(bad)
         raise CampaignFormatError(
             path,
             f"duration must be a positive number of seconds, got {rows['duration'].iloc[first]}",
@@ -236,5 +258,5 @@ def _check_durations(rows: pd.DataFrame, path: Path) -> None:
         )
     empty_uuid = rows["uuid"] == ""
     if empty_uuid.any():
-        first = int(np.flatnonzero(empty_uuid.to_numpy())[0])
+        first = _first(empty_uuid)
         raise CampaignFormatError(path, "empty 'uuid'", line=int(rows["source_line"].iloc[first]))
