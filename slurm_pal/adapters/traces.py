@@ -1,0 +1,233 @@
+"""Job traces for the simulator: Sia-Philly CSV files and a site's ``sacct --parsable2`` history.
+
+Sia-Philly (``job_id,num_gpus,submit_time,duration,model``): PAL's artifact treats ``duration``
+as an iteration count and multiplies it by a per-model iteration time; the model picks the job
+class. Both tables are parameters, with PAL's as defaults (``slurm_pal.core.workload``).
+
+sacct: ``sacct --allocations --parsable2 --format=JobID,Submit,Start,End,AllocTRES,NNodes,
+JobName,User`` (``ReqTRES``, ``AllocGRES`` or ``ReqGRES`` also work for the GPU count). A job's
+work is its observed run time ``End - Start``: what it took on the GPUs it got, the best
+estimate of its median-GPU run time a history can give. Job steps (``123.batch``), jobs without
+GPUs and jobs that never started or have not ended are left out; submit times are made
+relative to the first submission.
+
+Errors name the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+
+from slurm_pal.core.workload import (
+    PAL_DEFAULT_CLASS,
+    PAL_ITERATION_TIME,
+    PAL_MODEL_CLASS,
+    SimJob,
+    pal_job_class,
+)
+
+__all__ = ["TraceFormatError", "read_sacct", "read_sia_trace", "read_trace"]
+
+SIA_COLUMNS = ("job_id", "num_gpus", "submit_time", "duration", "model")
+_GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+
+
+class TraceFormatError(ValueError):
+    """A trace that cannot be read; says which file and line."""
+
+    def __init__(self, path: Path | str, message: str, line: int | None = None) -> None:
+        where = f"{path}" if line is None else f"{path}, line {line}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+def _read_text(path: Path | str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def read_sia_trace(
+    path: Path | str,
+    *,
+    iteration_time: Mapping[str, float] = PAL_ITERATION_TIME,
+    model_class: Mapping[str, str] = PAL_MODEL_CLASS,
+    default_class: str = PAL_DEFAULT_CLASS,
+    default_iteration_time: float | None = None,
+    track: tuple[int, int] | None = None,
+) -> list[SimJob]:
+    """Read a Sia-Philly trace. ``work = duration x iteration_time[model]`` (model names are
+    matched case-insensitively); a model missing from ``iteration_time`` needs
+    ``default_iteration_time`` or the read fails. ``track = (first, last)`` job ids to track
+    (default: all)."""
+    text = _read_text(path)
+    reader = csv.DictReader(io.StringIO(text))
+    header = [c.strip() for c in reader.fieldnames or []]
+    missing = [c for c in SIA_COLUMNS if c not in header]
+    if missing:
+        raise TraceFormatError(
+            path, f"not a Sia-Philly trace: missing column(s) {', '.join(missing)}", line=1
+        )
+    times = {model.lower(): float(value) for model, value in iteration_time.items()}
+    jobs: list[SimJob] = []
+    for line, row in enumerate(reader, start=2):
+        row = {str(k).strip(): (v or "").strip() for k, v in row.items()}
+        model = row["model"]
+        per_iteration = times.get(model.lower(), default_iteration_time)
+        if per_iteration is None:
+            raise TraceFormatError(
+                path,
+                f"no iteration time for model {model!r} (known: {', '.join(sorted(times))}; "
+                "give one or a default)",
+                line,
+            )
+        try:
+            job_number = int(row["job_id"])
+            gpus = int(float(row["num_gpus"]))
+            submit = float(row["submit_time"])
+            iterations = float(row["duration"])
+        except ValueError as exc:
+            raise TraceFormatError(path, f"bad number: {exc}", line) from None
+        tracked = track is None or track[0] <= job_number <= track[1]
+        try:
+            jobs.append(
+                SimJob(
+                    job_id=str(job_number),
+                    submit_time=submit,
+                    gpus=gpus,
+                    work=iterations * per_iteration,
+                    job_class=pal_job_class(model, model_class, default_class),
+                    model=model,
+                    tracked=tracked,
+                )
+            )
+        except ValueError as exc:
+            raise TraceFormatError(path, str(exc), line) from None
+    if not jobs:
+        raise TraceFormatError(path, "no jobs after the header")
+    return jobs
+
+
+def _sacct_time(value: str) -> float | None:
+    """Seconds since the epoch of a sacct timestamp, None for Unknown/None/empty."""
+    if value in ("", "Unknown", "None", "N/A"):
+        return None
+    return datetime.fromisoformat(value).timestamp()
+
+
+def sacct_gpus(tres: str, gres: str = "") -> int:
+    """GPU count from a TRES string (``gres/gpu=4``, ``gres/gpu:v100=4``) or, failing that, a
+    GRES string (``gpu:4``, ``gpu:v100:4(IDX:0-3)``); 0 when neither names GPUs. Typed and
+    untyped TRES entries count the same GPUs, so the untyped one wins when both are present."""
+    untyped = re.search(r"(?:^|,)gres/gpu=(\d+)", tres)
+    if untyped:
+        return int(untyped.group(1))
+    typed = _GPU_TRES.findall(tres)
+    if typed:
+        return sum(int(n) for n in typed)
+    return sum(int(n) for n in _GPU_GRES.findall(gres))
+
+
+def read_sacct(
+    path: Path | str,
+    *,
+    default_class: str = PAL_DEFAULT_CLASS,
+    class_of: Callable[[str, str], str | None] | Mapping[str, str] | None = None,
+) -> list[SimJob]:
+    """Read ``sacct --parsable2`` output (header line, ``|``-separated) into jobs.
+
+    ``class_of(job_name, user)`` (or a ``{job name: class}`` map) names each job's class; jobs it
+    does not know get ``default_class``, exactly like unknown jobs in production.
+    """
+    text = _read_text(path)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise TraceFormatError(path, "empty sacct output")
+    header = [c.strip() for c in lines[0].split("|")]
+    column = {name: i for i, name in enumerate(header)}
+    needed = ("JobID", "Submit", "Start", "End")
+    missing = [c for c in needed if c not in column]
+    if missing or not ({"AllocTRES", "ReqTRES", "AllocGRES", "ReqGRES"} & set(column)):
+        raise TraceFormatError(
+            path,
+            "not sacct --parsable2 output with a header: need JobID, Submit, Start, End and one "
+            f"of AllocTRES/ReqTRES/AllocGRES/ReqGRES; found {', '.join(header)}",
+            line=1,
+        )
+    lookup: Callable[[str, str], str | None]
+    if class_of is None:
+
+        def lookup(name: str, user: str) -> str | None:
+            return None
+    elif isinstance(class_of, Mapping):
+        names = dict(class_of)
+
+        def lookup(name: str, user: str) -> str | None:
+            return names.get(name)
+    else:
+        lookup = class_of
+
+    def field(values: list[str], name: str) -> str:
+        index = column.get(name)
+        return values[index].strip() if index is not None and index < len(values) else ""
+
+    raw: list[tuple[str, float, int, float, str, str]] = []
+    for line_number, line in enumerate(lines[1:], start=2):
+        values = line.split("|")
+        job_id = field(values, "JobID")
+        if not job_id or "." in job_id:
+            continue  # job steps (123.batch, 123.0) repeat their job's allocation
+        tres = field(values, "AllocTRES") or field(values, "ReqTRES")
+        gres = field(values, "AllocGRES") or field(values, "ReqGRES")
+        gpus = sacct_gpus(tres, gres)
+        if gpus < 1:
+            continue
+        try:
+            submit = _sacct_time(field(values, "Submit"))
+            start = _sacct_time(field(values, "Start"))
+            end = _sacct_time(field(values, "End"))
+        except ValueError as exc:
+            raise TraceFormatError(path, f"bad timestamp: {exc}", line_number) from None
+        if submit is None or start is None or end is None or end <= start:
+            continue  # never ran, still running, or ran for no time: nothing to replay
+        name, user = field(values, "JobName"), field(values, "User")
+        raw.append((job_id, submit, gpus, end - start, name, user))
+    if not raw:
+        raise TraceFormatError(path, "no finished GPU jobs in the sacct output")
+    first = min(submit for _, submit, *_ in raw)
+    jobs = [
+        SimJob(
+            job_id=job_id,
+            submit_time=submit - first,
+            gpus=gpus,
+            work=work,
+            job_class=lookup(name, user) or default_class,
+            model=name,
+            user=user,
+            name=name,
+        )
+        for job_id, submit, gpus, work, name, user in raw
+    ]
+    jobs.sort(key=lambda job: (job.submit_time, job.job_id))
+    return jobs
+
+
+def read_trace(path: Path | str, fmt: str = "auto", **options: object) -> list[SimJob]:
+    """Read a trace, detecting Sia-Philly CSV vs sacct parsable2 from the header when
+    ``fmt == "auto"``. ``options`` go to the reader."""
+    if fmt == "auto":
+        head = _read_text(path).lstrip().split("\n", 1)[0]
+        fmt = "sacct" if "|" in head else "sia"
+    if fmt == "sia":
+        return read_sia_trace(path, **options)  # type: ignore[arg-type]
+    if fmt == "sacct":
+        return read_sacct(path, **options)  # type: ignore[arg-type]
+    raise ValueError(f"unknown trace format {fmt!r}; valid: auto, sia, sacct")

@@ -1,0 +1,144 @@
+"""Simulated jobs: what a trace says about a job, and a Synergy-style Poisson generator (pure).
+
+A :class:`SimJob` carries only what the simulator needs: when it is submitted, how many GPUs it
+asks for, its job class, and its *work*: the seconds it runs on median GPUs packed on one node
+(the paper's ``t_iter^orig`` times its iteration count). Variability and locality stretch that
+work at run time (Eq. (1)); the trace itself never says on which GPUs a job ran.
+
+PAL's artifact reads the Sia-Philly traces with two tables kept here as the defaults:
+``PAL_ITERATION_TIME`` (seconds per iteration per model; the trace's ``duration`` is an iteration
+count) and ``PAL_MODEL_CLASS`` (model -> class, unknown models -> class A, "assume the worst").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "PAL_DEFAULT_CLASS",
+    "PAL_ITERATION_TIME",
+    "PAL_MODEL_CLASS",
+    "PHILLY_GPU_MIX",
+    "SimJob",
+    "pal_job_class",
+    "poisson_workload",
+]
+
+PAL_ITERATION_TIME: Mapping[str, float] = {
+    "bert": 0.179,
+    "dcgan": 0.0469266931,
+    "gpt2": 3.5714,
+    "pointnet": 0.28125,
+    "resnet50": 0.17540429367763434,
+    "vgg19": 0.300610341,
+}
+"""Seconds per iteration (PAL artifact, ``workload/workload.py::iter_time_model``), lower-case."""
+
+PAL_MODEL_CLASS: Mapping[str, str] = {
+    "resnet50": "A",
+    "vgg19": "C",
+    "pointnet": "D",
+    "gpt2": "B",
+    "dcgan": "B",
+    "bert": "B",
+}
+"""Model -> job class (PAL artifact, ``get_perfclass``), lower-case model names."""
+
+PAL_DEFAULT_CLASS = "A"
+"""PAL's class for an unknown model: the most variability-sensitive one."""
+
+PHILLY_GPU_MIX: Mapping[int, float] = {1: 0.80, 2: 0.06, 4: 0.08, 8: 0.05, 16: 0.01}
+"""GPU-demand mix of Synergy's Philly-derived workloads: more than 80 % single-GPU jobs (PAL
+paper, section IV-B1) and a thin tail of multi-node jobs. An approximation: the Philly job log
+that Synergy samples from is not available here."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """One job of a trace. ``work`` is seconds on median GPUs within one node (> 0);
+    ``tracked`` jobs count in the metrics (PAL tracks a window of job ids)."""
+
+    job_id: str
+    submit_time: float
+    gpus: int
+    work: float
+    job_class: str
+    model: str = ""
+    user: str = ""
+    name: str = ""
+    tracked: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"job {self.job_id}: gpus must be an int >= 1, got {self.gpus!r}")
+        if not (math.isfinite(self.work) and self.work > 0):
+            raise ValueError(f"job {self.job_id}: work must be > 0 seconds, got {self.work!r}")
+        if not (math.isfinite(self.submit_time) and self.submit_time >= 0):
+            raise ValueError(f"job {self.job_id}: submit_time must be >= 0, got {self.submit_time}")
+
+
+def pal_job_class(
+    model: str,
+    model_class: Mapping[str, str] = PAL_MODEL_CLASS,
+    default_class: str = PAL_DEFAULT_CLASS,
+) -> str:
+    """The class of a model name (case-insensitive), ``default_class`` when unknown."""
+    lowered = {name.lower(): job_class for name, job_class in model_class.items()}
+    return lowered.get(model.lower(), default_class)
+
+
+def poisson_workload(
+    n_jobs: int,
+    jobs_per_hour: float,
+    *,
+    seed: int = 0,
+    classes: Sequence[str] = ("A", "B", "C", "D"),
+    gpu_mix: Mapping[int, float] = PHILLY_GPU_MIX,
+    median_work_s: float = 3600.0,
+    work_sigma: float = 1.5,
+    max_work_s: float = 7 * 24 * 3600.0,
+    track: tuple[int, int] | None = None,
+) -> list[SimJob]:
+    """Synergy-style synthetic trace: Poisson arrivals at ``jobs_per_hour``, GPU demand drawn
+    from ``gpu_mix``, classes uniformly (Synergy splits its model zoo about evenly), and
+    log-normal work (median ``median_work_s``, shape ``work_sigma``, clipped to [60 s,
+    ``max_work_s``]): heavy-tailed like Philly's run times.
+
+    ``track = (first, last)`` marks only job numbers in that window as tracked (the paper reports
+    Synergy jobs 2000-3000, after the cluster reaches steady state); default: all.
+    Same arguments and seed, same jobs.
+    """
+    if n_jobs < 0:
+        raise ValueError(f"n_jobs must be >= 0, got {n_jobs}")
+    if not jobs_per_hour > 0:
+        raise ValueError(f"jobs_per_hour must be > 0, got {jobs_per_hour}")
+    if not classes:
+        raise ValueError("at least one job class is needed")
+    sizes = np.array(sorted(gpu_mix), dtype=int)
+    weights = np.array([gpu_mix[int(s)] for s in sizes], dtype=float)
+    if (sizes < 1).any() or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"gpu_mix needs sizes >= 1 and non-negative weights, got {gpu_mix}")
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(3600.0 / jobs_per_hour, n_jobs)
+    submits = np.cumsum(gaps)
+    demand = rng.choice(sizes, n_jobs, p=weights / weights.sum())
+    work = np.clip(rng.lognormal(math.log(median_work_s), work_sigma, n_jobs), 60.0, max_work_s)
+    picks = rng.integers(0, len(classes), n_jobs)
+    jobs = []
+    for number in range(n_jobs):
+        tracked = track is None or track[0] <= number <= track[1]
+        jobs.append(
+            SimJob(
+                job_id=str(number),
+                submit_time=float(round(submits[number], 3)),
+                gpus=int(demand[number]),
+                work=float(round(work[number], 3)),
+                job_class=classes[int(picks[number])],
+                tracked=tracked,
+            )
+        )
+    return jobs

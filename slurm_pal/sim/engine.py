@@ -1,0 +1,430 @@
+"""Trace-driven simulation on the live advisor's placement core (pure: no I/O).
+
+Every GPU choice is made by :func:`slurm_pal.core.placement.get_policy` policies and PAL's queue
+cut (:func:`slurm_pal.core.queue.plan_round` / :func:`placement_order`); this module only decides
+*when* jobs are (de)allocated: rounds, stickiness, preemption, backfill.
+
+Job model (PAL paper Eq. (1), PAL's artifact): a job holds ``work`` seconds of median-GPU,
+single-node time; on GPUs ``G`` it progresses at rate ``1 / (max_g slowdown_g[class] x L)``,
+``L`` the locality penalty of the level ``G`` spans (1.0 inside a node). Slowdowns are the
+simulated GPUs' *true* values (:class:`~slurm_pal.sim.variability.SimGpus`), the policies see
+the binned PM-scores.
+
+Round mode (PAL / Blox, ``blox_new_flow_multi_run.py``): at each boundary ``t = k x R``:
+
+1. running jobs advance by the round that ended; a job whose work is done ends (at ``t`` in
+   artifact mode, Blox's one-round JCT granularity; at its exact finish time otherwise) and frees
+   its GPUs at ``t``;
+2. jobs submitted at or before ``t`` join the queue (a job is never seen mid-round);
+3. the scheduler orders all unfinished jobs: FIFO by submit time; LAS by attained service
+   (GPU-seconds, Blox's ``round x GPUs`` per round run); SRTF by remaining median-GPU work
+   (Blox subtracts GPU-seconds of service from seconds of work; we do not mix units);
+4. placement:
+
+   - non-sticky (``packed-nonsticky``, ``random-nonsticky``, ``pm-first``, ``pal``): every
+     running job is released, then :func:`plan_round` re-places the queue (``on_misfit="stop"``:
+     PAL's code never backfills). For PM-First and PAL the prefix that fits in the cluster is
+     sorted by class (PAL's cut); the packed/random baselines keep the scheduler's order. A
+     running job placed back on exactly its GPUs continues untouched; on other GPUs it counts a
+     migration; not placed, a preemption. Migration is free, as in the artifact's simulation;
+   - sticky (``packed-sticky`` = Tiresias, ``random-sticky``): running jobs keep their GPUs.
+     Queued jobs are placed in order; one that does not fit preempts running jobs from the tail
+     of the order (lowest priority first), one at a time, until it fits; if it still does not,
+     the round stops there. PAL's code leaves those victims preempted (artifact mode); the
+     corrected mode gives them their GPUs back. Victims later in the order may restart on new
+     GPUs in the same round, as in Blox;
+
+5. GPUs in use are sampled for the utilization curve.
+
+Slurm mode (what production will see): event-driven, non-preemptive. At every arrival or
+completion the advisor re-plans the pending jobs in scheduler order through
+:func:`placement_order` (PAL's cut and class sort) and the policy; a job starts the moment it is
+placed and keeps its GPUs to the end. When a job does not fit, it gets an EASY-backfill
+reservation: the time enough GPUs free up (from the running jobs' end times, i.e. perfect time
+limits) and the GPUs left over then; a later job may only start before it if it ends by then
+(judged on its median-GPU work: the advisor does not know slowdowns ahead) or fits in the
+leftover GPUs. Stickiness does not exist here (``packed-sticky`` == ``packed-nonsticky``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.placement import Allocation, PlacementPolicy, get_policy
+from slurm_pal.core.queue import placement_order, plan_round
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.topology import Topology
+from slurm_pal.core.workload import SimJob
+from slurm_pal.sim.metrics import JobOutcome, SimResult
+from slurm_pal.sim.variability import SimGpus
+
+__all__ = [
+    "MODES",
+    "PLACEMENTS",
+    "SCHEDULERS",
+    "SimConfig",
+    "simulate",
+]
+
+PLACEMENTS: dict[str, tuple[str, bool]] = {
+    "packed-sticky": ("packed", True),
+    "packed-nonsticky": ("packed", False),
+    "random-sticky": ("random", True),
+    "random-nonsticky": ("random", False),
+    "pm-first": ("pm-first", False),
+    "pal": ("pal", False),
+}
+"""Simulator placement name -> (core policy name, sticky). PAL and PM-First are non-sticky in
+PAL's paper and code; Tiresias = packed-sticky, Gandiva = packed-nonsticky."""
+
+SCHEDULERS = ("fifo", "las", "srtf")
+MODES = ("rounds", "slurm")
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation's knobs. ``pal_artifact`` switches on PAL's quirks that change numbers:
+    JCTs counted at round boundaries and sticky preemptions that are not undone when the
+    preempting job still does not fit. ``class_order`` ranks classes for PAL's cut (default: the
+    GPUs' class order). ``topology`` overrides the flat ``locality_penalty`` model."""
+
+    placement: str = "pal"
+    scheduler: str = "fifo"
+    mode: str = "rounds"
+    round_seconds: float = 360.0
+    locality_penalty: float = 1.7
+    seed: int = 0
+    pal_artifact: bool = False
+    backfill: bool = True
+    class_order: tuple[str, ...] | None = None
+    topology: Topology | None = None
+    max_time: float = 10 * 365 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"unknown placement {self.placement!r}; valid: {', '.join(PLACEMENTS)}"
+            )
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(
+                f"unknown scheduler {self.scheduler!r}; valid: {', '.join(SCHEDULERS)}"
+            )
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
+            raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
+        if not (math.isfinite(self.locality_penalty) and self.locality_penalty >= 1.0):
+            raise ValueError(f"locality penalty must be >= 1.0, got {self.locality_penalty}")
+
+    @property
+    def sticky(self) -> bool:
+        return PLACEMENTS[self.placement][1]
+
+    @property
+    def policy_name(self) -> str:
+        return PLACEMENTS[self.placement][0]
+
+
+class _Job:
+    """Mutable run state of one job."""
+
+    __slots__ = (
+        "alloc",
+        "attained",
+        "end",
+        "migrations",
+        "order",
+        "preemptions",
+        "rate",
+        "remaining",
+        "request",
+        "spec",
+        "start",
+    )
+
+    def __init__(self, spec: SimJob, order: int) -> None:
+        self.spec = spec
+        self.order = order
+        self.request = PlacementRequest(job_id=str(order), job_class=spec.job_class, gpus=spec.gpus)
+        self.remaining = spec.work
+        self.alloc: Allocation | None = None
+        self.rate = 0.0
+        self.start: float | None = None
+        self.end: float | None = None
+        self.attained = 0.0
+        self.preemptions = 0
+        self.migrations = 0
+
+
+class _Simulation:
+    """One run: the cluster, the policy, the jobs and the clock."""
+
+    def __init__(self, jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> None:
+        self.config = config
+        class_order = config.class_order or gpus.classes
+        topology = config.topology or Topology.flat(config.locality_penalty)
+        self.cluster = Cluster.from_gpus(gpus.specs(), topology, class_order=class_order)
+        assert self.cluster.uuids == tuple(s.uuid for s in gpus.specs())
+        self.truth = {name: np.asarray(v, dtype=float) for name, v in gpus.true_slowdown.items()}
+        self.truth_lists = {name: v.tolist() for name, v in self.truth.items()}
+        params = {"seed": config.seed} if config.policy_name == "random" else {}
+        self.policy: PlacementPolicy = get_policy(config.policy_name, **params)
+        unknown = sorted({j.job_class for j in jobs} - set(self.cluster.classes))
+        if unknown:
+            raise ValueError(
+                f"jobs of class(es) {', '.join(unknown)} but the GPUs only have scores for "
+                f"{', '.join(self.cluster.class_order)}"
+            )
+        n_gpus = self.cluster.n_gpus
+        ordered = sorted(enumerate(jobs), key=lambda pair: (pair[1].submit_time, pair[0]))
+        self.unplaceable = [job.job_id for _, job in ordered if job.gpus > n_gpus]
+        self.jobs = [_Job(job, order) for order, job in ordered if job.gpus <= n_gpus]
+        self.by_id = {job.request.job_id: job for job in self.jobs}
+        self.timeline: list[tuple[float, int]] = []
+        # Baselines keep the scheduler's order; PM-First and PAL sort the fitting prefix by class.
+        self.cut_order: tuple[str, ...] = (
+            self.cluster.class_order if config.policy_name in ("pal", "pm-first") else ()
+        )
+
+    # --- shared steps --------------------------------------------------------------------------
+
+    def _rate(self, job: _Job, alloc: Allocation) -> float:
+        values = self.truth_lists[job.spec.job_class]
+        worst = max([values[gpu] for gpu in alloc.gpu_ids])
+        return 1.0 / (worst * alloc.penalty)
+
+    def _start(self, job: _Job, alloc: Allocation, now: float) -> None:
+        self.cluster.allocate(alloc.gpu_ids)
+        job.alloc = alloc
+        job.rate = self._rate(job, alloc)
+        if job.start is None:
+            job.start = now
+
+    def _stop(self, job: _Job) -> None:
+        assert job.alloc is not None
+        self.cluster.release(job.alloc.gpu_ids)
+        job.alloc = None
+
+    def _priority(self, jobs: list[_Job]) -> list[_Job]:
+        scheduler = self.config.scheduler
+        if scheduler == "fifo":
+            return sorted(jobs, key=lambda j: (j.spec.submit_time, j.order))
+        if scheduler == "las":
+            return sorted(jobs, key=lambda j: (j.attained, j.spec.submit_time, j.order))
+        return sorted(jobs, key=lambda j: (j.remaining, j.spec.submit_time, j.order))
+
+    def _busy(self) -> int:
+        return self.cluster.n_gpus - self.cluster.n_free
+
+    def result(self) -> SimResult:
+        outcomes = [
+            JobOutcome(
+                job_id=job.spec.job_id,
+                job_class=job.spec.job_class,
+                gpus=job.spec.gpus,
+                submit=job.spec.submit_time,
+                start=job.start,
+                end=job.end,
+                work=job.spec.work,
+                tracked=job.spec.tracked,
+                preemptions=job.preemptions,
+                migrations=job.migrations,
+            )
+            for job in self.jobs
+        ]
+        return SimResult(
+            placement=self.config.placement,
+            scheduler=self.config.scheduler,
+            mode=self.config.mode,
+            n_gpus=self.cluster.n_gpus,
+            jobs=tuple(outcomes),
+            timeline=tuple(self.timeline),
+            unplaceable=tuple(self.unplaceable),
+        )
+
+    # --- round mode ----------------------------------------------------------------------------
+
+    def run_rounds(self) -> SimResult:
+        length = self.config.round_seconds
+        artifact = self.config.pal_artifact
+        arrivals = list(reversed(self.jobs))  # pop() yields the next submission
+        active: list[_Job] = []
+        now = 0.0
+        while arrivals or active:
+            if now > self.config.max_time:
+                break
+            if now > 0:
+                finished = False
+                for job in active:
+                    if job.alloc is None:
+                        continue
+                    job.attained += length * job.spec.gpus
+                    done = length * job.rate
+                    if job.remaining <= done * (1 + _EPSILON):
+                        job.end = now if artifact else now - length + job.remaining / job.rate
+                        job.remaining = 0.0
+                        self._stop(job)
+                        finished = True
+                    else:
+                        job.remaining -= done
+                if finished:
+                    active = [job for job in active if job.end is None]
+            while arrivals and arrivals[-1].spec.submit_time <= now:
+                active.append(arrivals.pop())
+            if not active:
+                if arrivals:  # idle: jump to the first boundary that sees the next job
+                    self.timeline.append((now, 0))
+                    now = math.ceil(arrivals[-1].spec.submit_time / length) * length
+                continue
+            order = self._priority(active)
+            if self.config.sticky:
+                self._round_sticky(order, now)
+            else:
+                self._round_nonsticky(order, now)
+            self.timeline.append((now, self._busy()))
+            now += length
+        self.timeline.append((now, self._busy()))
+        return self.result()
+
+    def _round_nonsticky(self, order: list[_Job], now: float) -> None:
+        previous: dict[str, Allocation] = {}
+        for job in order:
+            if job.alloc is not None:
+                previous[job.request.job_id] = job.alloc
+                self._stop(job)
+        results = plan_round(
+            [job.request for job in order],
+            self.cluster,
+            self.policy,
+            on_misfit="stop",
+            class_order=self.cut_order,
+            in_place=True,  # the cluster ends the round with every allocation applied
+        )
+        for result in results:
+            job = self.by_id[result.request.job_id]
+            old = previous.get(result.request.job_id)
+            alloc = result.allocation
+            if alloc is None:
+                if old is not None:
+                    job.preemptions += 1
+                continue
+            if old is not None and old.gpu_ids != alloc.gpu_ids:
+                job.migrations += 1
+            job.alloc = alloc  # plan_round already allocated these GPUs
+            job.rate = self._rate(job, alloc)
+            if job.start is None:
+                job.start = now
+
+    def _round_sticky(self, order: list[_Job], now: float) -> None:
+        for position, job in enumerate(order):
+            if job.alloc is not None:
+                continue
+            result = self.policy.place(job.request, self.cluster)
+            victims: list[tuple[_Job, Allocation]] = []
+            if result.allocation is None:
+                for victim in reversed(order[position + 1 :]):
+                    if victim.alloc is None:
+                        continue
+                    victims.append((victim, victim.alloc))
+                    self._stop(victim)
+                    result = self.policy.place(job.request, self.cluster)
+                    if result.allocation is not None:
+                        break
+            if result.allocation is not None:
+                self._start(job, result.allocation, now)
+                for victim, _ in victims:
+                    victim.preemptions += 1
+                continue
+            if self.config.pal_artifact:
+                for victim, _ in victims:
+                    victim.preemptions += 1
+            else:
+                for victim, alloc in victims:
+                    self.cluster.allocate(alloc.gpu_ids)
+                    victim.alloc = alloc
+            break
+
+    # --- Slurm mode ----------------------------------------------------------------------------
+
+    def run_slurm(self) -> SimResult:
+        arrivals = list(reversed(self.jobs))
+        pending: list[_Job] = []
+        running: list[tuple[float, int, _Job]] = []  # heap of (end, order, job)
+        now = 0.0
+        while arrivals or pending or running:
+            next_arrival = arrivals[-1].spec.submit_time if arrivals else math.inf
+            next_end = running[0][0] if running else math.inf
+            now = min(next_arrival, next_end)
+            if not math.isfinite(now) or now > self.config.max_time:
+                break  # pending jobs that can never start (cannot happen: sizes are checked)
+            while running and running[0][0] <= now:
+                _, _, job = heapq.heappop(running)
+                job.end = now
+                job.remaining = 0.0
+                self._stop(job)
+            while arrivals and arrivals[-1].spec.submit_time <= now:
+                pending.append(arrivals.pop())
+            if pending:
+                started = self._slurm_plan(self._priority(pending), running, now)
+                if started:
+                    pending = [job for job in pending if job.alloc is None]
+            self.timeline.append((now, self._busy()))
+        return self.result()
+
+    def _slurm_plan(
+        self, order: list[_Job], running: list[tuple[float, int, _Job]], now: float
+    ) -> bool:
+        requests = placement_order(
+            [job.request for job in order], self.cluster.n_free, self.cut_order
+        )
+        shadow: float | None = None
+        spare = 0
+        started = False
+        for request in requests:
+            job = self.by_id[request.job_id]
+            ends_in_time = shadow is not None and now + job.spec.work <= shadow
+            if shadow is not None and not (ends_in_time or job.spec.gpus <= spare):
+                continue
+            result = self.policy.place(request, self.cluster)
+            if result.allocation is not None:
+                self._start(job, result.allocation, now)
+                heapq.heappush(running, (now + job.remaining / job.rate, job.order, job))
+                started = True
+                if shadow is not None and not ends_in_time:
+                    spare -= job.spec.gpus
+            elif shadow is None:
+                if not self.config.backfill:
+                    break
+                shadow, spare = self._reservation(job.spec.gpus, running)
+        return started
+
+    def _reservation(
+        self, needed: int, running: list[tuple[float, int, _Job]]
+    ) -> tuple[float, int]:
+        """When ``needed`` GPUs will be free (by GPU count) and how many are left over then."""
+        free = self.cluster.n_free
+        for end, _, job in sorted(running):
+            free += job.spec.gpus
+            if free >= needed:
+                return end, free - needed
+        return math.inf, 0
+
+
+def simulate(jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> SimResult:
+    """Run one trace on one simulated cluster with one placement and scheduler.
+
+    Deterministic: the same jobs, GPUs and config (seed included) give the same result. Jobs
+    asking for more GPUs than the cluster has never run; they are listed in
+    ``SimResult.unplaceable`` and left out of the metrics.
+    """
+    simulation = _Simulation(jobs, gpus, config)
+    if config.mode == "slurm":
+        return simulation.run_slurm()
+    return simulation.run_rounds()

@@ -1,0 +1,150 @@
+"""What a simulation produced, and the figures admins compare (pure).
+
+Definitions (PAL's artifact where it has one, ``blox_manager.update_metrics``):
+
+- JCT = end - submit of each *tracked* job; ``avg_jct`` their mean; ``p99_jct`` the sorted JCTs
+  at index ``int(0.99 x n)`` (PAL's definition: the 159th of 160, not an interpolation);
+- ``makespan`` = last tracked end - first tracked submit (PAL's simulator prints 0 here: it
+  measures wall-clock time);
+- ``avg_wait`` = mean of first start - submit (time queued before the job first ran);
+- ``utilization`` = GPU-seconds in use / (GPUs x makespan window), from the GPUs-in-use curve;
+- ``preemptions`` (a running job stopped without being placed again) and ``migrations`` (a
+  running job moved to other GPUs between rounds), over all jobs;
+- per-class and per-size (GPU count buckets) averages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SIZE_BUCKETS", "JobOutcome", "SimResult", "size_bucket"]
+
+SIZE_BUCKETS: tuple[tuple[str, int, int], ...] = (
+    ("1", 1, 1),
+    ("2-4", 2, 4),
+    ("5-8", 5, 8),
+    ("9-16", 9, 16),
+    ("17+", 17, 1 << 30),
+)
+
+
+def size_bucket(gpus: int) -> str:
+    """The size bucket of a job: 1, 2-4 (one node of 4), 5-8, 9-16, 17+ GPUs."""
+    for name, low, high in SIZE_BUCKETS:
+        if low <= gpus <= high:
+            return name
+    raise ValueError(f"no size bucket for {gpus} GPUs")
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """One job's fate. ``start``/``end`` are None when it never started/finished."""
+
+    job_id: str
+    job_class: str
+    gpus: int
+    submit: float
+    start: float | None
+    end: float | None
+    work: float
+    tracked: bool
+    preemptions: int
+    migrations: int
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end is None else self.end - self.submit
+
+    @property
+    def wait(self) -> float | None:
+        return None if self.start is None else self.start - self.submit
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return float(ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)])
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A run's outcomes plus the GPUs-in-use curve (``(time, GPUs in use from then on)``)."""
+
+    placement: str
+    scheduler: str
+    mode: str
+    n_gpus: int
+    jobs: tuple[JobOutcome, ...]
+    timeline: tuple[tuple[float, int], ...]
+    unplaceable: tuple[str, ...] = ()
+
+    def tracked(self) -> list[JobOutcome]:
+        return [job for job in self.jobs if job.tracked]
+
+    def jcts(self) -> list[float]:
+        """JCTs of the tracked jobs that finished, in job order."""
+        return [job.jct for job in self.tracked() if job.jct is not None]
+
+    def busy_gpu_seconds(self, start: float, end: float) -> float:
+        """GPU-seconds in use between ``start`` and ``end`` (the curve is a step function)."""
+        total = 0.0
+        points = self.timeline
+        for (time, busy), following in zip(points, [*points[1:], (math.inf, 0)], strict=True):
+            low, high = max(time, start), min(following[0], end)
+            if high > low:
+                total += busy * (high - low)
+        return total
+
+    def _group(self, jobs: list[JobOutcome]) -> dict[str, float | int]:
+        jcts = [job.jct for job in jobs if job.jct is not None]
+        waits = [job.wait for job in jobs if job.wait is not None]
+        return {"jobs": len(jobs), "avg_jct": _mean(jcts), "avg_wait": _mean(waits)}
+
+    def summary(self) -> dict[str, object]:
+        """The JSON object of this run (seconds throughout)."""
+        tracked = self.tracked()
+        finished = [job for job in tracked if job.end is not None]
+        jcts = [job.jct for job in finished if job.jct is not None]
+        waits = [job.wait for job in tracked if job.wait is not None]
+        if finished:
+            first = min(job.submit for job in tracked)
+            last = max(job.end for job in finished if job.end is not None)
+            makespan = last - first
+            used = self.busy_gpu_seconds(first, last)
+            utilization = used / (self.n_gpus * makespan) if makespan > 0 else math.nan
+        else:
+            makespan = utilization = math.nan
+        classes = sorted({job.job_class for job in tracked})
+        sizes = [name for name, _, _ in SIZE_BUCKETS]
+        return {
+            "placement": self.placement,
+            "scheduler": self.scheduler,
+            "mode": self.mode,
+            "jobs": len(tracked),
+            "unfinished": len(tracked) - len(finished),
+            "avg_jct": _mean(jcts),
+            "p99_jct": _p99(jcts),
+            "makespan": makespan,
+            "avg_wait": _mean(waits),
+            "utilization": utilization,
+            "preemptions": sum(job.preemptions for job in self.jobs),
+            "migrations": sum(job.migrations for job in self.jobs),
+            "unplaceable": list(self.unplaceable),
+            "per_class": {
+                name: self._group([job for job in tracked if job.job_class == name])
+                for name in classes
+            },
+            "per_size": {
+                s: self._group(group)
+                for s in sizes
+                if (group := [j for j in tracked if size_bucket(j.gpus) == s])
+            },
+        }
