@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_pal.core.binning import PMBinner
+from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
 ENV_DB = "SLURM_PAL_DB"
@@ -81,6 +82,31 @@ class ProfilingConfig:
     """Model name for GPUs whose campaign files do not say (e.g. 'v100', 'a100')."""
 
 
+CLASSIFY_SOURCES = ("auto", "ncu", "nvml", "dcgm")
+RULE_CONDITION_KEYS = ("user", "account", "partition", "job_name")
+RULE_KEYS = (*RULE_CONDITION_KEYS, "class", "app")
+
+
+@dataclass(frozen=True)
+class ClassificationConfig:
+    n_classes: int | None = None
+    """Classes the job classifier fits (K); default: one per classes.names entry."""
+    default_source: str = "auto"
+    """Telemetry format `apps classify` reads without --source: auto, ncu, nvml or dcgm."""
+    seed: int = 0
+    n_init: int = 10
+    history_min_runs: int = 1
+    """Measured earlier runs of a (user, job name, script) needed before they outrank a name."""
+    history_window: int = 20
+    """Latest runs per (user, job name, script) that the history summary looks at."""
+    rules: tuple[ClassRule, ...] = ()
+    """Admin rules ([[classification.rules]]), tried first, in file order."""
+
+    def k(self, names: tuple[str, ...]) -> int:
+        """The classifier's K: n_classes, else one per site class."""
+        return len(names) if self.n_classes is None else self.n_classes
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -88,7 +114,17 @@ class SiteConfig:
     binning: BinningConfig = field(default_factory=BinningConfig)
     locality: LocalityConfig = field(default_factory=LocalityConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     source: str = "<defaults>"
+
+    def resolve_config(self) -> ResolveConfig:
+        """What the pure class resolution needs from the site config."""
+        return ResolveConfig(
+            class_names=self.classes.names,
+            default_class=self.classes.default,
+            rules=self.classification.rules,
+            history_min_runs=self.classification.history_min_runs,
+        )
 
 
 def load_config(path: Path | str | None = None) -> SiteConfig:
@@ -122,13 +158,55 @@ def _build(cls: type, table: dict[str, Any], source: str, prefix: str) -> Any:
                 f"{source}: unknown key '{name}'; valid keys here: {', '.join(sorted(fields))}"
             )
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if cls is ClassificationConfig and key == "rules":
+            kwargs[key] = _build_rules(value, source, name)
+        elif dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: '{name}' must be a table ([{name}])")
             kwargs[key] = _build(hint, value, source, prefix=f"{name}.")
         else:
             kwargs[key] = _coerce(hint, value, source, name)
     return cls(**kwargs)
+
+
+def _build_rules(value: Any, source: str, name: str) -> tuple[ClassRule, ...]:
+    """``[[classification.rules]]`` tables -> ClassRule; errors name the rule by its number."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{source}: '{name}' must be tables written as [[{name}]]")
+    rules = []
+    for number, table in enumerate(value, start=1):
+        where = f"{source}: rule {number} of [[{name}]]"
+        unknown = sorted(set(table) - set(RULE_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted(RULE_KEYS))}"
+            )
+        for key, item in table.items():
+            if not isinstance(item, str) or not item:
+                raise ConfigError(f"{where}: '{key}' must be a non-empty string, got {item!r}")
+        if not any(k in table for k in RULE_CONDITION_KEYS):
+            raise ConfigError(
+                f"{where}: needs at least one condition: {', '.join(RULE_CONDITION_KEYS)}"
+            )
+        if ("class" in table) == ("app" in table):
+            raise ConfigError(f"{where}: give exactly one of 'class' or 'app'")
+        if "app" in table:
+            try:
+                check_app_name(table["app"])
+            except ValueError as exc:
+                raise ConfigError(f"{where}: 'app': {exc}") from None
+        rules.append(
+            ClassRule(
+                user=table.get("user"),
+                account=table.get("account"),
+                partition=table.get("partition"),
+                job_name=table.get("job_name"),
+                job_class=table.get("class"),
+                app=table.get("app"),
+            )
+        )
+    return tuple(rules)
 
 
 def _coerce(hint: Any, value: Any, source: str, name: str) -> Any:
@@ -182,11 +260,40 @@ def _validate(config: SiteConfig) -> None:
         raise ConfigError(f"{src}: 'binning.min_gap' must be >= 0, got {b.min_gap}")
     if b.n_init < 1:
         raise ConfigError(f"{src}: 'binning.n_init' must be >= 1, got {b.n_init}")
+    _validate_classification(config)
     loc = config.locality
     for key in ("within_node", "within_switch", "across_switches"):
         value = getattr(loc, key)
         if value is not None and value < 1.0:
             raise ConfigError(f"{src}: 'locality.{key}' must be >= 1.0 (a slowdown), got {value}")
+
+
+def _validate_classification(config: SiteConfig) -> None:
+    src, names, c = config.source, config.classes.names, config.classification
+    if c.n_classes is not None and not 1 <= c.n_classes <= len(names):
+        raise ConfigError(
+            f"{src}: 'classification.n_classes' must be within 1..{len(names)} (the number of "
+            f"classes.names: {', '.join(names)}), got {c.n_classes}"
+        )
+    if c.default_source not in CLASSIFY_SOURCES:
+        raise ConfigError(
+            f"{src}: 'classification.default_source' is {c.default_source!r}; valid values: "
+            f"{', '.join(CLASSIFY_SOURCES)}"
+        )
+    for key in ("n_init", "history_min_runs", "history_window"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{src}: 'classification.{key}' must be >= 1, got {getattr(c, key)}")
+    if c.history_window < c.history_min_runs:
+        raise ConfigError(
+            f"{src}: 'classification.history_window' ({c.history_window}) must be >= "
+            f"'classification.history_min_runs' ({c.history_min_runs})"
+        )
+    for number, rule in enumerate(c.rules, start=1):
+        if rule.job_class is not None and rule.job_class not in names:
+            raise ConfigError(
+                f"{src}: rule {number} of [[classification.rules]]: 'class' is "
+                f"{rule.job_class!r}; valid values: {', '.join(names)}"
+            )
 
 
 def default_db_path() -> Path:
