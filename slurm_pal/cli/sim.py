@@ -1,0 +1,325 @@
+"""`slurm-pal sim`: replay a trace through the placement core and compare policies.
+
+``sim run`` simulates one trace (Sia-Philly CSV, ``sacct --parsable2`` history, or a generated
+Poisson trace) on a simulated cluster for every (placement, scheduler) pair asked for and prints
+a table (or JSON, one object per pair), optionally with PNG plots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from slurm_pal.adapters.traces import TraceFormatError, read_trace
+from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors
+from slurm_pal.core.workload import (
+    PAL_DEFAULT_CLASS,
+    PAL_ITERATION_TIME,
+    PAL_MODEL_CLASS,
+    SimJob,
+    poisson_workload,
+)
+from slurm_pal.sim.engine import MODES, PLACEMENTS, SCHEDULERS, SimConfig
+from slurm_pal.sim.experiments import BASELINE, improvement, run_grid
+from slurm_pal.sim.inputs import load_gpus, parse_cluster
+from slurm_pal.sim.metrics import SimResult
+from slurm_pal.sim.variability import SimGpus, uniform_gpus
+
+app = typer.Typer(help="Trace-driven simulation of placement policies.", no_args_is_help=True)
+
+PROGRESS_THRESHOLD = 3
+"""Show a progress bar from this many simulations on."""
+
+
+def split_names(text: str, valid: Sequence[str], what: str) -> list[str]:
+    """``"a,b"`` -> ["a", "b"], each checked against ``valid``."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        fail(f"no {what} given")
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        fail(f"unknown {what} {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return names
+
+
+def parse_pairs(values: Sequence[str], what: str) -> dict[str, str]:
+    """``KEY=VALUE`` options into a dict (order kept)."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip() or not rest.strip():
+            fail(f"{what} must look like KEY=VALUE, got {value!r}")
+        pairs[key.strip()] = rest.strip()
+    return pairs
+
+
+def load_jobs(
+    trace: Path | None,
+    trace_format: str,
+    poisson: int,
+    load: float,
+    seed: int,
+    class_map: dict[str, str],
+    iteration_times: dict[str, float],
+    default_class: str,
+    classes: Sequence[str],
+) -> list[SimJob]:
+    """The trace file, or a Poisson trace when ``poisson`` > 0."""
+    if poisson > 0:
+        return poisson_workload(poisson, load, seed=seed, classes=tuple(classes))
+    if trace is None:
+        fail("give --trace PATH or --poisson N")
+    if not trace.is_file():
+        fail(f"trace {trace} not found")
+    options: dict[str, object] = {}
+    fmt = trace_format
+    if fmt == "auto":
+        head = trace.read_text(encoding="utf-8-sig").lstrip().split("\n", 1)[0]
+        fmt = "sacct" if "|" in head else "sia"
+    if fmt == "sia":
+        options = {
+            "model_class": {**PAL_MODEL_CLASS, **{k.lower(): v for k, v in class_map.items()}},
+            "iteration_time": {
+                **PAL_ITERATION_TIME,
+                **{k.lower(): v for k, v in iteration_times.items()},
+            },
+            "default_class": default_class,
+        }
+    else:
+        options = {"class_of": class_map, "default_class": default_class}
+    try:
+        return read_trace(trace, fmt, **options)
+    except (TraceFormatError, ValueError) as exc:
+        fail(str(exc).replace("[", "\\["))
+
+
+def hours(seconds: float) -> str:
+    return "-" if not math.isfinite(seconds) else f"{seconds / 3600:.2f}"
+
+
+def results_table(summaries: list[dict], title: str) -> Table:
+    """One row per (placement, scheduler); times in hours, gain = lower average JCT than
+    Packed-Sticky (Tiresias) under the same scheduler."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("placement", no_wrap=True)
+    table.add_column("sched", no_wrap=True)
+    for column in ("JCT h", "gain", "p99 h", "mksp h", "wait h", "util", "pre", "mig"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in summaries:
+        gain = row.get("gain_vs_baseline", math.nan)
+        table.add_row(
+            row["placement"],
+            row["scheduler"],
+            hours(row["avg_jct"]),
+            "-" if not math.isfinite(gain) else f"{gain:+.1%}",
+            hours(row["p99_jct"]),
+            hours(row["makespan"]),
+            hours(row["avg_wait"]),
+            "-" if not math.isfinite(row["utilization"]) else f"{row['utilization']:.0%}",
+            str(row["preemptions"]),
+            str(row["migrations"]),
+        )
+    return table
+
+
+def with_gains(results: list[SimResult]) -> list[dict]:
+    """Summaries plus each run's gain over Packed-Sticky under the same scheduler."""
+    summaries = [result.summary() for result in results]
+    baseline = {s["scheduler"]: s["avg_jct"] for s in summaries if s["placement"] == BASELINE}
+    for summary in summaries:
+        summary["gain_vs_baseline"] = improvement(
+            summary["avg_jct"], baseline.get(summary["scheduler"], math.nan)
+        )
+    return summaries
+
+
+def run_with_progress(
+    jobs: list[SimJob], gpus: SimGpus, configs: list[SimConfig], workers: int, quiet: bool
+) -> list[SimResult]:
+    if quiet or len(configs) < PROGRESS_THRESHOLD:
+        return run_grid(jobs, gpus, configs, workers=workers)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("simulating", total=len(configs))
+        return run_grid(
+            jobs, gpus, configs, workers=workers, on_done=lambda _: progress.advance(task)
+        )
+
+
+def write_plots(results: list[SimResult], directory: Path) -> list[Path]:
+    """JCT CDF per placement and GPUs in use over time, one pair of PNGs per scheduler."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("--plot needs matplotlib (pip install 'slurm-pal[plot]')")
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for scheduler in dict.fromkeys(r.scheduler for r in results):
+        group = [r for r in results if r.scheduler == scheduler]
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for result in group:
+            jcts = sorted(j / 3600 for j in result.jcts())
+            if jcts:
+                fraction = [(i + 1) / len(jcts) for i in range(len(jcts))]
+                axes.step(jcts, fraction, where="post", label=result.placement)
+        axes.set_xlabel("job completion time (h)")
+        axes.set_ylabel("fraction of jobs")
+        axes.set_title(f"JCT CDF ({scheduler})")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        path = directory / f"jct_cdf_{scheduler}.png"
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for result in group:
+            times = [t / 3600 for t, _ in result.timeline]
+            busy = [b for _, b in result.timeline]
+            axes.step(times, busy, where="post", label=result.placement)
+        axes.set_xlabel("time (h)")
+        axes.set_ylabel("GPUs in use")
+        axes.set_title(f"GPUs in use ({scheduler}, {group[0].n_gpus} GPUs)")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        path = directory / f"gpus_in_use_{scheduler}.png"
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+@app.command("run")
+def run(
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False
+    ),
+    trace_format: str = typer.Option("auto", "--trace-format", help="auto, sia or sacct."),
+    poisson: int = typer.Option(
+        0, "--poisson", help="Instead of --trace: generate this many Poisson-arrival jobs."
+    ),
+    load: float = typer.Option(12.0, "--load", help="Poisson arrival rate (jobs/hour)."),
+    profile: list[str] = typer.Option(
+        [],
+        "--profile",
+        help="CLASS=PATH per-GPU campaign file of a class, repeatable, most "
+        "variability-sensitive class first (none: no variability).",
+    ),
+    placement: str = typer.Option(
+        ",".join(PLACEMENTS), "--placement", help="Comma-separated placements."
+    ),
+    scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las, srtf (or a list)."),
+    cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
+    locality_penalty: float = typer.Option(
+        1.7, "--locality-penalty", help="Slowdown of a job spanning nodes."
+    ),
+    mode: str = typer.Option("rounds", "--mode", help="rounds (PAL/Blox) or slurm."),
+    round_seconds: float = typer.Option(360.0, "--round", help="Round length (s)."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed (GPU draw and random placement; default 42 artifact, else 0)."
+    ),
+    pal_artifact: bool = typer.Option(
+        False, "--pal-artifact", help="PAL's artifact: random per-GPU draws, K=2, its quirks."
+    ),
+    class_map: list[str] = typer.Option(
+        [], "--class-map", help="MODEL=CLASS (Sia) or JOBNAME=CLASS (sacct), repeatable."
+    ),
+    iter_time: list[str] = typer.Option(
+        [], "--iter-time", help="MODEL=SECONDS per iteration (Sia traces), repeatable."
+    ),
+    default_class: str = typer.Option(
+        PAL_DEFAULT_CLASS, "--default-class", help="Class of jobs the map does not know."
+    ),
+    workers: int = typer.Option(1, "--workers", help="Worker processes."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write PNG plots into this directory.", show_default=False
+    ),
+) -> None:
+    """Simulate a trace under each placement x scheduler and compare them."""
+    placements = split_names(placement, list(PLACEMENTS), "placement")
+    schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    try:
+        n_nodes, per_node = parse_cluster(cluster)
+    except ValueError as exc:
+        fail(str(exc))
+    profiles = parse_pairs(profile, "--profile")
+    times: dict[str, float] = {}
+    for model, value in parse_pairs(iter_time, "--iter-time").items():
+        try:
+            times[model] = float(value)
+        except ValueError:
+            fail(f"--iter-time {model}={value}: not a number")
+    with reported_errors():
+        if profiles:
+            gpus = load_gpus(
+                {name: Path(path) for name, path in profiles.items()},
+                n_nodes,
+                per_node,
+                pal_artifact=pal_artifact,
+                seed=seed,
+            )
+        else:
+            gpus = uniform_gpus(
+                sorted({default_class, *PAL_MODEL_CLASS.values()}), n_nodes, per_node
+            )
+        jobs = load_jobs(
+            trace,
+            trace_format,
+            poisson,
+            load,
+            seed if seed is not None else 0,
+            parse_pairs(class_map, "--class-map"),
+            times,
+            default_class,
+            gpus.classes,
+        )
+        try:
+            configs = [
+                SimConfig(
+                    placement=p,
+                    scheduler=s,
+                    mode=mode,
+                    round_seconds=round_seconds,
+                    locality_penalty=locality_penalty,
+                    seed=seed if seed is not None else 0,
+                    pal_artifact=pal_artifact,
+                )
+                for s in schedulers
+                for p in placements
+            ]
+            results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
+        except ValueError as exc:
+            fail(str(exc).replace("[", "\\["))
+    summaries = with_gains(results)
+    written = write_plots(results, plot) if plot is not None else []
+    if as_json:
+        print_json(summaries)
+        return
+    source = "no variability (uniform GPUs)" if not profiles else gpus.source
+    title = (
+        f"{len(jobs)} jobs, {n_nodes}x{per_node} GPUs, {mode} mode"
+        + (f" ({round_seconds:g} s rounds)" if mode == "rounds" else "")
+        + f", L={locality_penalty:g}, {source}"
+    )
+    console.print(results_table(summaries, title))
+    unplaceable = sorted({j for r in results for j in r.unplaceable})
+    if unplaceable:
+        console.print(f"[yellow]left out (more GPUs than the cluster):[/] {', '.join(unplaceable)}")
+    for path in written:
+        console.print(f"wrote {path}")

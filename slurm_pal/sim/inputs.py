@@ -1,0 +1,71 @@
+"""The simulator's I/O edge: variability files and traces -> the engine's pure inputs.
+
+The engine (``engine``, ``metrics``, ``variability``) never touches files; the CLI, the
+benchmarks and the reproduction script come through here so they read data the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.core.binning import PMBinner
+from slurm_pal.core.variability import build_profile
+from slurm_pal.sim.variability import SimGpus, artifact_gpus, measured_gpus
+
+__all__ = ["PAL_LONGHORN_PROFILES", "load_gpus", "parse_cluster"]
+
+PAL_LONGHORN_PROFILES: Mapping[str, str] = {
+    "A": "resnet-longhorn-agg.csv",
+    "B": "bert-longhorn-agg.csv",
+    "C": "bert-longhorn-agg.csv",
+    "D": "pagerank-longhorn-agg.csv",
+}
+"""PAL's ``profiles.json``: class -> Longhorn file (B and C share the BERT file)."""
+
+
+def parse_cluster(text: str) -> tuple[int, int]:
+    """``"16x4"`` -> (16 nodes, 4 GPUs per node)."""
+    try:
+        nodes, per_node = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"cluster must look like NODESxGPUS (e.g. 16x4), got {text!r}") from None
+    if nodes < 1 or per_node < 1:
+        raise ValueError(f"cluster needs >= 1 node and >= 1 GPU per node, got {text!r}")
+    return nodes, per_node
+
+
+def load_gpus(
+    profiles: Mapping[str, Path | str],
+    n_nodes: int,
+    gpus_per_node: int,
+    *,
+    pal_artifact: bool = False,
+    seed: int | None = None,
+    class_order: Sequence[str] | None = None,
+    binner: PMBinner | None = None,
+) -> SimGpus:
+    """Simulated GPUs from per-class campaign files (``class -> CSV``, any format
+    :func:`read_campaign_csv` reads).
+
+    ``pal_artifact``: PAL's independent per-GPU draws from the raw rows (seed default 42, PAL's)
+    and K = 2 binning. Otherwise the variability pipeline bins the campaign (silhouette K) and
+    the simulated GPUs are measured GPUs drawn without repetition (seed default 0).
+    """
+    if not profiles:
+        raise ValueError("no variability profiles given (CLASS=PATH)")
+    order = list(class_order) if class_order is not None else list(profiles)
+    files = {name: read_campaign_csv(path, job_class=name) for name, path in profiles.items()}
+    if pal_artifact:
+        raw = {name: files[name].rows["duration"].to_numpy() for name in order}
+        return artifact_gpus(
+            raw, n_nodes, gpus_per_node, seed=42 if seed is None else seed, binner=binner
+        )
+    rows = pd.concat([files[name].rows for name in order], ignore_index=True)
+    profile = build_profile(rows, order, binner if binner is not None else PMBinner())
+    return measured_gpus(
+        profile, n_nodes, gpus_per_node, seed=0 if seed is None else seed, classes=order
+    )

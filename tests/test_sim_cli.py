@@ -1,0 +1,131 @@
+"""`slurm-pal sim run`: table, JSON and plots on small traces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LONGHORN
+
+TRACE = """job_id,num_gpus,submit_time,duration,model
+0,1,0,1000,vgg19
+1,4,10,2000,resnet50
+2,8,20,500,BERT
+3,2,30,3000,PointNet
+4,1,400,100,GPT2
+"""
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(TRACE)
+    return path
+
+
+def test_json_has_one_object_per_placement_and_scheduler(
+    run_cli: Callable[..., object], trace: Path
+) -> None:
+    result = run_cli(
+        "sim", "run", "--trace", trace, "--cluster", "4x4", "--scheduler", "fifo,srtf", "--json"
+    )
+    rows = json.loads(result.output)
+    assert len(rows) == 12
+    assert {(r["placement"], r["scheduler"]) for r in rows} == {
+        (p, s)
+        for p in (
+            "packed-sticky",
+            "packed-nonsticky",
+            "random-sticky",
+            "random-nonsticky",
+            "pm-first",
+            "pal",
+        )
+        for s in ("fifo", "srtf")
+    }
+    for row in rows:
+        for key in ("avg_jct", "p99_jct", "makespan", "utilization", "avg_wait"):
+            assert isinstance(row[key], float) and row[key] > 0, key
+        assert row["jobs"] == 5 and row["unfinished"] == 0
+
+
+def test_table_and_plots(run_cli: Callable[..., object], trace: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    result = run_cli(
+        "sim",
+        "run",
+        "--trace",
+        trace,
+        "--cluster",
+        "2x4",
+        "--placement",
+        "pal,packed-sticky",
+        "--mode",
+        "slurm",
+        "--plot",
+        out,
+    )
+    assert "packed-sticky" in result.output and "slurm mode" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["gpus_in_use_fifo.png", "jct_cdf_fifo.png"]
+    assert all(p.stat().st_size > 1000 for p in out.iterdir())
+
+
+def test_same_seed_same_json(run_cli: Callable[..., object], trace: Path) -> None:
+    args = ("sim", "run", "--trace", trace, "--cluster", "2x4", "--placement", "random-sticky")
+    first = run_cli(*args, "--seed", "5", "--json").output
+    assert run_cli(*args, "--seed", "5", "--json").output == first
+
+
+def test_poisson_trace_and_longhorn_profiles(run_cli: Callable[..., object]) -> None:
+    if not LONGHORN.is_dir():
+        pytest.skip(f"shared reference data not found at {LONGHORN}")
+    profiles = [
+        arg
+        for cls, name in (("A", "resnet"), ("B", "bert"), ("D", "pagerank"))
+        for arg in ("--profile", f"{cls}={LONGHORN / f'{name}-longhorn-agg.csv'}")
+    ]
+    for extra in ((), ("--pal-artifact",)):
+        result = run_cli(
+            "sim",
+            "run",
+            "--poisson",
+            "30",
+            "--load",
+            "20",
+            "--cluster",
+            "4x4",
+            "--placement",
+            "pal",
+            *profiles,
+            *extra,
+            "--json",
+        )
+        (row,) = json.loads(result.output)
+        assert row["unfinished"] == 0 and set(row["per_class"]) <= {"A", "B", "D"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--placement", "tiresias"), "unknown placement"),
+        (("--scheduler", "sjf"), "unknown scheduler"),
+        (("--cluster", "16by4"), "NODESxGPUS"),
+        (("--mode", "batch"), "unknown mode"),
+        (("--profile", "A"), "KEY=VALUE"),
+    ],
+)
+def test_bad_options_exit_2(
+    run_cli: Callable[..., object], trace: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = run_cli("sim", "run", "--trace", trace, *args, ok=False)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_missing_trace(run_cli: Callable[..., object], tmp_path: Path) -> None:
+    result = run_cli("sim", "run", "--trace", tmp_path / "nope.csv", ok=False)
+    assert result.exit_code == 2 and "not found" in result.output
