@@ -22,6 +22,8 @@ import pandas as pd
 
 from slurm_pal.adapters.campaign_csv import MEASUREMENT_COLUMNS, CampaignFile
 from slurm_pal.core.binning import Bin, PMBinner
+from slurm_pal.core.features import UtilizationFeatures
+from slurm_pal.core.resolve import HistoryRow, JobRecord, StoreView, summarize_history
 from slurm_pal.core.variability import GPU_COLUMNS, ClassBins, VariabilityProfile, build_profile
 
 MIGRATIONS: tuple[str, ...] = (
@@ -106,6 +108,56 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (campaign_id, alias)
     );
     """,
+    # 2: applications and their classes, classifier models, job history, claim mismatches.
+    """
+    CREATE TABLE classifier_models (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at TEXT NOT NULL,
+        active INTEGER NOT NULL DEFAULT 0 CHECK (active IN (0, 1)),
+        model TEXT NOT NULL,
+        n_apps INTEGER NOT NULL
+    );
+    CREATE UNIQUE INDEX classifier_models_one_active ON classifier_models(active)
+        WHERE active = 1;
+    CREATE TABLE applications (
+        name TEXT PRIMARY KEY,
+        dram_util REAL,
+        fu_util REAL,
+        source TEXT,
+        fu_source TEXT,
+        features TEXT,
+        files TEXT NOT NULL DEFAULT '[]',
+        class TEXT,
+        class_origin TEXT CHECK (class_origin IN ('fit', 'admin')),
+        model_id INTEGER REFERENCES classifier_models(id),
+        updated_at TEXT NOT NULL,
+        CHECK ((class IS NULL) = (class_origin IS NULL)),
+        CHECK ((features IS NULL) = (dram_util IS NULL))
+    );
+    CREATE TABLE job_history (
+        job_id TEXT PRIMARY KEY,
+        user TEXT NOT NULL,
+        job_name TEXT NOT NULL,
+        script_sha256 TEXT NOT NULL,
+        app TEXT,
+        class TEXT,
+        claimed_class TEXT,
+        dram_util REAL,
+        fu_util REAL,
+        source TEXT,
+        recorded_at TEXT NOT NULL
+    );
+    CREATE INDEX job_history_by_key ON job_history(user, job_name, script_sha256, recorded_at);
+    CREATE TABLE class_mismatches (
+        job_id TEXT PRIMARY KEY,
+        user TEXT NOT NULL,
+        job_name TEXT NOT NULL,
+        claimed_app TEXT NOT NULL,
+        claimed_class TEXT NOT NULL,
+        measured_class TEXT NOT NULL,
+        recorded_at TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 DERIVED_TABLES = ("class_bins", "gpu_scores", "labels", "gpu_labels", "gpu_aliases")
@@ -135,6 +187,40 @@ class IngestResult:
     files: int
     rows: int
     classes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Application:
+    """A profiled (or admin-declared) application and its class.
+
+    ``features`` is None for an application an admin declared with ``apps set`` without
+    profiling it; ``job_class`` is None until a classifier model exists (``apps fit``);
+    ``class_origin`` is "fit" (the model's label) or "admin" (an override, kept by refits).
+    """
+
+    name: str
+    features: UtilizationFeatures | None
+    files: tuple[dict[str, str], ...]
+    job_class: str | None
+    class_origin: str | None
+    model_id: int | None
+    updated_at: str
+
+    @property
+    def dram_util(self) -> float | None:
+        return None if self.features is None else self.features.dram_util
+
+    @property
+    def fu_util(self) -> float | None:
+        return None if self.features is None else self.features.fu_util
+
+
+@dataclass(frozen=True)
+class ClassifierModel:
+    id: int
+    created_at: str
+    model: dict[str, object]
+    n_apps: int
 
 
 class Store:
@@ -382,6 +468,245 @@ class Store:
         """The campaign's raw rows, in the canonical measurement columns."""
         self._require_campaign(campaign_id)
         return self._measurements(campaign_id)
+
+    # -- applications and classes ----------------------------------------------------------
+    def save_application(
+        self,
+        name: str,
+        features: UtilizationFeatures,
+        *,
+        files: Sequence[dict[str, str]] = (),
+        predicted_class: str | None = None,
+        model_id: int | None = None,
+    ) -> Application:
+        """Store an application's measured features and its class under ``model_id``.
+
+        Replaces earlier features of the same name. An admin override stays as it is: the
+        new measurement is kept, the admin's class is not replaced by the model's.
+        """
+        now = _now()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT class, class_origin, model_id FROM applications WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[1] == "admin":
+                job_class, origin, model = row[0], "admin", row[2]
+            elif predicted_class is not None:
+                job_class, origin, model = predicted_class, "fit", model_id
+            else:
+                job_class, origin, model = None, None, None
+            db.execute(
+                "INSERT OR REPLACE INTO applications (name, dram_util, fu_util, source, "
+                "fu_source, features, files, class, class_origin, model_id, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    name,
+                    features.dram_util,
+                    features.fu_util,
+                    features.source,
+                    features.fu_source,
+                    json.dumps(features.to_dict()),
+                    json.dumps(list(files)),
+                    job_class,
+                    origin,
+                    model,
+                    now,
+                ),
+            )
+        app = self.application(name)
+        assert app is not None
+        return app
+
+    def set_application_class(self, name: str, job_class: str) -> Application:
+        """Admin override: ``name`` is ``job_class`` whatever the model says (creates it if new).
+
+        The caller checks ``job_class`` against the site's class names.
+        """
+        now = _now()
+        with self._write() as db:
+            updated = db.execute(
+                "UPDATE applications SET class = ?, class_origin = 'admin', updated_at = ? "
+                "WHERE name = ?",
+                (job_class, now, name),
+            ).rowcount
+            if not updated:
+                db.execute(
+                    "INSERT INTO applications (name, class, class_origin, updated_at) "
+                    "VALUES (?, ?, 'admin', ?)",
+                    (name, job_class, now),
+                )
+        app = self.application(name)
+        assert app is not None
+        return app
+
+    def clear_application_override(
+        self, name: str, *, predicted_class: str | None, model_id: int | None
+    ) -> Application:
+        """Undo an admin override: the class goes back to the model's (None without one).
+
+        An application that exists only because of the override (no features) is removed.
+        """
+        with self._write() as db:
+            row = db.execute(
+                "SELECT class_origin, features FROM applications WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                raise StoreError(self._unknown_app_message(name))
+            if row[0] != "admin":
+                raise StoreError(f"application {name!r} has no admin override to clear")
+            if row[1] is None:
+                db.execute("DELETE FROM applications WHERE name = ?", (name,))
+            else:
+                origin = None if predicted_class is None else "fit"
+                db.execute(
+                    "UPDATE applications SET class = ?, class_origin = ?, model_id = ?, "
+                    "updated_at = ? WHERE name = ?",
+                    (predicted_class, origin, model_id if origin else None, _now(), name),
+                )
+        app = self.application(name)
+        return app if app is not None else Application(name, None, (), None, None, None, _now())
+
+    def application(self, name: str) -> Application | None:
+        rows = self._application_rows("WHERE name = ?", (name,))
+        return rows[0] if rows else None
+
+    def applications(self) -> list[Application]:
+        """All applications, by name."""
+        return self._application_rows("", ())
+
+    def _application_rows(self, where: str, params: tuple[object, ...]) -> list[Application]:
+        rows = self._db.execute(
+            "SELECT name, features, files, class, class_origin, model_id, updated_at "
+            f"FROM applications {where} ORDER BY name",
+            params,
+        ).fetchall()
+        return [
+            Application(
+                name=r[0],
+                features=None if r[1] is None else UtilizationFeatures.from_dict(json.loads(r[1])),
+                files=tuple(json.loads(r[2])),
+                job_class=r[3],
+                class_origin=r[4],
+                model_id=r[5],
+                updated_at=r[6],
+            )
+            for r in rows
+        ]
+
+    def _unknown_app_message(self, name: str) -> str:
+        known = [r[0] for r in self._db.execute("SELECT name FROM applications ORDER BY name")]
+        return f"no application {name!r} in {self.path}; known: {', '.join(known) or 'none yet'}"
+
+    def save_classifier(
+        self, model: dict[str, object], labels: dict[str, str], *, n_apps: int
+    ) -> int:
+        """Store a fitted model as the active one and label the applications with it.
+
+        ``labels`` maps application -> class; admin overrides are left as they are. One
+        transaction: the new model and every new label land together, or nothing does.
+        """
+        with self._write() as db:
+            db.execute("UPDATE classifier_models SET active = 0 WHERE active = 1")
+            cursor = db.execute(
+                "INSERT INTO classifier_models (created_at, active, model, n_apps) "
+                "VALUES (?, 1, ?, ?)",
+                (_now(), json.dumps(model), n_apps),
+            )
+            model_id = int(cursor.lastrowid or 0)
+            now = _now()
+            for name, job_class in labels.items():
+                changed = db.execute(
+                    "UPDATE applications SET class = ?, class_origin = 'fit', model_id = ?, "
+                    "updated_at = ? WHERE name = ? AND features IS NOT NULL "
+                    "AND (class_origin IS NULL OR class_origin = 'fit')",
+                    (job_class, model_id, now, name),
+                ).rowcount
+                if not changed and self.application(name) is None:
+                    raise StoreError(self._unknown_app_message(name))
+        return model_id
+
+    def active_classifier(self) -> ClassifierModel | None:
+        """The model new applications are classified with (None before the first fit)."""
+        row = self._db.execute(
+            "SELECT id, created_at, model, n_apps FROM classifier_models WHERE active = 1"
+        ).fetchone()
+        if row is None:
+            return None
+        return ClassifierModel(
+            id=row[0], created_at=row[1], model=json.loads(row[2]), n_apps=row[3]
+        )
+
+    # -- job history -----------------------------------------------------------------------
+    def record_job(self, record: JobRecord) -> bool:
+        """Keep a finished job's measured class; log a claim it contradicts. True if it did.
+
+        Idempotent per job id (a spooled record sent twice replaces itself), and one
+        transaction for the history row and the mismatch row.
+        """
+        now = _now()
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO job_history (job_id, user, job_name, script_sha256, app, "
+                "class, claimed_class, dram_util, fu_util, source, recorded_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    record.job_id,
+                    record.user,
+                    record.job_name,
+                    record.script_sha256,
+                    record.claimed_app,
+                    record.measured_class,
+                    record.claimed_class,
+                    record.dram_util,
+                    record.fu_util,
+                    record.source,
+                    now,
+                ),
+            )
+            db.execute("DELETE FROM class_mismatches WHERE job_id = ?", (record.job_id,))
+            if record.mismatch:
+                db.execute(
+                    "INSERT INTO class_mismatches VALUES (?,?,?,?,?,?,?)",
+                    (
+                        record.job_id,
+                        record.user,
+                        record.job_name,
+                        record.claimed_app,
+                        record.claimed_class,
+                        record.measured_class,
+                        now,
+                    ),
+                )
+        return record.mismatch
+
+    def history_rows(self, per_key: int = 20) -> list[HistoryRow]:
+        """The latest ``per_key`` runs of every (user, job name, script sha256)."""
+        rows = self._db.execute(
+            """
+            SELECT user, job_name, script_sha256, app, class, recorded_at FROM (
+                SELECT *, row_number() OVER (
+                    PARTITION BY user, job_name, script_sha256
+                    ORDER BY recorded_at DESC, rowid DESC) AS n
+                FROM job_history)
+            WHERE n <= ? ORDER BY recorded_at, rowid
+            """,
+            (per_key,),
+        ).fetchall()
+        return [HistoryRow((r[0], r[1], r[2]), r[3], r[4], r[5]) for r in rows]
+
+    def class_mismatches(self) -> list[dict[str, str]]:
+        """Jobs whose named application's class differs from what they measured (for admins)."""
+        cursor = self._db.execute(
+            "SELECT job_id, user, job_name, claimed_app, claimed_class, measured_class, "
+            "recorded_at FROM class_mismatches ORDER BY recorded_at, rowid"
+        )
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+    def store_view(self, history_per_key: int = 20) -> StoreView:
+        """The snapshot the submit path resolves classes with (load once, refresh now and then)."""
+        apps = dict(self._db.execute("SELECT name, class FROM applications").fetchall())
+        return StoreView(apps=apps, history=summarize_history(self.history_rows(history_per_key)))
 
     # -- internals -----------------------------------------------------------------------------
     def _require_campaign(self, campaign_id: str) -> None:
