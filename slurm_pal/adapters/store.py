@@ -680,15 +680,15 @@ class Store:
         return record.mismatch
 
     def history_rows(self, per_key: int = 20) -> list[HistoryRow]:
-        """The latest ``per_key`` runs of every (user, job name, script sha256)."""
+        """The latest ``per_key`` runs of every (user, job name, script sha256), oldest first."""
         rows = self._db.execute(
             """
             SELECT user, job_name, script_sha256, app, class, recorded_at FROM (
-                SELECT *, row_number() OVER (
+                SELECT *, rowid AS seq, row_number() OVER (
                     PARTITION BY user, job_name, script_sha256
                     ORDER BY recorded_at DESC, rowid DESC) AS n
                 FROM job_history)
-            WHERE n <= ? ORDER BY recorded_at, rowid
+            WHERE n <= ? ORDER BY recorded_at, seq
             """,
             (per_key,),
         ).fetchall()
