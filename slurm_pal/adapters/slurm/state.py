@@ -1,0 +1,267 @@
+"""What the running Slurm says about nodes and jobs, behind a small interface.
+
+Why an interface: pyslurm would be the fast path, but it only builds against the Slurm release
+it was made for (PyPI has 25.11; Debian 12 ships 22.05 and the 22.5.x pyslurm is GitHub-only),
+so there is no pyslurm backend yet: it could not be tested here. :class:`CliStateReader` uses
+the command-line tools every Slurm has: ``sinfo --json`` and ``squeue --json`` (which ignore
+their filter options in 22.05, so filtering happens here, on the client) and, when the JSON
+serializer plugin is missing, ``scontrol show node -o -d``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slurm_pal.adapters.slurm.parse import Gres, gpu_counts, parse_gres, parse_key_values
+from slurm_pal.core.hostlist import expand
+
+Runner = Callable[[Sequence[str]], str]
+
+
+class SlurmQueryError(RuntimeError):
+    """A Slurm command failed or printed something unreadable; the message says which."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as Slurm reports it."""
+
+    name: str
+    state: str  # base state, lower case: idle, mixed, allocated, down, ...
+    flags: tuple[str, ...] = ()  # DRAIN, NOT_RESPONDING, ... (upper case)
+    features: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    gres: tuple[Gres, ...] = ()  # configured
+    gres_used: tuple[Gres, ...] = ()  # allocated, with device indices
+    reason: str = ""
+
+    def gpu_types(self) -> dict[str | None, int]:
+        """Configured GPUs: type -> count."""
+        return gpu_counts(self.gres)
+
+    def used_gpu_indices(self) -> dict[str | None, tuple[int, ...]]:
+        """Allocated GPUs: type -> device indices (types with none allocated are left out)."""
+        out: dict[str | None, tuple[int, ...]] = {}
+        for g in self.gres_used:
+            if g.name == "gpu" and g.indices:
+                out[g.type] = tuple(sorted({*out.get(g.type, ()), *g.indices}))
+        return out
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One job as Slurm reports it (squeue --json)."""
+
+    job_id: int
+    state: str  # PENDING, RUNNING, COMPLETED, ...
+    user: str
+    partition: str
+    nodes: tuple[str, ...]  # allocated nodes, expanded (empty while pending)
+    name: str = ""
+    priority: int = 0
+    reason: str = ""
+    tres_per_node: tuple[Gres, ...] = ()
+    tres_per_job: tuple[Gres, ...] = ()
+    required_nodes: tuple[str, ...] = ()
+    features: str = ""
+    comment: str = ""
+    admin_comment: str = ""
+    allocated_gres: Mapping[str, tuple[Gres, ...]] = field(default_factory=dict)  # per node
+
+    def allocated_gpu_indices(self) -> dict[str, tuple[int, ...]]:
+        """Node -> the global GPU device indices this job holds there."""
+        return {
+            node: tuple(sorted(i for g in gres if g.name == "gpu" for i in g.indices))
+            for node, gres in self.allocated_gres.items()
+        }
+
+
+class SlurmStateReader(Protocol):
+    """Read-only view of the cluster, so the advisor does not care where the data comes from."""
+
+    def nodes(self, names: Iterable[str] | None = None) -> list[NodeState]: ...
+
+    def jobs(
+        self,
+        job_ids: Iterable[int] | None = None,
+        states: Iterable[str] | None = None,
+        users: Iterable[str] | None = None,
+    ) -> list[JobState]: ...
+
+
+class CliStateReader:
+    """:class:`SlurmStateReader` over sinfo/squeue/scontrol (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        timeout_s: float = 10.0,
+        runner: Runner | None = None,
+    ) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.timeout_s = timeout_s
+        self._runner = runner or self._run
+
+    def nodes(self, names: Iterable[str] | None = None) -> list[NodeState]:
+        try:
+            found = parse_sinfo_json(self._runner(["sinfo", "--json"]))
+        except SlurmQueryError:  # no serializer/openapi plugin: the text form always works
+            found = parse_scontrol_nodes(self._runner(["scontrol", "show", "node", "-o", "-d"]))
+        wanted = None if names is None else set(names)
+        return [n for n in found if wanted is None or n.name in wanted]
+
+    def jobs(
+        self,
+        job_ids: Iterable[int] | None = None,
+        states: Iterable[str] | None = None,
+        users: Iterable[str] | None = None,
+    ) -> list[JobState]:
+        found = parse_squeue_json(self._runner(["squeue", "--json"]))
+        ids = None if job_ids is None else {int(j) for j in job_ids}
+        st = None if states is None else {s.upper() for s in states}
+        us = None if users is None else set(users)
+        return [
+            j
+            for j in found
+            if (ids is None or j.job_id in ids)
+            and (st is None or j.state in st)
+            and (us is None or j.user in us)
+        ]
+
+    def _run(self, args: Sequence[str]) -> str:
+        try:
+            proc = subprocess.run(
+                list(args),
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            raise SlurmQueryError(
+                f"{args[0]} not found: install the Slurm client tools (slurm-client)"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmQueryError(
+                f"{' '.join(args)} gave no answer within {self.timeout_s:g} s: is slurmctld up "
+                "and SLURM_CONF right?"
+            ) from exc
+        if proc.returncode != 0:
+            raise SlurmQueryError(
+                f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+            )
+        return proc.stdout
+
+
+# -- parsers (pure) ---------------------------------------------------------------------------
+def _load(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SlurmQueryError(f"{what} did not print JSON: {text[:200]!r}") from exc
+    if not isinstance(data, dict):
+        raise SlurmQueryError(f"{what} printed JSON that is not an object")
+    errors = data.get("errors") or []
+    if errors:
+        raise SlurmQueryError(f"{what} reported errors: {errors}")
+    return data
+
+
+def _split_state(state: str) -> tuple[str, tuple[str, ...]]:
+    """``IDLE+DRAIN`` / ``down*`` -> (``idle``/``down``, flags)."""
+    parts = state.strip().split("+")
+    base = parts[0]
+    flags = [p.upper() for p in parts[1:]]
+    if base.endswith("*"):
+        base = base[:-1]
+        flags.append("NOT_RESPONDING")
+    return base.lower(), tuple(flags)
+
+
+def _words(text: str | None) -> tuple[str, ...]:
+    if not text or text.strip().lower() in ("(null)", "n/a"):
+        return ()
+    return tuple(w for w in text.split(",") if w)
+
+
+def parse_sinfo_json(text: str) -> list[NodeState]:
+    """``sinfo --json`` (22.05, openapi v0.0.38) -> one NodeState per node."""
+    out: dict[str, NodeState] = {}
+    for n in _load(text, "sinfo --json").get("nodes", []):
+        base, flags = _split_state(str(n.get("state", "")))
+        flags += tuple(str(f).upper() for f in n.get("state_flags") or () if f not in flags)
+        out.setdefault(
+            n["name"],
+            NodeState(
+                name=n["name"],
+                state=base,
+                flags=flags,
+                features=_words(n.get("active_features") or n.get("features")),
+                partitions=tuple(n.get("partitions") or ()),
+                gres=parse_gres(n.get("gres")),
+                gres_used=parse_gres(n.get("gres_used")),
+                reason=n.get("reason") or "",
+            ),
+        )
+    return list(out.values())
+
+
+def parse_scontrol_nodes(text: str) -> list[NodeState]:
+    """``scontrol show node -o -d`` (one node per line) -> NodeStates."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = parse_key_values(line)
+        base, flags = _split_state(kv.get("State", ""))
+        nodes.append(
+            NodeState(
+                name=kv["NodeName"],
+                state=base,
+                flags=flags,
+                features=_words(kv.get("ActiveFeatures") or kv.get("AvailableFeatures")),
+                partitions=_words(kv.get("Partitions")),
+                gres=parse_gres(kv.get("Gres")),
+                gres_used=parse_gres(kv.get("GresUsed")),
+                reason=kv.get("Reason", ""),
+            )
+        )
+    return nodes
+
+
+def parse_squeue_json(text: str) -> list[JobState]:
+    """``squeue --json`` (22.05) -> JobStates; every job slurmctld knows, filters ignored."""
+    jobs = []
+    for j in _load(text, "squeue --json").get("jobs", []):
+        nodes = tuple(expand(j["nodes"])) if j.get("nodes") else ()
+        detail = j.get("gres_detail") or []
+        allocated = {node: parse_gres(d) for node, d in zip(nodes, detail, strict=False) if d}
+        jobs.append(
+            JobState(
+                job_id=int(j["job_id"]),
+                state=str(j.get("job_state", "")).upper(),
+                user=j.get("user_name") or str(j.get("user_id", "")),
+                partition=j.get("partition") or "",
+                nodes=nodes,
+                name=j.get("name") or "",
+                priority=int(j.get("priority") or 0),
+                reason=j.get("state_reason") or "",
+                tres_per_node=parse_gres(j.get("tres_per_node")),
+                tres_per_job=parse_gres(j.get("tres_per_job")),
+                required_nodes=tuple(expand(j["required_nodes"]))
+                if j.get("required_nodes")
+                else (),
+                features=j.get("features") or "",
+                comment=j.get("comment") or "",
+                admin_comment=j.get("admin_comment") or "",
+                allocated_gres=allocated,
+            )
+        )
+    return jobs

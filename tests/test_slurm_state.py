@@ -1,0 +1,160 @@
+"""Parsers of Slurm 22.05 output, on text captured from the real testbed (tests/fixtures/slurm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.adapters.slurm.parse import (
+    Gres,
+    parse_gres,
+    parse_indices,
+    parse_key_values,
+    split_top_level,
+)
+from slurm_pal.adapters.slurm.state import (
+    CliStateReader,
+    SlurmQueryError,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+A, B, X = "v100-a0b0", "v100-a1b0", "v100-ax0b1"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpu:4", (Gres("gpu", None, 4),)),
+        (f"gpu:{A}:2,gpu:{B}:1", (Gres("gpu", A, 2), Gres("gpu", B, 1))),
+        ("gpu:tesla:2(S:0-1)", (Gres("gpu", "tesla", 2),)),
+        (f"gpu:{A}:0(IDX:N/A)", (Gres("gpu", A, 0),)),
+        (
+            f"gpu:{A}:2(IDX:0-1),gpu:{X}:1(IDX:3)",
+            (Gres("gpu", A, 2, (0, 1)), Gres("gpu", X, 1, (3,))),
+        ),
+        ("gpu:2(IDX:0,2)", (Gres("gpu", None, 2, (0, 2)),)),
+        (f"gres:gpu:{A}:1,gres:gpu:{X}:1", (Gres("gpu", A, 1), Gres("gpu", X, 1))),
+        ("gpu", (Gres("gpu", None, 1),)),
+        ("(null)", ()),
+        ("", ()),
+        (None, ()),
+    ],
+)
+def test_parse_gres(text: str | None, expected: tuple[Gres, ...]) -> None:
+    assert parse_gres(text) == expected
+
+
+def test_parse_gres_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="bad GRES entry"):
+        parse_gres("gpu:a:b:c:2")
+    with pytest.raises(ValueError, match="bad GRES index"):
+        parse_indices("0-x")
+
+
+def test_small_helpers() -> None:
+    assert split_top_level("a(IDX:0,2),b, c") == ["a(IDX:0,2)", "b", "c"]
+    assert parse_indices("0-1,3") == (0, 1, 3)
+    assert str(Gres("gpu", A, 2)) == f"gpu:{A}:2"
+    kv = parse_key_values("NodeName=n1 OS=Linux 6.1 #1 SMP CfgTRES=cpu=8,mem=2000M State=IDLE")
+    assert kv == {
+        "NodeName": "n1",
+        "OS": "Linux 6.1 #1 SMP",
+        "CfgTRES": "cpu=8,mem=2000M",
+        "State": "IDLE",
+    }
+
+
+def test_sinfo_json_nodes() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(fixture("sinfo.json"))}
+    assert sorted(nodes) == ["n01", "n02", "n03", "n04"]
+    n1 = nodes["n01"]
+    assert (n1.state, n1.flags, n1.features, n1.partitions) == ("mixed", (), ("rackA",), ("debug",))
+    assert n1.gpu_types() == {A: 2, B: 1, X: 1}
+    assert n1.used_gpu_indices() == {A: (0,), X: (3,)}
+    assert nodes["n02"].used_gpu_indices() == {B: (2,)}
+
+
+def test_scontrol_nodes_agree_with_sinfo_json() -> None:
+    from_json = parse_sinfo_json(fixture("sinfo.json"))
+    from_text = parse_scontrol_nodes(fixture("scontrol-show-node-d.txt"))
+    assert [(n.name, n.state, n.features, n.gres, n.gres_used) for n in from_json] == [
+        (n.name, n.state, n.features, n.gres, n.gres_used) for n in from_text
+    ]
+
+
+def test_scontrol_node_states_with_flags() -> None:
+    (node,) = parse_scontrol_nodes("NodeName=g1 State=IDLE+DRAIN Gres=gpu:2 Reason=broken fan")
+    assert (node.state, node.flags, node.reason) == ("idle", ("DRAIN",), "broken fan")
+    (node,) = parse_sinfo_json('{"nodes": [{"name": "g2", "state": "down*", "state_flags": []}]}')
+    assert (node.state, node.flags) == ("down", ("NOT_RESPONDING",))
+
+
+def test_squeue_json_jobs() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(fixture("squeue.json"))}
+    mixed = jobs[1]
+    assert (mixed.state, mixed.user, mixed.partition, mixed.nodes) == (
+        "RUNNING",
+        "root",
+        "debug",
+        ("n01",),
+    )
+    assert mixed.tres_per_node == (Gres("gpu", A, 1), Gres("gpu", X, 1))
+    assert mixed.allocated_gpu_indices() == {"n01": (0, 3)}
+    assert mixed.priority > 0
+    assert jobs[2].required_nodes == ("n02",)
+    held = jobs[3]
+    assert (held.state, held.reason, held.nodes, held.allocated_gres) == (
+        "PENDING",
+        "JobHeldUser",
+        (),
+        {},
+    )
+    spread = jobs[4]  # --gpus=A:2,B:2 -N2: a per-job request, split one of each per node
+    assert spread.nodes == ("n03", "n04") and spread.tres_per_node == ()
+    assert spread.tres_per_job == (Gres("gpu", A, 2), Gres("gpu", B, 2))
+    assert spread.allocated_gpu_indices() == {"n03": (0, 2), "n04": (0, 2)}
+
+
+def _reader(outputs: dict[str, str]) -> CliStateReader:
+    def run(args):
+        key = " ".join(args)
+        if key not in outputs:
+            raise SlurmQueryError(f"{key} exited 1: no such thing")
+        return outputs[key]
+
+    return CliStateReader(runner=run)
+
+
+def test_reader_filters_on_the_client() -> None:
+    reader = _reader(
+        {"squeue --json": fixture("squeue.json"), "sinfo --json": fixture("sinfo.json")}
+    )
+    assert [j.job_id for j in reader.jobs(job_ids=[2, 4])] == [2, 4]
+    assert [j.job_id for j in reader.jobs(states=["pending"])] == [3]
+    assert reader.jobs(users=["nobody"]) == []
+    assert [n.name for n in reader.nodes(["n03", "n09"])] == ["n03"]
+
+
+def test_reader_falls_back_to_scontrol_without_json() -> None:
+    reader = _reader({"scontrol show node -o -d": fixture("scontrol-show-node-d.txt")})
+    assert [n.name for n in reader.nodes()] == ["n01", "n02", "n03", "n04"]
+
+
+def test_reader_errors_are_clear() -> None:
+    reader = CliStateReader(runner=lambda args: "not json")
+    with pytest.raises(SlurmQueryError, match="did not print JSON"):
+        reader.jobs()
+    reader = CliStateReader(runner=lambda args: '{"errors": ["boom"], "jobs": []}')
+    with pytest.raises(SlurmQueryError, match="boom"):
+        reader.jobs()
+    reader = CliStateReader(env={"PATH": "/nonexistent"})
+    with pytest.raises(SlurmQueryError, match="not found"):
+        reader.jobs()
