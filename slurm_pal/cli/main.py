@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from slurm_pal import __version__
-from slurm_pal.cli import advise, apps, profile, sim
+from slurm_pal.cli import advise, apps, profile, sim, site, testbed
 from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
@@ -23,6 +23,8 @@ app.add_typer(advise.app, name="advise")
 app.add_typer(apps.app, name="apps")
 app.add_typer(profile.app, name="profile")
 app.add_typer(sim.app, name="sim")
+app.add_typer(site.app, name="site")
+app.add_typer(testbed.app, name="testbed")
 # --- end of sub-apps ---
 
 

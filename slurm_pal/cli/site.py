@@ -1,0 +1,151 @@
+"""`slurm-pal site ...`: the Slurm configuration that exposes PM signatures, and its check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
+from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors, state
+from slurm_pal.core.hostlist import expand
+from slurm_pal.site.render import (
+    DEFAULT_DEVICE_PATTERN,
+    DEFAULT_EPILOG,
+    DEFAULT_PROLOG,
+    RenderError,
+    compare_gres,
+    plan_from_store,
+    render_files,
+    write_site,
+)
+
+app = typer.Typer(
+    help="Site configuration: render gres.conf Type= labels, check them against Slurm.",
+    no_args_is_help=True,
+)
+
+CAMPAIGN_OPT = typer.Option(None, "--campaign", help="Campaign id (default: the active one).")
+NODES_OPT = typer.Option(
+    None, "--nodes", help="Only these nodes (a Slurm hostlist, e.g. 'gpu[01-16]')."
+)
+RESTART_HINT = (
+    "changing Type= in gres.conf needs a restart of slurmctld and of every slurmd "
+    "(scontrol reconfigure is not enough)"
+)
+
+
+def _nodes(hostlist: str | None) -> list[str] | None:
+    if hostlist is None:
+        return None
+    try:
+        return expand(hostlist)
+    except ValueError as exc:
+        fail(f"--nodes {hostlist!r}: {exc}")
+
+
+@app.command()
+def render(
+    ctx: typer.Context,
+    out: Path = typer.Option(..., "--out", help="Folder to write the files into (created)."),
+    campaign: str | None = CAMPAIGN_OPT,
+    device_pattern: str = typer.Option(
+        DEFAULT_DEVICE_PATTERN,
+        "--device-pattern",
+        help="Device file of GPU {index} (the testbed uses /dev/tty{index}).",
+    ),
+    nodes: str | None = NODES_OPT,
+    prolog: str = typer.Option(DEFAULT_PROLOG, "--prolog", help="Prolog path for slurm.conf."),
+    epilog: str = typer.Option(DEFAULT_EPILOG, "--epilog", help="Epilog path for slurm.conf."),
+) -> None:
+    """Write gres.conf, the NodeName Gres= parts, the slurm.conf snippet and labels.json."""
+    st = state(ctx)
+    with reported_errors(), st.store() as store:
+        try:
+            plan = plan_from_store(
+                store, campaign, device_pattern=device_pattern, nodes=_nodes(nodes)
+            )
+            files = render_files(plan, prolog=prolog, epilog=epilog)
+        except RenderError as exc:
+            fail(str(exc))
+    written = write_site(out, files)
+    labels = {g.label for g in plan.gpus}
+    console.print(
+        f"campaign [bold]{plan.campaign}[/]: {len(plan.gpus)} GPUs on {len(plan.node_labels())} "
+        f"nodes, {len(labels)} Type= labels; wrote {', '.join(p.name for p in written)} to {out}"
+    )
+    if plan.skipped:
+        table = Table(title=f"{len(plan.skipped)} GPUs skipped", title_justify="left")
+        for col in ("GPU", "node", "label", "reason"):
+            table.add_column(col)
+        for s in plan.skipped:
+            table.add_row(s.uuid, s.node or "-", s.label or "-", s.reason)
+        err_console.print(table)
+    console.print(f"note: {RESTART_HINT}")
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    campaign: str | None = CAMPAIGN_OPT,
+    nodes: str | None = NODES_OPT,
+    slurm_conf: Path | None = typer.Option(
+        None, "--slurm-conf", help="slurm.conf of the cluster to ask (default: SLURM_CONF)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Compare the campaign's GPU labels per node with the Gres types the running Slurm reports.
+
+    Exit 0 when every node matches, 1 when any differs.
+    """
+    st = state(ctx)
+    wanted = _nodes(nodes)
+    with reported_errors(), st.store() as store:
+        try:
+            plan = plan_from_store(store, campaign, nodes=wanted)
+        except RenderError as exc:
+            fail(str(exc))
+    env = dict(os.environ)
+    if slurm_conf is not None:
+        env["SLURM_CONF"] = str(slurm_conf)
+    try:
+        live_nodes = CliStateReader(env).nodes(plan.node_labels().keys())
+    except SlurmQueryError as exc:
+        fail(str(exc))
+    live = {n.name: n.gpu_types() for n in live_nodes}
+    same, diffs = compare_gres(plan.gres_counts(), live)
+    if as_json:
+        print_json(
+            {
+                "campaign": plan.campaign,
+                "matching": same,
+                "differing": [
+                    {"node": d.node, "expected": d.expected, "live": d.live} for d in diffs
+                ],
+                "skipped_gpus": len(plan.skipped),
+            }
+        )
+    else:
+        console.print(
+            f"campaign [bold]{plan.campaign}[/]: {len(same)} node(s) match, {len(diffs)} differ"
+        )
+        for d in diffs:
+            if d.live is None:
+                console.print(f"  {d.node}: not known to Slurm (expected {_fmt(d.expected)})")
+            else:
+                console.print(
+                    f"  {d.node}: Slurm has {_fmt(d.live)}, campaign says {_fmt(d.expected)}"
+                )
+        if diffs:
+            console.print(
+                "fix: 'slurm-pal site render --out DIR', install gres.conf and the Gres= parts, "
+                f"then restart; {RESTART_HINT}"
+            )
+    if diffs:
+        raise typer.Exit(1)
+
+
+def _fmt(counts: dict[str, int]) -> str:
+    return ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items())) or "no GPUs"

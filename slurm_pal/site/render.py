@@ -1,0 +1,303 @@
+"""Render the Slurm configuration that exposes PM signatures as GRES types (gres.conf Type=).
+
+Why: Slurm cannot be told "GPU index 2" at submit time, but it can be told "a GPU of type T".
+Giving every GPU a ``Type=`` label that stands for its PM signature (see
+:mod:`slurm_pal.core.variability`) lets job_submit.lua steer jobs to the GPUs PM-First/PAL would
+pick. This module turns the active campaign (per-GPU node, index, model and label) into:
+
+* ``gres.conf``: one line per GPU, ``NodeName=N Name=gpu Type=LABEL File=DEVICE``;
+* ``slurm.conf.nodes``: the ``Gres=`` part of each ``NodeName`` line (counts per type);
+* ``slurm.conf.snippet``: GresTypes, JobSubmitPlugins, PrologFlags, Prolog/Epilog;
+* ``labels.json``: the same plan, machine-readable (``site check``, the testbed, the advisor).
+
+GPUs without a node or index (e.g. rows of the Longhorn sgemm file) cannot be placed in
+gres.conf: they are listed as skipped, with the reason.
+
+Slurm's GPU numbering (verified on 22.05.8, tests/slurm): slurmd merges a node's gres.conf lines
+of one ``Type`` into one record, types in order of first appearance, lines in file order, and
+numbers the GPUs along that list. ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES`` and the ``IDX``
+in ``GresUsed``/``gres_detail`` are those numbers, not the device minor: with lines
+``A tty0, A tty1, B tty2, A tty3`` the B GPU is index 3. So the lines are written grouped by
+type (Slurm's order), and ``labels.json`` records each GPU's ``slurm_index`` next to its
+device ``index``; whoever maps a job's GPU indices back to physical GPUs must use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from slurm_pal.adapters.store import Store
+
+DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
+DEFAULT_PROLOG = "/etc/slurm/slurm-pal-prolog.sh"
+DEFAULT_EPILOG = "/etc/slurm/slurm-pal-epilog.sh"
+_BAD_TYPE = re.compile(r"[:,=()\s]")
+
+
+class RenderError(ValueError):
+    """The campaign cannot be rendered as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class RenderedGpu:
+    node: str
+    index: int  # device index (the campaign's gpu_index, the number in File=)
+    slurm_index: int  # Slurm's number for it (SLURM_JOB_GPUS, GresUsed IDX)
+    label: str
+    uuid: str
+    model: str
+    file: str
+
+
+@dataclass(frozen=True)
+class SkippedGpu:
+    uuid: str
+    label: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SitePlan:
+    """Which GPU gets which Type= label on which node, and which GPUs could not be placed."""
+
+    campaign: str
+    device_pattern: str
+    gpus: tuple[RenderedGpu, ...]  # per node in Slurm's order (grouped by type)
+    skipped: tuple[SkippedGpu, ...]
+
+    def node_labels(self) -> dict[str, dict[int, str]]:
+        """Node -> {device index: label}."""
+        out: dict[str, dict[int, str]] = {}
+        for g in self.gpus:
+            out.setdefault(g.node, {})[g.index] = g.label
+        return out
+
+    def slurm_labels(self) -> dict[str, dict[int, str]]:
+        """Node -> {Slurm's GPU index: label}: what a job's SLURM_JOB_GPUS indices mean."""
+        out: dict[str, dict[int, str]] = {}
+        for g in self.gpus:
+            out.setdefault(g.node, {})[g.slurm_index] = g.label
+        return out
+
+    def gres_counts(self) -> dict[str, dict[str, int]]:
+        """Node -> {label: count}, what Slurm should report as the node's configured Gres."""
+        out: dict[str, dict[str, int]] = {}
+        for g in self.gpus:
+            counts = out.setdefault(g.node, {})
+            counts[g.label] = counts.get(g.label, 0) + 1
+        return out
+
+    def node_gres(self) -> dict[str, str]:
+        """Node -> the NodeName ``Gres=`` value, types sorted."""
+        return {
+            node: ",".join(f"gpu:{label}:{n}" for label, n in sorted(counts.items()))
+            for node, counts in self.gres_counts().items()
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "campaign": self.campaign,
+            "device_pattern": self.device_pattern,
+            "nodes": {
+                node: [
+                    {
+                        "index": g.index,
+                        "slurm_index": g.slurm_index,
+                        "label": g.label,
+                        "uuid": g.uuid,
+                        "file": g.file,
+                    }
+                    for g in self.gpus
+                    if g.node == node
+                ]
+                for node in self.node_labels()
+            },
+            "skipped": [asdict(s) for s in self.skipped],
+        }
+
+
+def plan_site(
+    campaign: str,
+    gpu_scores: pd.DataFrame,
+    gpu_labels: Mapping[str, str],
+    *,
+    device_pattern: str = DEFAULT_DEVICE_PATTERN,
+    nodes: Iterable[str] | None = None,
+) -> SitePlan:
+    """Match every labelled GPU to its node and index (pure; ``gpu_scores`` as the store has it).
+
+    ``nodes`` limits the plan to those nodes (GPUs elsewhere are left out, not skipped).
+    """
+    if "{index}" not in device_pattern:
+        raise RenderError(
+            f"device pattern {device_pattern!r} must contain '{{index}}', e.g. /dev/nvidia{{index}}"
+        )
+    wanted = None if nodes is None else set(nodes)
+    inventory = gpu_scores.drop_duplicates("uuid")[["uuid", "node", "gpu_index", "gpu_model"]]
+    candidates: list[RenderedGpu] = []
+    skipped: list[SkippedGpu] = []
+    for uuid, node, index, model in inventory.itertuples(index=False):
+        label = gpu_labels.get(uuid)
+        node = "" if pd.isna(node) else str(node)
+        if wanted is not None and node not in wanted:
+            continue
+        if label is None:
+            skipped.append(SkippedGpu(uuid, "", node, "no label in this campaign"))
+        elif not node:
+            skipped.append(SkippedGpu(uuid, label, node, "no node name in the campaign"))
+        elif pd.isna(index):
+            skipped.append(SkippedGpu(uuid, label, node, "no GPU index in the campaign"))
+        elif _BAD_TYPE.search(label):
+            skipped.append(
+                SkippedGpu(uuid, label, node, "label is not a valid gres Type (:,=() or blanks)")
+            )
+        else:
+            i = int(index)
+            file = device_pattern.format(index=i)
+            candidates.append(RenderedGpu(node, i, -1, label, str(uuid), str(model), file))
+    by_slot: dict[tuple[str, int], list[RenderedGpu]] = {}
+    for g in candidates:
+        by_slot.setdefault((g.node, g.index), []).append(g)
+    gpus: list[RenderedGpu] = []
+    for (node, index), group in by_slot.items():
+        if len(group) == 1:
+            gpus.append(group[0])
+            continue
+        others = ", ".join(g.uuid for g in group)
+        for g in group:
+            reason = f"{node} index {index} is claimed by {len(group)} GPUs ({others})"
+            skipped.append(SkippedGpu(g.uuid, g.label, node, reason))
+    if wanted is not None:
+        unknown = sorted(wanted - {g.node for g in gpus} - {s.node for s in skipped})
+        if unknown:
+            raise RenderError(
+                f"node(s) {', '.join(unknown)} have no GPUs in campaign {campaign!r}; "
+                "check --nodes against 'slurm-pal profile gpus'"
+            )
+    gpus = _slurm_order(gpus)
+    skipped.sort(key=lambda s: (_node_key(s.node), s.uuid))
+    return SitePlan(campaign, device_pattern, tuple(gpus), tuple(skipped))
+
+
+def plan_from_store(
+    store: Store,
+    campaign: str | None = None,
+    *,
+    device_pattern: str = DEFAULT_DEVICE_PATTERN,
+    nodes: Iterable[str] | None = None,
+) -> SitePlan:
+    """The plan for a stored campaign (the active one by default)."""
+    campaign_id = store.resolve_campaign(campaign)
+    return plan_site(
+        campaign_id,
+        store.gpu_scores(campaign_id),
+        store.gpu_labels(campaign_id),
+        device_pattern=device_pattern,
+        nodes=nodes,
+    )
+
+
+def render_files(
+    plan: SitePlan, *, prolog: str = DEFAULT_PROLOG, epilog: str = DEFAULT_EPILOG
+) -> dict[str, str]:
+    """File name -> content for everything ``site render`` writes."""
+    if not plan.gpus:
+        raise RenderError(
+            f"campaign {plan.campaign!r} has no GPU with a node and index to render"
+            + (f" ({len(plan.skipped)} skipped)" if plan.skipped else "")
+        )
+    env = Environment(
+        loader=PackageLoader("slurm_pal.site", "templates"),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    context = {
+        "campaign": plan.campaign,
+        "gpus": plan.gpus,
+        "skipped": plan.skipped,
+        "nodes": sorted(plan.node_gres().items(), key=lambda kv: _node_key(kv[0])),
+        "prolog": prolog,
+        "epilog": epilog,
+    }
+    return {
+        "gres.conf": env.get_template("gres.conf.j2").render(context),
+        "slurm.conf.nodes": env.get_template("slurm.conf.nodes.j2").render(context),
+        "slurm.conf.snippet": env.get_template("slurm.conf.snippet.j2").render(context),
+        "labels.json": json.dumps(plan.to_dict(), indent=2) + "\n",
+    }
+
+
+def write_site(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def load_labels(path: Path) -> dict[str, dict[int, str]]:
+    """Node -> {index: label} from a rendered ``labels.json``."""
+    try:
+        data = json.loads(path.read_text())
+        return {
+            node: {int(g["index"]): str(g["label"]) for g in gpus}
+            for node, gpus in data["nodes"].items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RenderError(f"cannot read rendered labels {path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class NodeDiff:
+    node: str
+    expected: dict[str, int]  # label -> count from the campaign
+    live: dict[str, int] | None  # None: Slurm does not know the node
+
+
+def compare_gres(
+    expected: Mapping[str, Mapping[str, int]], live: Mapping[str, Mapping[str | None, int]]
+) -> tuple[list[str], list[NodeDiff]]:
+    """(nodes that match, nodes that differ) between rendered and live GPU types per node."""
+    same: list[str] = []
+    diffs: list[NodeDiff] = []
+    for node in sorted(expected, key=_node_key):
+        want = dict(expected[node])
+        if node not in live:
+            diffs.append(NodeDiff(node, want, None))
+            continue
+        have = {("(untyped)" if t is None else t): n for t, n in live[node].items()}
+        if have == want:
+            same.append(node)
+        else:
+            diffs.append(NodeDiff(node, want, have))
+    return same, diffs
+
+
+def _slurm_order(gpus: list[RenderedGpu]) -> list[RenderedGpu]:
+    """Per node: device order, then grouped by type as slurmd merges them; number them."""
+    by_node: dict[str, list[RenderedGpu]] = {}
+    for g in sorted(gpus, key=lambda g: (_node_key(g.node), g.index)):
+        by_node.setdefault(g.node, []).append(g)
+    out: list[RenderedGpu] = []
+    for node_gpus in by_node.values():
+        first_seen = {
+            label: n for n, label in reversed(list(enumerate(g.label for g in node_gpus)))
+        }
+        grouped = sorted(node_gpus, key=lambda g: (first_seen[g.label], g.index))
+        out.extend(replace(g, slurm_index=i) for i, g in enumerate(grouped))
+    return out
+
+
+def _node_key(name: str) -> tuple[str, int, str]:
+    m = re.match(r"^(.*?)(\d+)$", name)
+    return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)

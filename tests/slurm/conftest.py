@@ -1,0 +1,104 @@
+"""The real-Slurm fixture: a private Slurm 22.05 on loopback whose GPU types come from
+`slurm-pal site render` of the example campaign (4 nodes x 4 fake GPUs).
+
+Missing Slurm binaries skip these tests locally, but fail them in CI (CI=true), where
+`bash .ci/run` installs Slurm through scripts/setup.sh dev."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurm_pal.cli.main import app
+from slurm_pal.example_campaign import generate_example_campaign
+from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
+
+FEATURES = {"n01": ("rackA",), "n02": ("rackA",), "n03": ("rackB",), "n04": ("rackB",)}
+
+
+@dataclass
+class SlurmLab:
+    tb: LocalSlurm
+    db: Path
+    render_dir: Path
+    labels: dict  # labels.json as rendered
+    slurm_labels: dict[str, dict[int, str]]  # node -> {Slurm GPU index: label}
+
+    def cli(self, *args: str, ok: bool = True):
+        """`slurm-pal --db DB ARGS` in-process, with SLURM_CONF pointing at the testbed."""
+        result = CliRunner().invoke(
+            app,
+            ["--db", str(self.db), *map(str, args)],
+            env={"SLURM_PAL_CONFIG": None, "SLURM_CONF": str(self.tb.conf)},
+        )
+        if ok and result.exit_code != 0:
+            raise AssertionError(
+                f"slurm-pal {' '.join(args)} exited {result.exit_code}:\n"
+                f"{result.output}\n{result.exception!r}"
+            )
+        return result
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+        pytest.fail(f"CI needs the real Slurm testbed: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
+    missing = missing_binaries()
+    if missing:
+        _unavailable(
+            f"Slurm not installed ({', '.join(missing)} missing): bash scripts/install-slurm.sh"
+        )
+    if os.geteuid() != 0:
+        _unavailable("the Slurm testbed runs its daemons as root; run the tests as root")
+
+    work = tmp_path_factory.mktemp("slurm-store")
+    db = work / "store.db"
+    csv = work / "example.csv"
+    generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
+    runner = CliRunner()
+    env = {"SLURM_PAL_CONFIG": None}
+    for args in (
+        ["profile", "ingest", str(csv), "--campaign", "example"],
+        ["site", "render", "--out", str(work / "site"), "--device-pattern", "/dev/tty{index}"],
+    ):
+        result = runner.invoke(app, ["--db", str(db), *args], env=env)
+        assert result.exit_code == 0, result.output
+    labels = json.loads((work / "site" / "labels.json").read_text())
+    nodes = []
+    for node, gpus in labels["nodes"].items():
+        by_index = {g["index"]: g["label"] for g in gpus}
+        types = tuple(by_index[i] for i in sorted(by_index))
+        nodes.append(NodeSpec(node, types, FEATURES.get(node, ())))
+    slurm_labels = {
+        node: {g["slurm_index"]: g["label"] for g in gpus} for node, gpus in labels["nodes"].items()
+    }
+
+    # Not under pytest's 0700 tmp dirs: munged runs as user munge and must reach its socket.
+    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
+    root.chmod(0o755)
+    tb = LocalSlurm(root, nodes)
+
+    def teardown() -> None:
+        tb.stop()
+        if not os.environ.get("SLURM_PAL_KEEP_TESTBED"):
+            shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(teardown)  # also on an interrupted session; stop() is idempotent
+    try:
+        tb.start()
+        yield SlurmLab(tb, db, work / "site", labels, slurm_labels)
+    finally:
+        teardown()

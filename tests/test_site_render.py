@@ -1,0 +1,135 @@
+"""Site rendering (no Slurm): gres.conf Type= lines, NodeName Gres=, snippet, labels.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from slurm_pal.adapters.slurm.parse import parse_gres
+from slurm_pal.example_campaign import generate_example_campaign
+from slurm_pal.site.render import (
+    RenderError,
+    compare_gres,
+    load_labels,
+    plan_site,
+    render_files,
+)
+
+
+def _scores(rows: list[tuple[str, str, int | None]], model: str = "v100") -> pd.DataFrame:
+    """A gpu_scores-like frame: (uuid, node, index) per GPU, two classes each."""
+    frame = pd.DataFrame(
+        [
+            {"job_class": c, "uuid": u, "node": n, "gpu_index": i, "gpu_model": model}
+            for c in ("A", "B")
+            for u, n, i in rows
+        ]
+    )
+    frame["gpu_index"] = frame["gpu_index"].astype("Int64")
+    return frame
+
+
+def test_slurm_order_groups_types_and_numbers_them() -> None:
+    rows = [("u0", "n1", 0), ("u1", "n1", 1), ("u2", "n1", 2), ("u3", "n1", 3), ("u4", "n2", 0)]
+    labels = {"u0": "t-a", "u1": "t-a", "u2": "t-b", "u3": "t-a", "u4": "t-b"}
+    plan = plan_site("c1", _scores(rows), labels, device_pattern="/dev/tty{index}")
+    n1 = [(g.index, g.slurm_index, g.label, g.file) for g in plan.gpus if g.node == "n1"]
+    assert n1 == [
+        (0, 0, "t-a", "/dev/tty0"),
+        (1, 1, "t-a", "/dev/tty1"),
+        (3, 2, "t-a", "/dev/tty3"),
+        (2, 3, "t-b", "/dev/tty2"),  # Slurm numbers it 3: lines are merged by Type
+    ]
+    assert plan.node_labels()["n1"] == {0: "t-a", 1: "t-a", 2: "t-b", 3: "t-a"}
+    assert plan.slurm_labels()["n1"] == {0: "t-a", 1: "t-a", 2: "t-a", 3: "t-b"}
+    assert plan.node_gres() == {"n1": "gpu:t-a:3,gpu:t-b:1", "n2": "gpu:t-b:1"}
+    files = render_files(plan)
+    lines = [ln for ln in files["gres.conf"].splitlines() if not ln.startswith("#")]
+    assert lines[:4] == [
+        "NodeName=n1 Name=gpu Type=t-a File=/dev/tty0",
+        "NodeName=n1 Name=gpu Type=t-a File=/dev/tty1",
+        "NodeName=n1 Name=gpu Type=t-a File=/dev/tty3",
+        "NodeName=n1 Name=gpu Type=t-b File=/dev/tty2",
+    ]
+    assert "NodeName=n1 Gres=gpu:t-a:3,gpu:t-b:1" in files["slurm.conf.nodes"]
+    snippet = files["slurm.conf.snippet"]
+    for setting in ("GresTypes=gpu", "JobSubmitPlugins=lua", "PrologFlags=Alloc", "Prolog=/"):
+        assert setting in snippet
+    data = json.loads(files["labels.json"])
+    assert data["nodes"]["n1"][3] == {
+        "index": 2,
+        "slurm_index": 3,
+        "label": "t-b",
+        "uuid": "u2",
+        "file": "/dev/tty2",
+    }
+
+
+def test_gpus_without_location_are_skipped_with_a_reason() -> None:
+    rows = [("u0", "n1", 0), ("u1", "", None), ("u2", "n1", None), ("u3", "n1", 0), ("u4", "n2", 0)]
+    labels = {"u0": "t-a", "u1": "t-a", "u2": "t-a", "u3": "t-b", "u5": "t-x"}
+    plan = plan_site("c1", _scores(rows), labels)
+    assert [g.uuid for g in plan.gpus] == []
+    reasons = {s.uuid: s.reason for s in plan.skipped}
+    assert reasons["u1"] == "no node name in the campaign"
+    assert reasons["u2"] == "no GPU index in the campaign"
+    assert "claimed by 2 GPUs" in reasons["u0"] and "claimed by 2 GPUs" in reasons["u3"]
+    assert reasons["u4"] == "no label in this campaign"
+    with pytest.raises(RenderError, match="no GPU with a node and index"):
+        render_files(plan)
+
+
+def test_node_filter_and_bad_input() -> None:
+    rows = [("u0", "n1", 0), ("u1", "n2", 0)]
+    labels = {"u0": "t-a", "u1": "t-b"}
+    plan = plan_site("c1", _scores(rows), labels, nodes=["n2"])
+    assert [g.node for g in plan.gpus] == ["n2"] and plan.skipped == ()
+    with pytest.raises(RenderError, match="n7 have no GPUs"):
+        plan_site("c1", _scores(rows), labels, nodes=["n7"])
+    with pytest.raises(RenderError, match="must contain"):
+        plan_site("c1", _scores(rows), labels, device_pattern="/dev/nvidia0")
+    bad = plan_site("c1", _scores(rows), {"u0": "t:a", "u1": "t-b"})
+    assert [s.reason for s in bad.skipped] == ["label is not a valid gres Type (:,=() or blanks)"]
+
+
+def test_compare_gres() -> None:
+    expected = {"n1": {"t-a": 3, "t-b": 1}, "n2": {"t-a": 4}, "n3": {"t-a": 1}}
+    live = {"n1": {"t-a": 3, "t-b": 1}, "n2": {None: 4}}
+    same, diffs = compare_gres(expected, live)
+    assert same == ["n1"]
+    assert [(d.node, d.live) for d in diffs] == [("n2", {"(untyped)": 4}), ("n3", None)]
+
+
+def test_cli_render_from_the_example_campaign(run_cli, tmp_path: Path) -> None:
+    csv = tmp_path / "example.csv"
+    generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
+    run_cli("profile", "ingest", csv, "--campaign", "ex")
+    out = tmp_path / "site"
+    result = run_cli("site", "render", "--out", out, "--nodes", "n[01-03]")
+    assert "12 GPUs on 3 nodes" in " ".join(result.output.split())
+    gres = (out / "gres.conf").read_text()
+    assert "File=/dev/nvidia0" in gres and "n04" not in gres
+    labels = load_labels(out / "labels.json")
+    assert sorted(labels) == ["n01", "n02", "n03"]
+    assert all(sorted(gpus) == [0, 1, 2, 3] for gpus in labels.values())
+    # Every Type= is one of the store's labels, and the NodeName Gres= counts add up.
+    listed = json.loads(run_cli("profile", "labels", "--json").output)["labels"]
+    store_labels = {r["label"] for r in listed}
+    rendered = {
+        ln.split("Type=")[1].split()[0] for ln in gres.splitlines() if ln.startswith("Node")
+    }
+    assert rendered and rendered <= store_labels
+    for line in (out / "slurm.conf.nodes").read_text().splitlines():
+        if line.startswith("NodeName="):
+            assert sum(g.count for g in parse_gres(line.split("Gres=")[1])) == 4
+    bad = run_cli("site", "render", "--out", out, "--nodes", "n[01-", ok=False)
+    assert bad.exit_code == 2 and "--nodes" in bad.output
+
+
+def test_cli_render_without_campaign_fails_clearly(run_cli, tmp_path: Path) -> None:
+    result = run_cli("site", "render", "--out", tmp_path / "x", ok=False)
+    assert result.exit_code == 2
+    assert "no active campaign" in result.output
