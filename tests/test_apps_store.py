@@ -176,6 +176,12 @@ def test_job_history_mismatches_and_the_store_view(store: Store) -> None:
     result = resolve(job, view, ResolveConfig())
     # One D, then (re-sent) one A: a tie goes to the most recent run, which agrees with the name.
     assert (result.job_class, result.origin, result.mismatch) == ("A", "history", False)
+    # Job 100 named resnet50 (A) and measured D: alice's claims of resnet50 are not believed.
+    assert view.contradicted == {}  # without the class order nothing is distrusted
+    ranked = store.store_view(class_names=("A", "B", "C", "D"))
+    assert ranked.contradicted == {("alice", "resnet50"): 1}
+    renamed = dataclasses.replace(job, job_name="dodge")
+    assert resolve(renamed, ranked, ResolveConfig(default_class="B")).job_class == "B"
 
 
 def test_history_keeps_the_latest_runs_per_key(store: Store) -> None:

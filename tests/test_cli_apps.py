@@ -365,6 +365,10 @@ def test_resolve_uses_rules_names_and_measured_history(run_cli, tmp_path: Path) 
         ("2", "resnet50", "D"),
     ]
     assert "claimed app" in run_cli("apps", "mismatches").output
+    # A new job name escapes the history, not the distrust: the claim is still not believed.
+    renamed = resolve("--script", str(script), "-J", "train-renamed")
+    assert (renamed["class"], renamed["origin"]) == ("B", "default")
+    assert "named app resnet50 not believed: 2 earlier job(s) of alice" in renamed["reason"]
 
 
 def test_empty_store_messages(run_cli) -> None:

@@ -24,6 +24,7 @@ from slurm_pal.core.resolve import (
     app_from_script,
     check_app_name,
     claimed_app,
+    contradicted_claims,
     resolve,
     resolve_class,
     summarize_history,
@@ -201,6 +202,40 @@ def test_measured_history_outranks_the_name_and_flags_the_mismatch() -> None:
     assert "confirmed by 2 of 2" in agreeing.reason
 
 
+def test_a_user_whose_claims_were_contradicted_is_not_believed_under_any_job_name() -> None:
+    view = StoreView(apps=APPS, contradicted={("alice", "resnet50"): 2})
+    config = dataclasses.replace(CONFIG, default_class="C")
+    for name in ("train", "renamed-to-dodge-history"):
+        result = resolve(job(job_name=name, comment="pal:app=resnet50"), view, config)
+        assert (result.job_class, result.origin) == ("C", "default")
+        assert (result.claimed_app, result.claimed_class) == ("resnet50", "A")
+        assert result.reason == (
+            "default class C; named app resnet50 not believed: 2 earlier job(s) of alice "
+            "naming it measured a less compute-bound class"
+        )
+    # Other users, and alice's other applications, are believed.
+    assert resolve_class(job(user="bob", comment="pal:app=resnet50"), view, config)[0] == "A"
+    assert resolve_class(job(comment="pal:app=bert"), view, config)[0] == "B"
+    # Earlier runs that named it do not smuggle the claim back in either.
+    hist = StoreView(
+        apps=APPS,
+        contradicted=view.contradicted,
+        history={job().history_key: history(None, app="resnet50")},
+    )
+    assert resolve(job(), hist, config).origin == "default"
+
+
+def test_only_claims_that_would_win_better_gpus_count_as_contradicted() -> None:
+    rows = [
+        ("alice", "resnet50", "A", "C"),  # claimed A, measured C: would have won better GPUs
+        ("alice", "resnet50", "A", "D"),
+        ("alice", "pagerank", "D", "A"),  # undersold: no advantage, no distrust
+        ("bob", "resnet50", "A", "Z"),  # a class the site no longer has
+    ]
+    assert contradicted_claims(rows, NAMES) == {("alice", "resnet50"): 2}
+    assert contradicted_claims(rows, ()) == {}
+
+
 def test_history_needs_the_same_user_job_name_and_script() -> None:
     view = StoreView(apps=APPS, history={job().history_key: history("D")})
     assert resolve_class(job(), view, CONFIG)[0] == "D"
@@ -264,7 +299,12 @@ def views(draw: st.DrawFn) -> StoreView:
         st.none() | names_st,
         st.none() | app_names_st,
     )
-    return StoreView(apps=APPS, history=draw(st.dictionaries(keys, summaries, max_size=4)))
+    contradicted = st.dictionaries(st.tuples(users_st, app_names_st), st.integers(1, 3))
+    return StoreView(
+        apps=APPS,
+        history=draw(st.dictionaries(keys, summaries, max_size=4)),
+        contradicted=draw(contradicted),
+    )
 
 
 rules_st = st.lists(
@@ -312,11 +352,17 @@ def test_properties_of_the_resolution_order(
         return
     assert not result.mismatch
 
-    # 3. Otherwise a known, classified name gives its class; else history's app or default.
+    # 3. Otherwise a known, classified, believed name gives its class; else history's app or
+    #    the default. A name the user's measured jobs contradicted never decides.
     name, _ = claimed_app(j)
-    if name is not None and view.apps.get(name) in NAMES:
+    believed = (j.user, name) not in view.contradicted
+    if name is not None and view.apps.get(name) in NAMES and believed:
         assert (result.origin, result.job_class) == ("app", view.apps[name])
-    elif summary is not None and view.apps.get(summary.app or "") in NAMES:
+    elif (
+        summary is not None
+        and view.apps.get(summary.app or "") in NAMES
+        and (j.user, summary.app) not in view.contradicted
+    ):
         assert result.origin == "history-app"
     else:
         assert (result.origin, result.job_class) == ("default", config.default_class)

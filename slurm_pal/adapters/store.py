@@ -23,7 +23,13 @@ import pandas as pd
 from slurm_pal.adapters.campaign_csv import MEASUREMENT_COLUMNS, CampaignFile
 from slurm_pal.core.binning import Bin, PMBinner
 from slurm_pal.core.features import UtilizationFeatures
-from slurm_pal.core.resolve import HistoryRow, JobRecord, StoreView, summarize_history
+from slurm_pal.core.resolve import (
+    HistoryRow,
+    JobRecord,
+    StoreView,
+    contradicted_claims,
+    summarize_history,
+)
 from slurm_pal.core.variability import GPU_COLUMNS, ClassBins, VariabilityProfile, build_profile
 
 MIGRATIONS: tuple[str, ...] = (
@@ -703,10 +709,21 @@ class Store:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
-    def store_view(self, history_per_key: int = 20) -> StoreView:
-        """The snapshot the submit path resolves classes with (load once, refresh now and then)."""
+    def store_view(self, history_per_key: int = 20, class_names: Sequence[str] = ()) -> StoreView:
+        """The snapshot the submit path resolves classes with (load once, refresh now and then).
+
+        ``class_names`` (most compute-bound first) tells which recorded mismatches were claims
+        that would have won better GPUs; without it no claim is distrusted.
+        """
         apps = dict(self._db.execute("SELECT name, class FROM applications").fetchall())
-        return StoreView(apps=apps, history=summarize_history(self.history_rows(history_per_key)))
+        mismatches = self._db.execute(
+            "SELECT user, claimed_app, claimed_class, measured_class FROM class_mismatches"
+        ).fetchall()
+        return StoreView(
+            apps=apps,
+            history=summarize_history(self.history_rows(history_per_key)),
+            contradicted=contradicted_claims(mismatches, class_names),
+        )
 
     # -- internals -----------------------------------------------------------------------------
     def _require_campaign(self, campaign_id: str) -> None:

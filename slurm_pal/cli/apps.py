@@ -581,7 +581,7 @@ def resolve_job(
             text = script.read_text(encoding="utf-8", errors="replace")
             sha = _sha256(script)
         with st.store() as store:
-            view = store.store_view(cfg.classification.history_window)
+            view = store.store_view(cfg.classification.history_window, cfg.classes.names)
         job = JobRequest(
             user=user,
             job_name=job_name,

@@ -17,8 +17,11 @@ through :class:`ResolveConfig`.
    name disagrees, the result says so (``mismatch``) and the caller records it for admins.
 3. **Named application**: ``pal:app=NAME`` in ``--comment``, else a ``#PAL app=NAME`` line in
    the batch script's leading comment block, if the store knows NAME and it has a class.
-   A name only selects a profile that exists; an unknown name is ignored (and said so).
-4. **History by name**: the application named by earlier runs of the same key, if known.
+   A name only selects a profile that exists; an unknown name is ignored (and said so). A
+   user whose earlier jobs named NAME but measured a less compute-bound class is not
+   believed about NAME any more (``StoreView.contradicted``), whatever the job is called.
+4. **History by name**: the application named by earlier runs of the same key, if known
+   (and believed).
 5. The site's **default class**.
 """
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,6 +49,7 @@ __all__ = [
     "app_from_script",
     "check_app_name",
     "claimed_app",
+    "contradicted_claims",
     "resolve",
     "resolve_class",
     "summarize_history",
@@ -268,6 +272,24 @@ class StoreView:
 
     apps: Mapping[str, str | None] = field(default_factory=dict)
     history: Mapping[HistoryKey, HistorySummary] = field(default_factory=dict)
+    contradicted: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """(user, app) -> finished jobs of that user that named app and measured a less
+    compute-bound class than app's: that user's later claims of app are not believed, so
+    a new job name or script does not make a claim believable again."""
+
+
+def contradicted_claims(
+    mismatches: Iterable[tuple[str, str, str, str]], class_names: Sequence[str]
+) -> dict[tuple[str, str], int]:
+    """Count (user, claimed app, claimed class, measured class) rows per (user, app) where
+    the claim would have won better GPUs: the claimed class ranks before the measured one.
+    Claims that undersold the job (or name classes the site no longer has) do not count."""
+    rank = {name: index for index, name in enumerate(class_names)}
+    counts: Counter[tuple[str, str]] = Counter()
+    for user, app, claimed, measured in mismatches:
+        if claimed in rank and measured in rank and rank[claimed] < rank[measured]:
+            counts[(user, app)] += 1
+    return dict(counts)
 
 
 @dataclass(frozen=True)
@@ -306,10 +328,17 @@ def resolve(job: JobRequest, view: StoreView, config: ResolveConfig) -> Resoluti
         notes.append(f"admin rule {number} names app {rule.app}, which has no class: skipped")
 
     name, where = claimed_app(job)
-    name_class = _known_class(view, name, config)
-    if name is not None and name_class is None:
+    claim_class = _known_class(view, name, config)  # the named app's class, believed or not
+    name_class = claim_class
+    if name is not None and claim_class is None:
         state = "has no class yet" if name in view.apps else "is unknown"
         notes.append(f"named app {name} {state}")
+    elif name is not None and (contradicted := view.contradicted.get((job.user, name), 0)):
+        name_class = None
+        notes.append(
+            f"named app {name} not believed: {contradicted} earlier job(s) of {job.user} "
+            "naming it measured a less compute-bound class"
+        )
     suffix = f"; {'; '.join(notes)}" if notes else ""
 
     summary = view.history.get(job.history_key)
@@ -320,16 +349,17 @@ def resolve(job: JobRequest, view: StoreView, config: ResolveConfig) -> Resoluti
     ):
         measured = summary.measured_class
         runs = f"{summary.measured_class_runs} of {summary.measured_runs} earlier measured run(s)"
-        if name_class is not None and name_class != measured:
+        if claim_class is not None and claim_class != measured:
             reason = (
                 f"history: {runs} measured class {measured} "
-                f"(claimed {name} -> {name_class} ignored){suffix}"
+                f"(claimed {name} -> {claim_class} ignored){suffix}"
             )
-            return Resolution(measured, reason, "history", name, name_class, mismatch=True)
+            return Resolution(measured, reason, "history", name, claim_class, mismatch=True)
         if name_class is not None:
             reason = f"named app {name} (class {name_class}), confirmed by {runs}{suffix}"
             return Resolution(measured, reason, "history", name, name_class)
-        return Resolution(measured, f"history: {runs} measured class {measured}{suffix}", "history")
+        reason = f"history: {runs} measured class {measured}{suffix}"
+        return Resolution(measured, reason, "history", name, claim_class)
 
     if name_class is not None:
         return Resolution(
@@ -340,7 +370,7 @@ def resolve(job: JobRequest, view: StoreView, config: ResolveConfig) -> Resoluti
             name_class,
         )
 
-    if summary is not None:
+    if summary is not None and not view.contradicted.get((job.user, summary.app or "")):
         history_class = _known_class(view, summary.app, config)
         if history_class is not None:
             reason = (
@@ -349,7 +379,7 @@ def resolve(job: JobRequest, view: StoreView, config: ResolveConfig) -> Resoluti
             return Resolution(history_class, reason, "history-app")
 
     reason = f"default class {config.default_class}{suffix}"
-    return Resolution(config.default_class, reason, "default", name)
+    return Resolution(config.default_class, reason, "default", name, claim_class)
 
 
 def resolve_class(job: JobRequest, view: StoreView, config: ResolveConfig) -> tuple[str, str]:
