@@ -230,6 +230,10 @@ def test_usage_errors_list_the_valid_choices(run_cli, tmp_path: Path) -> None:
     assert "valid values: auto, ncu, nvml, dcgm" in result.output
     result = classify(run_cli, DETAILS15, "bad name", ok=False)
     assert "invalid application name" in result.output
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(DETAILS15.read_bytes())
+    result = run_cli("apps", "classify", DETAILS15, copy, "--app", "x", ok=False)
+    assert "are the same file (same content)" in " ".join(result.output.split())
     result = run_cli("apps", "classify", tmp_path / "nope.csv", "--app", "x", ok=False)
     assert result.exit_code == 2 and "does not exist" in result.output
     assert stored(run_cli) == []

@@ -1,4 +1,5 @@
-"""The SQLite store on the controller: campaigns, raw measurements, bins, scores and labels.
+"""The SQLite store on the controller: campaigns, raw measurements, bins, scores and labels;
+applications, their classes and the classifier models; finished jobs' history.
 
 One file, stdlib ``sqlite3`` in WAL mode so the advisor can read while a campaign is ingested.
 Writers take ``BEGIN IMMEDIATE`` so concurrent writers queue (``busy_timeout``) instead of

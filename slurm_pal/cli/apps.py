@@ -329,9 +329,14 @@ def classify(
         chosen = source or cfg.classification.default_source
         if chosen not in CLASSIFY_SOURCES:
             fail(f"unknown --source {chosen!r}; valid values: {', '.join(CLASSIFY_SOURCES)}")
+        file_info = [{"path": str(p.resolve()), "sha256": _sha256(p)} for p in files]
+        seen: dict[str, Path] = {}
+        for path, info in zip(files, file_info, strict=True):
+            if info["sha256"] in seen:
+                fail(f"{path} and {seen[info['sha256']]} are the same file (same content)")
+            seen[info["sha256"]] = path
         with _input_errors():
             used, features = read_features(files, chosen)
-        file_info = [{"path": str(p.resolve()), "sha256": _sha256(p)} for p in files]
         with st.store() as store:
             model = store.active_classifier()
             predicted = None
