@@ -79,6 +79,7 @@ def test_app_from_comment(comment: str | None, expected: str | None) -> None:
         ("#!/bin/bash\n#SBATCH -N 1\n#PAL app=resnet50\npython train.py\n", "resnet50"),
         ("#!/bin/bash\n\n#SBATCH --gpus=2\n\n  #PAL   app=bert\nsrun x\n", "bert"),
         ("#!/bin/bash\n#PAL mode=x app=bert\n", "bert"),
+        ("\ufeff#!/bin/bash\r\n#PAL app=bert\r\npython x.py\r\n", "bert"),  # BOM, CRLF
         # After the first command the block is over: like #SBATCH, later lines do not count.
         ("#!/bin/bash\nmodule load cuda\n#PAL app=resnet50\n", None),
         ("#!/bin/bash\ncat <<EOF\n#PAL app=resnet50\nEOF\n", None),
@@ -418,8 +419,14 @@ def test_the_core_module_does_no_io() -> None:
         if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
-    forbidden = {"os", "io", "pathlib", "sqlite3", "socket", "subprocess", "open"}
+    forbidden = {"os", "io", "pathlib", "sqlite3", "socket", "subprocess", "time"}
     assert not imported & forbidden
+    calls = {
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    assert not calls & {"open", "print", "input"}
     assert not any(m.startswith(("slurm_pal.adapters", "slurm_pal.cli")) for m in imported)
 
 

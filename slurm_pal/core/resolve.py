@@ -94,7 +94,7 @@ def app_from_script(script: str | None) -> str | None:
     """
     if not script:
         return None
-    for line in script.splitlines():
+    for line in script.removeprefix("\ufeff").splitlines():
         stripped = line.strip()
         if not stripped:
             continue
