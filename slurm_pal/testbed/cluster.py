@@ -156,7 +156,7 @@ class LocalSlurm:
         return self.root / "log"
 
     def pid_files(self) -> dict[str, Path]:
-        """Daemon name -> pid file, slurmd first and munged last (the stop order)."""
+        """Daemon name -> pid file."""
         run = self.root / "run"
         files = {f"slurmd-{n.name}": run / f"slurmd-{n.name}.pid" for n in self.nodes}
         files["slurmctld"] = run / "slurmctld.pid"
@@ -230,15 +230,21 @@ class LocalSlurm:
         stopped: list[str] = []
         if self._alive("slurmctld") is not None:
             self._cancel_all_jobs(min(timeout_s, 5.0))
-        slurm_daemons = [d for d in self.pid_files() if d != "munged"]
-        for group in (slurm_daemons, ["munged"]):
+        # slurmctld first: stopped while it still talks to dying slurmd, it waits out the RPC
+        # timeouts (MessageTimeout, 10 s). munged last: everyone authenticates through it.
+        slurm_daemons = [d for d in self.pid_files() if d.startswith("slurmd-")]
+        for group in (["slurmctld"], slurm_daemons, ["munged"]):
             pids = {d: p for d in group if (p := self._alive(d)) is not None}
-            for pid in self._stray_pids() if group is slurm_daemons else ():
-                pids.setdefault(f"stray-{pid}", pid)
             for name, pid in pids.items():
                 _signal(pid, signal.SIGTERM)
                 stopped.append(f"{name} (pid {pid})")
+            for pid in self._stray_pids() if group is slurm_daemons else ():
+                # Orphans of a crashed node or step (srun even ignores SIGTERM): no grace.
+                stopped.append(f"{_program(pid)} (pid {pid})")
+                _signal(pid, signal.SIGKILL)
             left = _wait_gone(pids.values(), timeout_s)
+            if group is slurm_daemons:  # job processes orphaned while their steps went down
+                left += [p for p in self._stray_pids() if p not in left]
             for pid in left:
                 _signal(pid, signal.SIGKILL)
             if left and _wait_gone(left, 5.0):
@@ -521,25 +527,28 @@ class LocalSlurm:
         return pid if _running_with(pid, self._marker(daemon)) else None
 
     def _stray_pids(self) -> list[int]:
-        """Our processes without (or with a stale) pid file: cmdline or environ names our conf."""
-        conf = str(self.conf)
+        """Our processes that no pid file names: Slurm daemons whose command line names our
+        slurm.conf, and slurmstepd and job processes whose environment does (job processes
+        carry SLURM_JOB_ID; a user's shell that merely exports our SLURM_CONF is left alone).
+        After a crash, slurmd and slurmstepd die without killing the jobs' processes."""
+        conf = str(self.conf).encode()
         known = {p for d in self.pid_files() if (p := self._alive(d)) is not None}
         strays = []
         for entry in Path("/proc").iterdir():
-            if (
-                not entry.name.isdigit()
-                or int(entry.name) in known
-                or int(entry.name) == os.getpid()
-            ):
+            if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
-            cmd = _read_proc(pid, "cmdline")
-            if not cmd.startswith((b"slurm", b"/usr/sbin/slurm")):
-                continue  # only Slurm daemons and steps, never the user's shells or tools
-            ours = conf.encode() in cmd or f"SLURM_CONF={conf}".encode() in _read_proc(
-                pid, "environ"
-            )
-            if ours and _state(pid) not in ("Z", ""):
+            if pid in known or pid == os.getpid() or _state(pid) in ("Z", ""):
+                continue
+            args = _read_proc(pid, "cmdline").split(b"\0")
+            slurm = os.path.basename(args[0]).startswith(b"slurm")
+            if slurm and _names(args, conf):
+                strays.append(pid)
+                continue
+            env = _read_proc(pid, "environ").split(b"\0")
+            if b"SLURM_CONF=" + conf in env and (
+                slurm or any(v.startswith(b"SLURM_JOB_ID=") for v in env)
+            ):
                 strays.append(pid)
         return strays
 
@@ -584,8 +593,19 @@ def _state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0] if ")" in stat else ""
 
 
+def _program(pid: int) -> str:
+    args = _read_proc(pid, "cmdline").split(b"\0")
+    return os.path.basename(args[0]).decode(errors="replace") or f"pid-{pid}"
+
+
+def _names(args: list[bytes], marker: bytes) -> bool:
+    """Whether a command line names ``marker`` as an argument (``-f X`` or ``--opt=X``)."""
+    return any(a == marker or a.endswith(b"=" + marker) for a in args)
+
+
 def _running_with(pid: int, marker: str) -> bool:
-    return _state(pid) not in ("", "Z") and marker.encode() in _read_proc(pid, "cmdline")
+    args = _read_proc(pid, "cmdline").split(b"\0")
+    return _state(pid) not in ("", "Z") and _names(args, marker.encode())
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

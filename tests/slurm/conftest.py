@@ -54,8 +54,8 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
+def require_slurm() -> None:
+    """Skip (fail in CI) unless the Slurm binaries are installed and we are root."""
     missing = missing_binaries()
     if missing:
         _unavailable(
@@ -63,6 +63,32 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
         )
     if os.geteuid() != 0:
         _unavailable("the Slurm testbed runs its daemons as root; run the tests as root")
+
+
+def testbed_dir() -> Path:
+    """A fresh folder for a testbed; not under pytest's 0700 tmp dirs, because munged runs as
+    user munge and must reach its socket."""
+    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
+    root.chmod(0o755)
+    return root
+
+
+@pytest.fixture
+def testbed_root() -> Iterator[Path]:
+    """A fresh testbed folder (Slurm required); whatever runs in it is stopped afterwards."""
+    require_slurm()
+    root = testbed_dir()
+    try:
+        yield root
+    finally:
+        if (root / "testbed.json").exists():
+            LocalSlurm.attach(root).stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
+    require_slurm()
 
     work = tmp_path_factory.mktemp("slurm-store")
     db = work / "store.db"
@@ -86,9 +112,7 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
         node: {g["slurm_index"]: g["label"] for g in gpus} for node, gpus in labels["nodes"].items()
     }
 
-    # Not under pytest's 0700 tmp dirs: munged runs as user munge and must reach its socket.
-    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
-    root.chmod(0o755)
+    root = testbed_dir()
     tb = LocalSlurm(root, nodes)
 
     def teardown() -> None:
