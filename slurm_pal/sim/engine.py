@@ -188,6 +188,9 @@ class _Simulation:
         self.jobs = [_Job(job, order) for order, job in ordered if job.gpus <= n_gpus]
         self.by_id = {job.request.job_id: job for job in self.jobs}
         self.timeline: list[tuple[float, int]] = []
+        # Random draws differ call by call: its rounds are never replayed from the last plan.
+        self.replayable = config.policy_name != "random"
+        self.last_plan: tuple[list[str], bool] = ([], False)
         # Baselines keep the scheduler's order; PM-First and PAL sort the fitting prefix by class.
         self.cut_order: tuple[str, ...] = (
             self.cluster.class_order if config.policy_name in ("pal", "pm-first") else ()
@@ -294,19 +297,41 @@ class _Simulation:
         return self.result()
 
     def _round_nonsticky(self, order: list[_Job], now: float) -> None:
+        requests = [job.request for job in order]
+        if self.replayable:
+            # Everything is released before re-planning, so a deterministic policy facing the
+            # same ordered queue makes the same decisions. When last round's plan (up to the job
+            # it stopped at) is a prefix of this round's order, nothing can change: skip.
+            ids = [r.job_id for r in placement_order(requests, self.cluster.n_gpus, self.cut_order)]
+            last, stopped = self.last_plan
+            if last and (ids[: len(last)] == last if stopped else ids == last):
+                return
         previous: dict[str, Allocation] = {}
+        held: list[int] = []
         for job in order:
             if job.alloc is not None:
                 previous[job.request.job_id] = job.alloc
-                self._stop(job)
+                held.extend(job.alloc.gpu_ids)
+                job.alloc = None
+        if held:
+            self.cluster.release(held)  # one update for every running job
         results = plan_round(
-            [job.request for job in order],
+            requests,
             self.cluster,
             self.policy,
             on_misfit="stop",
             class_order=self.cut_order,
             in_place=True,  # the cluster ends the round with every allocation applied
         )
+        if self.replayable:
+            considered: list[str] = []
+            stopped = False
+            for result in results:
+                considered.append(result.request.job_id)
+                if result.allocation is None:
+                    stopped = True
+                    break
+            self.last_plan = (considered, stopped)
         for result in results:
             job = self.by_id[result.request.job_id]
             old = previous.get(result.request.job_id)
