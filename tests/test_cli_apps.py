@@ -130,6 +130,18 @@ def test_several_files_of_one_application_are_pooled(run_cli) -> None:
     assert all(len(f["sha256"]) == 64 for f in both["files"])
 
 
+def test_time_without_a_metric_is_reported_not_counted_as_zero(run_cli, tmp_path: Path) -> None:
+    lines = DETAILS15.read_text(encoding="utf-8").split("\n")
+    fu_only = tmp_path / "fu-run.csv"
+    fu_only.write_text("\n".join(x for x in lines if "dram__" not in x), encoding="utf-8")
+    out = run_cli("apps", "classify", DETAILS21, fu_only, "--app", "split").output
+    assert "no DRAM value and was left out" in " ".join(out.split())
+    app = stored(run_cli)[0]
+    expected = application_features([read_ncu_csv(DETAILS21), read_ncu_csv(fu_only)])
+    assert 0 < expected.dram_excluded_fraction < 1
+    assert app["dram_util"] == pytest.approx(expected.dram_util)
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input: a clear error naming file and line, and nothing stored
 

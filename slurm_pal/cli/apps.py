@@ -384,6 +384,16 @@ def classify(
         f"{len(files)} {used} file(s), {features.measurements} measurement(s)",
         highlight=False,
     )
+    for what, fraction in (
+        ("DRAM", features.dram_excluded_fraction),
+        ("FU", features.fu_excluded_fraction),
+    ):
+        if fraction > 0:
+            console.print(
+                f"note: {fraction:.0%} of the measured time has no {what} value and was left "
+                "out of that figure",
+                highlight=False,
+            )
     console.print(f"class [bold]{stored.job_class or '-'}[/]: {message}", highlight=False)
 
 
