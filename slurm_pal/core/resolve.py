@@ -13,8 +13,10 @@ through :class:`ResolveConfig`.
    application the store does not know, or one without a class yet, is skipped).
 2. **Measured history**: earlier runs of the same (user, job name, script sha256) whose
    telemetry was measured. Measurements outrank any name the user gives, so a user cannot
-   win better GPUs by naming a compute-bound application for a memory-bound job; when the
-   name disagrees, the result says so (``mismatch``) and the caller records it for admins.
+   win better GPUs by naming a compute-bound application for a memory-bound job. When the
+   name disagrees the result says so (``mismatch``, for the admin comment); every finished
+   job whose measurement contradicts its claim is logged for admins (:class:`JobRecord`,
+   ``Store.record_job``, ``slurm-pal apps mismatches``).
 3. **Named application**: ``pal:app=NAME`` in ``--comment``, else a ``#PAL app=NAME`` line in
    the batch script's leading comment block, if the store knows NAME and it has a class.
    A name only selects a profile that exists; an unknown name is ignored (and said so). A
