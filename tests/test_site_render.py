@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
 from slurm_pal.adapters.slurm.parse import parse_gres
+from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.site.render import (
     RenderError,
@@ -133,3 +135,31 @@ def test_cli_render_without_campaign_fails_clearly(run_cli, tmp_path: Path) -> N
     result = run_cli("site", "render", "--out", tmp_path / "x", ok=False)
     assert result.exit_code == 2
     assert "no active campaign" in result.output
+
+
+def test_longhorn_gpus_without_a_location_are_listed_as_skipped(
+    longhorn: Path, tmp_path: Path
+) -> None:
+    """The sgemm file has no node/index (cabinet=-1): those GPUs cannot get a gres.conf line."""
+    config = tmp_path / "lh.toml"
+    config.write_text('[classes]\nnames = ["A", "B", "C", "D", "S"]\n')
+    env = {"SLURM_PAL_DB": str(tmp_path / "lh.db"), "SLURM_PAL_CONFIG": str(config)}
+    runner = CliRunner()
+    for cls, name in (("A", "resnet-longhorn-agg.csv"), ("S", "sgemm-longhorn-agg.csv")):
+        args = ["profile", "ingest", str(longhorn / name), "--class", cls, "--campaign", "lh"]
+        result = runner.invoke(app, [*args, "--gpu-model", "v100"], env=env)
+        assert result.exit_code == 0, result.output
+    out = tmp_path / "site"
+    result = runner.invoke(app, ["site", "render", "--out", str(out)], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "labels.json").read_text())
+    rendered = [g for gpus in data["nodes"].values() for g in gpus]
+    assert len(rendered) >= 300  # the resnet file's GPUs have cabinet-node and device
+    assert data["skipped"], "sgemm-only GPUs have no location"
+    assert {s["reason"] for s in data["skipped"]} <= {
+        "no node name in the campaign",
+        "no GPU index in the campaign",
+    }
+    gres_lines = [ln for ln in (out / "gres.conf").read_text().splitlines() if ln.startswith("N")]
+    assert len(gres_lines) == len(rendered)
+    assert f"{len(data['skipped'])} GPUs skipped" in " ".join(result.output.split())

@@ -207,20 +207,30 @@ class LocalSlurm:
         """
         self._preflight()
         self.stop()  # stale daemons of an earlier run in this directory
-        try:
-            self._prepare_dirs()
-            self._pick_ports()
-            self._write_configs()
-            self._start_munged(timeout_s)
-            self._start_slurmctld(timeout_s)
-            for node in self.nodes:
-                self._spawn(
-                    ["slurmd", "-N", node.name, "-f", str(self.conf)], f"slurmd {node.name}"
-                )
-            self.wait_idle(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(2):
+            try:
+                self._start_once(timeout_s)
+                return
+            except TestbedError as exc:
+                self.stop()
+                # Free ports are picked, then released for the daemons: another program may
+                # grab one in between. Once, with new ports, before giving up.
+                if attempt == 0 and "Address already in use" in str(exc):
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+
+    def _start_once(self, timeout_s: float) -> None:
+        self._prepare_dirs()
+        self._pick_ports()
+        self._write_configs()
+        self._start_munged(timeout_s)
+        self._start_slurmctld(timeout_s)
+        for node in self.nodes:
+            self._spawn(["slurmd", "-N", node.name, "-f", str(self.conf)], f"slurmd {node.name}")
+        self.wait_idle(timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> list[str]:
         """Cancel jobs, stop our daemons (SIGTERM, then SIGKILL), leave no stray process.
@@ -303,6 +313,7 @@ class LocalSlurm:
                 last_error = str(exc)
             if states and all(states.get(n.name) == "idle" for n in self.nodes):
                 return
+            self._check_started_daemons()
             time.sleep(0.2)
         raise TestbedError(
             f"nodes not idle after {timeout_s:g} s: {states or last_error}\n" + self.log_tails()
@@ -511,10 +522,27 @@ class LocalSlurm:
         while time.monotonic() < deadline:
             if ready():
                 return
+            self._check_started_daemons()
             time.sleep(0.1)
         raise TestbedError(
             f"timed out after {timeout_s:g} s waiting for {what}\n{self.log_tails()}"
         )
+
+    def _check_started_daemons(self) -> None:
+        """Fail fast, with the logs, when a daemon that wrote its pid file has died again
+        (a port taken after all, a config it rejects) instead of waiting out the timeout."""
+        for daemon, pid_file in self.pid_files().items():
+            if pid_file.exists() and self._alive(daemon) is None:
+                raise TestbedError(
+                    f"{daemon} exited during start-up (see {self.log_dir})\n{self.log_tails()}"
+                )
+        for log in self.log_dir.glob("slurm*.log"):  # slurmd dies before writing a pid file
+            with contextlib.suppress(OSError):
+                if b"Address already in use" in log.read_bytes():
+                    raise TestbedError(
+                        f"a port was taken ({log.name}: Address already in use)\n"
+                        + self.log_tails()
+                    )
 
     def _marker(self, daemon: str) -> str:
         return str(self.munge_socket) if daemon == "munged" else str(self.conf)

@@ -22,6 +22,24 @@ from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
 
+# What the Prolog sees (root, every node of the job, at allocation: PrologFlags=Alloc).
+PROLOG = """#!/bin/sh
+echo "JOB_GPUS=$SLURM_JOB_GPUS" > "{root}/log/prolog-$SLURM_JOB_ID-$SLURMD_NODENAME"
+exit 0
+"""
+# A probe, not the advisor: shows what job_submit.lua reads, in the job's admin_comment.
+JOB_SUBMIT_LUA = """
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  if job_desc.comment == "pal:probe" then
+    job_desc.admin_comment = "tres_per_node=" .. tostring(job_desc.tres_per_node)
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
 FEATURES = {"n01": ("rackA",), "n02": ("rackA",), "n03": ("rackB",), "n04": ("rackB",)}
 
 
@@ -113,7 +131,12 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
     }
 
     root = testbed_dir()
-    tb = LocalSlurm(root, nodes)
+    hooks = root / "hooks"
+    hooks.mkdir()
+    prolog = hooks / "prolog.sh"
+    prolog.write_text(PROLOG.format(root=root))
+    prolog.chmod(0o755)
+    tb = LocalSlurm(root, nodes, prolog=str(prolog), job_submit_lua=JOB_SUBMIT_LUA)
 
     def teardown() -> None:
         tb.stop()

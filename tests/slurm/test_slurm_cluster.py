@@ -64,6 +64,23 @@ def test_typed_request_lands_on_a_gpu_of_that_label(slurm_lab) -> None:
         assert out["JOB_GPUS"] == out["CVD"]
         (index,) = _indices(out["JOB_GPUS"])
         assert slurm_lab.slurm_labels[out["NODE"]][index] == label
+        # The Prolog (PrologFlags=Alloc) sees the same Slurm indices as the job.
+        record = Path(slurm_lab.tb.root) / "log" / f"prolog-{job}-{out['NODE']}"
+        assert record.read_text().strip() == f"JOB_GPUS={out['JOB_GPUS']}"
+
+
+def test_job_submit_lua_sees_the_typed_request(slurm_lab) -> None:
+    label = _labels_by_count(slurm_lab)[-1]
+    job = slurm_lab.tb.submit(
+        "-H", "--comment=pal:probe", f"--gres=gpu:{label}:1", "--wrap", "true"
+    )
+    try:
+        (info,) = CliStateReader(slurm_lab.tb.env).jobs(job_ids=[job])
+        assert (info.state, info.reason) == ("PENDING", "JobHeldUser")
+        assert info.admin_comment == f"tres_per_node=gres:gpu:{label}:1"
+        assert info.comment == "pal:probe"
+    finally:
+        slurm_lab.tb.run(["scancel", str(job)])
 
 
 def test_slurm_numbers_gpus_grouped_by_type_not_by_device(slurm_lab) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,33 @@ def test_cli_life_cycle_with_a_crash_in_between(testbed_root: Path) -> None:
     assert _our_processes(tb.conf) == []
     assert cli("status").exit_code == 1
     assert cli("down").output.startswith("stopped 0 process(es)")
+
+
+@pytest.mark.slurm
+def test_a_taken_port_is_retried_with_new_ports(
+    testbed_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are picked free, then released for the daemons; if one is taken in between,
+    slurmd logs 'Address already in use' and the start is retried once with new ports."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    picks: list[dict[str, int]] = []
+    pick = LocalSlurm._pick_ports
+
+    def pick_a_taken_port_first(self: LocalSlurm) -> None:
+        pick(self)
+        if not picks:
+            self.node_ports["m1"] = taken
+        picks.append(dict(self.node_ports))
+
+    monkeypatch.setattr(LocalSlurm, "_pick_ports", pick_a_taken_port_first)
+    try:
+        tb = LocalSlurm(testbed_root, [NodeSpec("m1", (None,))])
+        tb.start()
+        assert [p["m1"] == taken for p in picks] == [True, False]
+        assert tb.node_states() == {"m1": "idle"}
+        tb.stop()
+    finally:
+        holder.close()
