@@ -16,6 +16,7 @@ from slurm_pal.adapters.slurm.parse import (
 from slurm_pal.adapters.slurm.state import (
     CliStateReader,
     SlurmQueryError,
+    SlurmTimeoutError,
     parse_scontrol_nodes,
     parse_sinfo_json,
     parse_squeue_json,
@@ -158,3 +159,18 @@ def test_reader_errors_are_clear() -> None:
     reader = CliStateReader(env={"PATH": "/nonexistent"})
     with pytest.raises(SlurmQueryError, match="not found"):
         reader.jobs()
+    reader = CliStateReader(env={"SLURM_CONF": "/nonexistent/slurm.conf"})
+    with pytest.raises(SlurmQueryError, match="does not exist"):
+        reader.nodes()
+
+
+def test_reader_does_not_fall_back_when_slurmctld_is_silent() -> None:
+    calls: list[str] = []
+
+    def silent(args):
+        calls.append(args[0])
+        raise SlurmTimeoutError(f"{args[0]} gave no answer")
+
+    with pytest.raises(SlurmTimeoutError):
+        CliStateReader(runner=silent).nodes()
+    assert calls == ["sinfo"]

@@ -7,6 +7,7 @@ from slurm_pal.adapters.slurm.state import (
     NodeState,
     SlurmQueryError,
     SlurmStateReader,
+    SlurmTimeoutError,
 )
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "NodeState",
     "SlurmQueryError",
     "SlurmStateReader",
+    "SlurmTimeoutError",
     "parse_gres",
 ]

@@ -27,6 +27,10 @@ class SlurmQueryError(RuntimeError):
     """A Slurm command failed or printed something unreadable; the message says which."""
 
 
+class SlurmTimeoutError(SlurmQueryError):
+    """A Slurm command gave no answer in time (slurmctld down or unreachable)."""
+
+
 @dataclass(frozen=True)
 class NodeState:
     """One node as Slurm reports it."""
@@ -111,6 +115,8 @@ class CliStateReader:
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeState]:
         try:
             found = parse_sinfo_json(self._runner(["sinfo", "--json"]))
+        except SlurmTimeoutError:
+            raise  # slurmctld does not answer: scontrol would not either
         except SlurmQueryError:  # no serializer/openapi plugin: the text form always works
             found = parse_scontrol_nodes(self._runner(["scontrol", "show", "node", "-o", "-d"]))
         wanted = None if names is None else set(names)
@@ -135,6 +141,12 @@ class CliStateReader:
         ]
 
     def _run(self, args: Sequence[str]) -> str:
+        conf = self.env.get("SLURM_CONF")
+        if conf and not os.path.isfile(conf):
+            raise SlurmQueryError(
+                f"SLURM_CONF={conf} does not exist: point it (or --slurm-conf) at the "
+                "cluster's slurm.conf"
+            )
         try:
             proc = subprocess.run(
                 list(args),
@@ -149,7 +161,7 @@ class CliStateReader:
                 f"{args[0]} not found: install the Slurm client tools (slurm-client)"
             ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise SlurmQueryError(
+            raise SlurmTimeoutError(
                 f"{' '.join(args)} gave no answer within {self.timeout_s:g} s: is slurmctld up "
                 "and SLURM_CONF right?"
             ) from exc
