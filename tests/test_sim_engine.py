@@ -256,3 +256,24 @@ def test_replaying_an_unchanged_plan_changes_nothing(placement: str) -> None:
     full = _Simulation(trace, gpus, config)
     full.replayable = False
     assert full.run_rounds().summary() == simulate(trace, gpus, config).summary()
+
+
+def test_site_penalty_drives_progress_while_the_advisor_assumes_another() -> None:
+    # The advisor's L x V matrix believes spanning costs 1.2; the site really pays 2.0.
+    gpus = uniform_gpus(["A"], 2, 2)
+    config = SimConfig(placement="pal", locality_penalty=1.2, site_locality_penalty=2.0)
+    assert outcome(simulate([job(0, 0.0, 4, 100.0)], gpus, config), "0").end == pytest.approx(200)
+    inside = simulate([job(0, 0.0, 2, 100.0)], gpus, config)
+    assert outcome(inside, "0").end == pytest.approx(100.0)
+
+
+def test_advised_class_places_by_another_class_but_runs_at_the_true_one() -> None:
+    # Class B jobs placed as class A: A's scores say GPU 1 is fast, but for B GPU 1 is slow.
+    scores = {"A": np.array([2.0, 1.0]), "B": np.array([1.0, 2.0])}
+    gpus = SimGpus(1, 2, scores, scores)
+    trace = [job(0, 0.0, 1, 100.0, "B")]
+    own = simulate(trace, gpus, SimConfig(placement="pm-first"))
+    merged = simulate(trace, gpus, SimConfig(placement="pm-first", advised_classes=(("B", "A"),)))
+    assert outcome(own, "0").end == pytest.approx(100.0)
+    assert outcome(merged, "0").end == pytest.approx(200.0)
+    assert merged.jobs[0].job_class == "B"

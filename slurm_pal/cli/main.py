@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from slurm_pal import __version__
-from slurm_pal.cli import advise, apps, profile, sim, site, testbed
+from slurm_pal.cli import advise, apps, profile, sim, site, testbed, tune
 from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(sim.app, name="sim")
 app.add_typer(site.app, name="site")
 app.add_typer(testbed.app, name="testbed")
+app.add_typer(tune.app, name="tune")
 # --- end of sub-apps ---
 
 

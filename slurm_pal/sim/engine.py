@@ -59,7 +59,7 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import Allocation, PlacementPolicy, get_policy
 from slurm_pal.core.queue import placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
-from slurm_pal.core.topology import Topology
+from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim.metrics import JobOutcome, SimResult
 from slurm_pal.sim.variability import SimGpus
@@ -93,7 +93,13 @@ class SimConfig:
     """One simulation's knobs. ``pal_artifact`` switches on PAL's quirks that change numbers:
     JCTs counted at round boundaries and sticky preemptions that are not undone when the
     preempting job still does not fit. ``class_order`` ranks classes for PAL's cut (default: the
-    GPUs' class order). ``topology`` overrides the flat ``locality_penalty`` model."""
+    GPUs' class order). ``topology`` overrides the flat ``locality_penalty`` model.
+
+    Tuning knobs (what the advisor believes vs what the site is): ``site_locality_penalty`` is
+    the true slowdown of a job spanning nodes (default: ``locality_penalty``, which is then
+    only what PAL's L x V matrix assumes); ``advised_classes`` maps a job's true class to the
+    class the advisor places it as (fewer classes: merged ones), progress still uses the true
+    class's slowdowns."""
 
     placement: str = "pal"
     scheduler: str = "fifo"
@@ -105,6 +111,8 @@ class SimConfig:
     backfill: bool = True
     class_order: tuple[str, ...] | None = None
     topology: Topology | None = None
+    site_locality_penalty: float | None = None
+    advised_classes: tuple[tuple[str, str], ...] = ()
     max_time: float = 10 * 365 * 86400.0
 
     def __post_init__(self) -> None:
@@ -120,8 +128,9 @@ class SimConfig:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
-        if not (math.isfinite(self.locality_penalty) and self.locality_penalty >= 1.0):
-            raise ValueError(f"locality penalty must be >= 1.0, got {self.locality_penalty}")
+        for penalty in (self.locality_penalty, self.site_locality_penalty):
+            if penalty is not None and not (math.isfinite(penalty) and penalty >= 1.0):
+                raise ValueError(f"locality penalty must be >= 1.0, got {penalty}")
 
     @property
     def sticky(self) -> bool:
@@ -149,10 +158,10 @@ class _Job:
         "start",
     )
 
-    def __init__(self, spec: SimJob, order: int) -> None:
+    def __init__(self, spec: SimJob, order: int, advised_class: str) -> None:
         self.spec = spec
         self.order = order
-        self.request = PlacementRequest(job_id=str(order), job_class=spec.job_class, gpus=spec.gpus)
+        self.request = PlacementRequest(job_id=str(order), job_class=advised_class, gpus=spec.gpus)
         self.remaining = spec.work
         self.alloc: Allocation | None = None
         self.rate = 0.0
@@ -176,7 +185,10 @@ class _Simulation:
         self.truth_lists = {name: v.tolist() for name, v in self.truth.items()}
         params = {"seed": config.seed} if config.policy_name == "random" else {}
         self.policy: PlacementPolicy = get_policy(config.policy_name, **params)
-        unknown = sorted({j.job_class for j in jobs} - set(self.cluster.classes))
+        advised_targets = {target for _, target in config.advised_classes}
+        unknown = sorted(
+            ({j.job_class for j in jobs} | advised_targets) - set(self.cluster.classes)
+        )
         if unknown:
             raise ValueError(
                 f"jobs of class(es) {', '.join(unknown)} but the GPUs only have scores for "
@@ -185,7 +197,13 @@ class _Simulation:
         n_gpus = self.cluster.n_gpus
         ordered = sorted(enumerate(jobs), key=lambda pair: (pair[1].submit_time, pair[0]))
         self.unplaceable = [job.job_id for _, job in ordered if job.gpus > n_gpus]
-        self.jobs = [_Job(job, order) for order, job in ordered if job.gpus <= n_gpus]
+        advised = dict(config.advised_classes)
+        self.jobs = [
+            _Job(job, order, advised.get(job.job_class, job.job_class))
+            for order, job in ordered
+            if job.gpus <= n_gpus
+        ]
+        self.site_penalty = config.site_locality_penalty
         self.by_id = {job.request.job_id: job for job in self.jobs}
         self.timeline: list[tuple[float, int]] = []
         # Random draws differ call by call: its rounds are never replayed from the last plan.
@@ -201,7 +219,10 @@ class _Simulation:
     def _rate(self, job: _Job, alloc: Allocation) -> float:
         values = self.truth_lists[job.spec.job_class]
         worst = max([values[gpu] for gpu in alloc.gpu_ids])
-        return 1.0 / (worst * alloc.penalty)
+        penalty = alloc.penalty
+        if self.site_penalty is not None and alloc.level != WITHIN_NODE:
+            penalty = self.site_penalty
+        return 1.0 / (worst * penalty)
 
     def _start(self, job: _Job, alloc: Allocation, now: float) -> None:
         self.cluster.allocate(alloc.gpu_ids)
