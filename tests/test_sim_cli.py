@@ -74,6 +74,25 @@ def test_table_and_plots(run_cli: Callable[..., object], trace: Path, tmp_path: 
     assert all(p.stat().st_size > 1000 for p in out.iterdir())
 
 
+def test_timeline_in_json(run_cli: Callable[..., object], trace: Path) -> None:
+    result = run_cli(
+        "sim",
+        "run",
+        "--trace",
+        trace,
+        "--cluster",
+        "2x4",
+        "--placement",
+        "pal",
+        "--json",
+        "--timeline",
+    )
+    (row,) = json.loads(result.output)
+    times = [t for t, _ in row["gpus_in_use"]]
+    assert times == sorted(times) and all(0 <= b <= 8 for _, b in row["gpus_in_use"])
+    assert max(b for _, b in row["gpus_in_use"]) == 8  # the 8-GPU job fills the cluster
+
+
 def test_same_seed_same_json(run_cli: Callable[..., object], trace: Path) -> None:
     args = ("sim", "run", "--trace", trace, "--cluster", "2x4", "--placement", "random-sticky")
     first = run_cli(*args, "--seed", "5", "--json").output

@@ -245,6 +245,9 @@ def run(
     ),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    timeline: bool = typer.Option(
+        False, "--timeline", help="With --json: add gpus_in_use, [[time s, GPUs], ...]."
+    ),
     plot: Path | None = typer.Option(
         None, "--plot", help="Write PNG plots into this directory.", show_default=False
     ),
@@ -307,6 +310,9 @@ def run(
         except ValueError as exc:
             fail(str(exc).replace("[", "\\["))
     summaries = with_gains(results)
+    if timeline:
+        for summary, result in zip(summaries, results, strict=True):
+            summary["gpus_in_use"] = [[t, busy] for t, busy in result.timeline]
     written = write_plots(results, plot) if plot is not None else []
     if as_json:
         print_json(summaries)
