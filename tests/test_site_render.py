@@ -163,3 +163,30 @@ def test_longhorn_gpus_without_a_location_are_listed_as_skipped(
     gres_lines = [ln for ln in (out / "gres.conf").read_text().splitlines() if ln.startswith("N")]
     assert len(gres_lines) == len(rendered)
     assert f"{len(data['skipped'])} GPUs skipped" in " ".join(result.output.split())
+
+
+def test_cli_check_against_captured_slurm_output(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`site check` on sinfo --json captured from the testbed (types v100-a0b0, ...): the example
+    campaign's labels differ on n01..n04, and its n05 is unknown to that Slurm."""
+    from slurm_pal.adapters.slurm.state import CliStateReader
+    from slurm_pal.cli import site
+
+    captured = (Path(__file__).parent / "fixtures" / "slurm" / "sinfo.json").read_text()
+    monkeypatch.setattr(
+        site, "CliStateReader", lambda env: CliStateReader(runner=lambda a: captured)
+    )
+    csv = tmp_path / "example.csv"
+    generate_example_campaign(nodes=5, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
+    run_cli("profile", "ingest", csv, "--campaign", "ex")
+    result = run_cli("site", "check", ok=False)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1
+    assert "0 node(s) match, 5 differ" in text
+    assert "n01: Slurm has gpu:v100-a0b0:2,gpu:v100-a1b0:1,gpu:v100-ax0b1:1" in text
+    assert "n05: not known to Slurm" in text
+    assert "restart of slurmctld and of every slurmd" in text
+    data = json.loads(run_cli("site", "check", "--json", ok=False).output)
+    last = data["differing"][-1]
+    assert (last["node"], last["live"], sum(last["expected"].values())) == ("n05", None, 4)
