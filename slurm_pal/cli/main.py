@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from slurm_pal import __version__
-from slurm_pal.cli import advise, apps, profile, sim, site, testbed, tune
+from slurm_pal.cli import advise, apps, campaign, profile, sim, site, testbed, tune
 from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 # --- sub-apps (one line each; keep this block sorted) ---
 app.add_typer(advise.app, name="advise")
 app.add_typer(apps.app, name="apps")
+app.add_typer(campaign.app, name="campaign")
 app.add_typer(profile.app, name="profile")
 app.add_typer(sim.app, name="sim")
 app.add_typer(site.app, name="site")

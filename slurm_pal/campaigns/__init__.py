@@ -1,0 +1,7 @@
+"""Profiling campaigns through Slurm: plan (job arrays), in-task runner, records, submission.
+
+The pure checks and diffs live in :mod:`slurm_pal.core.campaigns`; this package holds what
+touches files and Slurm: :mod:`.workspace` (the campaign directory), :mod:`.runner` (the
+stdlib-only in-task runner), :mod:`.slurm` (sbatch/squeue) and ``profiling/`` (benchmarks and
+the batch-script template, shipped as package data).
+"""

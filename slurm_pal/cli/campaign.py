@@ -1,0 +1,692 @@
+"""`slurm-pal campaign ...`: profiling campaigns through Slurm, from plan to active labels.
+
+plan -> submit (job arrays; progress) -> collect (checks, ingest into the store) -> diff ->
+activate. The campaign's files live in one directory per campaign (see
+:mod:`slurm_pal.campaigns.workspace`); the store only sees what ``collect`` ingests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands, SlurmError
+from slurm_pal.campaigns.workspace import (
+    COLLECTED_DIR,
+    SBATCH_DIR,
+    CampaignError,
+    CampaignPlan,
+    Submission,
+    add_submission,
+    campaigns_root,
+    check_campaign_id,
+    create_campaign,
+    default_benchmarks,
+    default_campaign_id,
+    job_name,
+    load_plan,
+    parse_commands,
+    read_records,
+    read_submissions,
+)
+from slurm_pal.cli.common import (
+    AppState,
+    console,
+    err_console,
+    fail,
+    fmt_score,
+    print_json,
+    reported_errors,
+    state,
+)
+from slurm_pal.core.campaigns import (
+    DEFAULT_TOLERANCE,
+    CampaignCheck,
+    CampaignDiff,
+    GpuKey,
+    TaskProgress,
+    check_campaign,
+    diff_campaigns,
+    gpus_from_hostlist,
+    measurement_rows,
+    progress_counts,
+    task_progress,
+)
+
+app = typer.Typer(
+    help="Profiling campaigns through Slurm: plan, submit, collect, diff, activate.",
+    no_args_is_help=True,
+)
+
+EXIT_FINDINGS = 1
+ROOT_OPT = typer.Option(
+    None,
+    "--root",
+    help="Folder of campaign directories, shared with the compute nodes (env "
+    "SLURM_PAL_CAMPAIGNS; default: 'campaigns' next to the store).",
+    show_default=False,
+)
+JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of tables.")
+SBATCH_OPT = typer.Option("sbatch", "--sbatch", help="sbatch command to use.")
+SQUEUE_OPT = typer.Option("squeue", "--squeue", help="squeue command to use.")
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """The project's errors plus campaign and Slurm ones, as one line and exit code 2."""
+    with reported_errors():
+        try:
+            yield
+        except (CampaignError, SlurmError, ValueError) as exc:
+            fail(str(exc).replace("[", "\\["))
+
+
+def _root(st: AppState, root: Path | None) -> Path:
+    return campaigns_root(root, st.db_path)
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    nodes: str | None = typer.Option(
+        None, "--nodes", help="Nodes to measure, as a Slurm hostlist (e.g. gpu[01-16])."
+    ),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="GPUs per node (device minors 0..N-1 are measured)."
+    ),
+    partition: str | None = typer.Option(None, "--partition", help="Slurm partition."),
+    classes: str | None = typer.Option(
+        None, "--classes", help="Comma-separated job classes (default: all site classes)."
+    ),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Runs per GPU and class."),
+    command: list[str] = typer.Option(
+        [],
+        "--command",
+        help="CLASS=COMMAND: bring your own benchmark (prints PAL_DURATION_S=<s>). "
+        "{python} and {bench_dir} are filled in. Repeatable.",
+    ),
+    campaign_id: str | None = typer.Option(
+        None, "--id", help="Campaign id (default: c<UTC date-time>)."
+    ),
+    gpu_model: str | None = typer.Option(
+        None, "--gpu-model", help="GPU model name for the labels (default: site config)."
+    ),
+    time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit per task."),
+    run_timeout: float = typer.Option(
+        1800.0, "--run-timeout", min=1, help="Seconds one benchmark run may take."
+    ),
+    python: str = typer.Option(
+        "python3", "--python", help="Python on the compute nodes (runs runner and benchmarks)."
+    ),
+    sbatch_arg: list[str] = typer.Option(
+        [], "--sbatch-arg", help="Extra #SBATCH line, e.g. --account=ops. Repeatable."
+    ),
+    root: Path | None = ROOT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write a campaign: one job array per node, one task per GPU, batch scripts rendered."""
+    st = state(ctx)
+    with _errors():
+        cfg = st.config
+        if nodes is None or gpus_per_node is None:
+            fail(
+                "give the GPUs to measure: --nodes HOSTLIST --gpus-per-node N (reading them "
+                "from Slurm comes with the Slurm state adapter)"
+            )
+        gpus = gpus_from_hostlist(nodes, gpus_per_node)
+        names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
+        unknown = [c for c in names if c not in cfg.classes.names]
+        if unknown or not names or "" in names:
+            fail(
+                f"unknown class(es) {', '.join(unknown) or '(empty)'}; valid classes: "
+                f"{', '.join(cfg.classes.names)} (classes.names in the site config, {cfg.source})"
+            )
+        if len(set(names)) != len(names):
+            fail(f"--classes names a class twice: {classes}")
+        benchmarks = default_benchmarks(names, parse_commands(command))
+        the_plan = CampaignPlan(
+            campaign=check_campaign_id(campaign_id or default_campaign_id()),
+            classes=names,
+            repeats=repeats,
+            benchmarks=benchmarks,
+            gpus=tuple(gpus),
+            gpu_model=gpu_model or cfg.profiling.gpu_model,
+            partition=partition,
+            time_limit=time_limit,
+            run_timeout_s=run_timeout,
+            python=python,
+            sbatch_args=tuple(sbatch_arg),
+        )
+        directory = create_campaign(_root(st, root), the_plan)
+    shared = [b.name for b in benchmarks.values()]
+    notes = []
+    if len(set(shared)) < len(shared):
+        notes.append(
+            "several classes run the same default benchmark, so they measure the same thing; "
+            "give each class its own with --command CLASS=COMMAND"
+        )
+    if as_json:
+        print_json(
+            {
+                "campaign": the_plan.campaign,
+                "directory": str(directory),
+                "plan": the_plan.to_dict(),
+                "notes": notes,
+            }
+        )
+        return
+    console.print(
+        f"planned campaign [bold]{the_plan.campaign}[/] in {directory}: {len(gpus)} GPUs on "
+        f"{len(the_plan.nodes)} node(s), classes {','.join(names)}, {repeats} run(s) each"
+    )
+    table = Table(title="benchmarks", title_justify="left")
+    table.add_column("class")
+    table.add_column("benchmark")
+    table.add_column("command")
+    for job_class, bench in benchmarks.items():
+        table.add_row(job_class, bench.name, bench.command)
+    console.print(table)
+    for note in notes:
+        console.print(f"note: {note}")
+    console.print(f"next: slurm-pal campaign submit {the_plan.campaign}")
+
+
+# -- submit / status -------------------------------------------------------------------------
+
+
+def _progress(
+    the_plan: CampaignPlan, directory: Path, slurm: CampaignSlurm | None
+) -> tuple[list[TaskProgress], list[str]]:
+    """Every task's state: Slurm's queue first, then the records."""
+    submissions = read_submissions(directory)
+    queued: dict[GpuKey, tuple[str, str]] = {}
+    if slurm is not None and submissions:
+        by_job = {s.job_id: s.node for s in submissions}
+        names = [job_name(the_plan.campaign, node) for node in {s.node for s in submissions}]
+        for task, value in slurm.queued(names).items():
+            job, _, index = task.partition("_")
+            if job in by_job and index.isdigit():
+                queued[(by_job[job], int(index))] = value
+    records, problems = read_records(directory, the_plan.campaign)
+    sent = {(s.node, g) for s in submissions for g in s.gpus}
+    tasks = task_progress(the_plan.gpus, the_plan.classes, the_plan.repeats, records, queued, sent)
+    return tasks, problems
+
+
+def _counts_line(tasks: list[TaskProgress]) -> str:
+    counts = progress_counts(tasks)
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no tasks"
+
+
+def _progress_table(tasks: list[TaskProgress], the_plan: CampaignPlan) -> Table:
+    table = Table(
+        title=f"campaign {the_plan.campaign}: {_counts_line(tasks)}", title_justify="left"
+    )
+    for col in ("node", "GPU", "state", "ok runs", "failed runs", "Slurm reason"):
+        table.add_column(col)
+    total = len(the_plan.classes) * the_plan.repeats
+    for t in tasks:
+        if t.state == "done":
+            continue
+        table.add_row(
+            t.node,
+            str(t.gpu_index),
+            t.state,
+            f"{t.ok_runs}/{total}",
+            str(t.failed_runs),
+            t.slurm_reason,
+        )
+    return table
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    campaign: str = typer.Argument(..., help="Campaign id (from 'campaign plan')."),
+    wait: bool = typer.Option(False, "--wait", help="Poll and show progress until done."),
+    poll: float = typer.Option(30.0, "--poll", min=0.0, help="Seconds between polls (--wait)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be submitted."),
+    root: Path | None = ROOT_OPT,
+    sbatch: str = SBATCH_OPT,
+    squeue: str = SQUEUE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Submit the tasks still to run (all at first; later: failed and never finished ones).
+
+    Tasks that are done, running or queued are left alone, so submitting again after a
+    failure or a drained node reruns only what is missing; a rerun replaces a task's records.
+    """
+    st = state(ctx)
+    slurm = SlurmCommands(sbatch=sbatch, squeue=squeue)
+    with _errors():
+        the_plan, directory = load_plan(_root(st, root), campaign)
+        tasks, _ = _progress(the_plan, directory, slurm)
+        todo: dict[str, list[int]] = {}
+        for t in tasks:
+            if t.state in ("failed", "incomplete", "not submitted"):
+                todo.setdefault(t.node, []).append(t.gpu_index)
+        submitted = []
+        for node, gpus in todo.items():
+            array = ",".join(str(i) for i in gpus)
+            script = directory / SBATCH_DIR / f"{node}.sbatch"
+            job_id = "-" if dry_run else slurm.submit(script, array=array, cwd=directory)
+            if not dry_run:
+                add_submission(
+                    directory,
+                    Submission(node, job_id, tuple(gpus), time.strftime("%Y-%m-%dT%H:%M:%S")),
+                )
+            submitted.append({"node": node, "job_id": job_id, "gpus": gpus})
+        tasks, problems = _progress(the_plan, directory, slurm)
+        last = ""
+        while wait and not dry_run and any(t.state in ("pending", "running") for t in tasks):
+            line = _counts_line(tasks)
+            if line != last and not as_json:
+                console.print(f"{time.strftime('%H:%M:%S')} {line}")
+                last = line
+            time.sleep(poll)
+            tasks, problems = _progress(the_plan, directory, slurm)
+    if as_json:
+        print_json(
+            {
+                "campaign": campaign,
+                "dry_run": dry_run,
+                "submitted": submitted,
+                "progress": progress_counts(tasks),
+                "tasks": [t.__dict__ for t in tasks],
+                "record_problems": problems,
+            }
+        )
+        return
+    verb = "would submit" if dry_run else "submitted"
+    if not submitted:
+        console.print(f"nothing to submit: every task of {campaign} is done, running or queued")
+    for s in submitted:
+        console.print(
+            f"{verb} node {s['node']} GPUs {','.join(map(str, s['gpus']))}"
+            + ("" if dry_run else f" as job {s['job_id']}")
+        )
+    _print_progress(tasks, the_plan, problems)
+
+
+def _print_progress(tasks: list[TaskProgress], the_plan: CampaignPlan, problems: list[str]) -> None:
+    if all(t.state == "done" for t in tasks):
+        console.print(
+            f"campaign {the_plan.campaign}: all {len(tasks)} tasks done; next: "
+            f"slurm-pal campaign collect {the_plan.campaign}"
+        )
+    else:
+        console.print(_progress_table(tasks, the_plan))
+    for p in problems:
+        err_console.print(f"warning: {p}", highlight=False)
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    campaign: str = typer.Argument(..., help="Campaign id."),
+    root: Path | None = ROOT_OPT,
+    squeue: str = SQUEUE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Progress: tasks done / failed / running / pending (with Slurm's reason)."""
+    st = state(ctx)
+    with _errors():
+        the_plan, directory = load_plan(_root(st, root), campaign)
+        tasks, problems = _progress(the_plan, directory, SlurmCommands(squeue=squeue))
+    if as_json:
+        print_json(
+            {
+                "campaign": campaign,
+                "progress": progress_counts(tasks),
+                "tasks": [t.__dict__ for t in tasks],
+                "record_problems": problems,
+            }
+        )
+        return
+    _print_progress(tasks, the_plan, problems)
+
+
+# -- collect ---------------------------------------------------------------------------------
+
+
+@app.command()
+def collect(
+    ctx: typer.Context,
+    campaign: str = typer.Argument(..., help="Campaign id."),
+    tolerance: float = typer.Option(
+        DEFAULT_TOLERANCE,
+        "--tolerance",
+        min=0.0,
+        help="Repeats of a GPU may differ by this much (max/min - 1) before they are reported.",
+    ),
+    allow_missing: bool = typer.Option(
+        False,
+        "--allow-missing",
+        help="Ingest even with missing or failed GPUs (they get the median bin or are absent).",
+    ),
+    store_id: str | None = typer.Option(
+        None, "--as", help="Store campaign id (default: the campaign id; a new one per rerun)."
+    ),
+    root: Path | None = ROOT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Check the records and ingest them into the store (all or nothing).
+
+    Reports GPUs missing (no successful run of a class), failed runs, and GPUs whose repeats
+    disagree beyond the tolerance (an intermittently throttling GPU is a finding).
+    """
+    st = state(ctx)
+    with _errors():
+        cfg = st.config
+        the_plan, directory = load_plan(_root(st, root), campaign)
+        records, problems = read_records(directory, the_plan.campaign)
+        check = check_campaign(
+            the_plan.gpus, the_plan.classes, the_plan.repeats, records, tolerance=tolerance
+        )
+        target = check_campaign_id(store_id or the_plan.campaign)
+        blocked = not check.complete or bool(problems)
+        result = None
+        csv_path = None
+        active_before: str | None = None
+        with st.store() as store:
+            known = {c.id for c in store.campaigns()}
+            if not (blocked and not allow_missing) and check.ok_runs:
+                previous = directory / COLLECTED_DIR / f"{target}.csv"
+                same = previous.is_file() and previous.read_text(encoding="utf-8") == (
+                    measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
+                )
+                if target in known and same:
+                    console.print(
+                        f"campaign {target!r} is already in the store with exactly these "
+                        "records; nothing to do"
+                    )
+                    raise typer.Exit(0)
+                if target in known:
+                    n = 2
+                    while f"{the_plan.campaign}-v{n}" in known:
+                        n += 1
+                    fail(
+                        f"campaign {target!r} is already in the store {st.db_path}; collecting "
+                        f"again would mix old and new rows. To ingest the current records as a "
+                        f"new version: slurm-pal campaign collect {campaign} "
+                        f"--as {the_plan.campaign}-v{n}"
+                    )
+                csv_path = directory / COLLECTED_DIR / f"{target}.csv"
+                csv_path.parent.mkdir(parents=True, exist_ok=True)
+                text = measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
+                csv_path.write_text(text, encoding="utf-8")
+                file = read_campaign_csv(csv_path, gpu_model=the_plan.gpu_model)
+                active_before = store.active_campaign_id()
+                result = store.ingest(
+                    [file],
+                    campaign_id=target,
+                    class_order=cfg.classes.names,
+                    binner=cfg.binning.binner(),
+                    description=f"Slurm campaign {the_plan.campaign}: "
+                    f"{check.planned_gpus} GPUs planned, {len(check.ok_runs)} ok runs",
+                )
+    report = check.to_dict() | {"campaign": campaign, "record_problems": problems}
+    if result is not None:
+        report["ingested"] = {
+            "store_campaign": result.campaign_id,
+            "rows": result.rows,
+            "activated": result.activated,
+            "csv": str(csv_path),
+        }
+    if as_json:
+        print_json(report)
+    else:
+        _print_check(check, problems)
+    if result is None:
+        if not check.ok_runs:
+            fail(
+                f"campaign {campaign} has no successful runs yet; nothing to ingest", EXIT_FINDINGS
+            )
+        fail(
+            f"campaign {campaign} is incomplete ({len(check.missing_gpus)} GPU(s) missing, "
+            f"{len(check.failures)} failed run(s), {len(problems)} bad record file(s)); "
+            f"nothing was ingested. Fix the causes and rerun the tasks with 'slurm-pal "
+            f"campaign submit {campaign}', or ingest what there is with --allow-missing",
+            EXIT_FINDINGS,
+        )
+    if not as_json:
+        console.print(
+            f"ingested {result.rows} runs into store campaign [bold]{result.campaign_id}[/]"
+            + (
+                " (now active)"
+                if result.activated
+                else f"; compare with 'slurm-pal campaign diff {active_before} "
+                f"{result.campaign_id}', then "
+                f"'slurm-pal campaign activate {result.campaign_id}'"
+            )
+        )
+
+
+def _print_check(check: CampaignCheck, problems: list[str]) -> None:
+    console.print(
+        f"{check.planned_gpus} GPUs planned x {len(check.classes)} class(es) x {check.repeats} "
+        f"run(s): {len(check.ok_runs)} ok runs"
+    )
+    if check.missing:
+        table = Table(
+            title=f"{len(check.missing_gpus)} GPU(s) missing a class", title_justify="left"
+        )
+        for col in ("node", "GPU", "class", "failed runs"):
+            table.add_column(col)
+        for m in check.missing:
+            table.add_row(m.node, str(m.gpu_index), m.job_class, str(m.failed_runs))
+        console.print(table)
+    if check.failures:
+        table = Table(title=f"{len(check.failures)} failed run(s)", title_justify="left")
+        for col in ("node", "GPU", "class", "run", "exit", "reason", "stderr (last line)", "job"):
+            table.add_column(col)
+        for f in check.failures:
+            tail = f.stderr_tail.strip().splitlines()
+            table.add_row(
+                f.node,
+                str(f.gpu_index),
+                f.job_class,
+                str(f.repeat),
+                "-" if f.exit_code is None else str(f.exit_code),
+                f.reason,
+                tail[-1] if tail else "",
+                f.slurm_job_id,
+            )
+        console.print(table)
+    if check.disagreements:
+        table = Table(
+            title=f"{len(check.disagreements)} GPU/class(es) whose repeats disagree by more than "
+            f"{check.tolerance:.0%}: check for throttling (hardware ticket?)",
+            title_justify="left",
+        )
+        for col in ("node", "GPU", "uuid", "class", "runs (s)", "max/min", "SM clock MHz"):
+            table.add_column(col)
+        for d in check.disagreements:
+            clocks = (
+                "-"
+                if d.sm_clock_range is None
+                else (f"{d.sm_clock_range[0]:.0f}-{d.sm_clock_range[1]:.0f}")
+            )
+            table.add_row(
+                d.node,
+                str(d.gpu_index),
+                d.uuid,
+                d.job_class,
+                " ".join(f"{x:.4g}" for x in d.durations),
+                f"{d.ratio:.3f}",
+                clocks,
+            )
+        console.print(table)
+    for node, index, classes_short in _short(check):
+        console.print(f"note: {node} GPU {index}: fewer runs than planned for {classes_short}")
+    for node, index, uuids in check.uuid_conflicts:
+        err_console.print(f"warning: {node} GPU {index} reported several UUIDs: {', '.join(uuids)}")
+    for r in check.unplanned:
+        err_console.print(
+            f"warning: record for {r.node} GPU {r.gpu_index} class {r.job_class} run {r.repeat} "
+            "is not in the plan; ignored",
+            highlight=False,
+        )
+    for p in problems:
+        err_console.print(f"warning: {p}", highlight=False)
+
+
+def _short(check: CampaignCheck) -> list[tuple[str, int, str]]:
+    grouped: dict[tuple[str, int], list[str]] = {}
+    for node, index, job_class, n in check.short:
+        grouped.setdefault((node, index), []).append(f"{job_class} ({n}/{check.repeats})")
+    return [(n, i, ", ".join(c)) for (n, i), c in sorted(grouped.items())]
+
+
+# -- diff / activate -------------------------------------------------------------------------
+
+
+def _diff(store, old: str, new: str) -> CampaignDiff:  # type: ignore[no-untyped-def]
+    for c in (old, new):
+        store.resolve_campaign(c)
+
+    def label_scores(campaign_id: str) -> dict[str, dict[str, float]]:
+        return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}
+
+    return diff_campaigns(
+        old,
+        new,
+        store.gpu_scores(old),
+        store.gpu_scores(new),
+        store.gpu_labels(old),
+        store.gpu_labels(new),
+        label_scores(old),
+        label_scores(new),
+    )
+
+
+RESTART_ADVICE = (
+    "re-render the Slurm config ('slurm-pal site render') and restart slurmd on these nodes "
+    "and slurmctld: gres.conf Type= labels are read at start"
+)
+
+
+@app.command()
+def diff(
+    ctx: typer.Context,
+    old: str = typer.Argument(..., help="Store campaign id (e.g. the active one)."),
+    new: str = typer.Argument(..., help="Store campaign id to compare with."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """GPUs that changed bin, new outliers, and the label changes a switch would make."""
+    st = state(ctx)
+    with _errors(), st.store() as store:
+        d = _diff(store, old, new)
+    if as_json:
+        print_json(d.to_dict())
+        return
+    _print_diff(d)
+
+
+def _print_diff(d: CampaignDiff) -> None:
+    console.print(f"campaign [bold]{d.old}[/] -> [bold]{d.new}[/]")
+    if d.new_outliers:
+        table = Table(
+            title=f"{len(d.new_outliers)} new outlier(s): hardware-ticket candidates",
+            title_justify="left",
+        )
+        for col in ("uuid", "node", "GPU", "class", "old bin", "PM-score"):
+            table.add_column(col)
+        for c in d.new_outliers:
+            table.add_row(
+                c.uuid, c.node, _idx(c.gpu_index), c.job_class, c.old_bin, fmt_score(c.new_score)
+            )
+        console.print(table)
+    if d.bin_changes:
+        table = Table(
+            title=f"{len(d.bin_changes)} bin change(s) (GPU x class)", title_justify="left"
+        )
+        for col in ("uuid", "node", "GPU", "class", "bin", "PM-score"):
+            table.add_column(col)
+        for c in d.bin_changes:
+            table.add_row(
+                c.uuid,
+                c.node,
+                _idx(c.gpu_index),
+                c.job_class,
+                f"{c.old_bin} -> {c.new_bin}",
+                f"{fmt_score(c.old_score)} -> {fmt_score(c.new_score)}",
+            )
+        console.print(table)
+    else:
+        console.print("no GPU changed bin")
+    if d.cleared_outliers:
+        console.print(
+            f"{len(d.cleared_outliers)} outlier(s) of {d.old} are no longer outliers: "
+            + ", ".join(f"{c.uuid} ({c.job_class})" for c in d.cleared_outliers)
+        )
+    if d.only_old or d.only_new:
+        console.print(
+            f"GPUs only in {d.old}: {', '.join(d.only_old) or 'none'}; "
+            f"only in {d.new}: {', '.join(d.only_new) or 'none'}"
+        )
+    _print_label_changes(d)
+
+
+def _print_label_changes(d: CampaignDiff) -> None:
+    if d.label_changes:
+        table = Table(
+            title=f"{len(d.label_changes)} GPU(s) change gres.conf Type= label",
+            title_justify="left",
+        )
+        for col in ("uuid", "node", "GPU", "label"):
+            table.add_column(col)
+        for c in d.label_changes:
+            table.add_row(
+                c.uuid, c.node, _idx(c.gpu_index), f"{c.old_label or '-'} -> {c.new_label or '-'}"
+            )
+        console.print(table)
+        console.print(
+            f"restart needed on {len(d.restart_nodes)} node(s): "
+            f"{', '.join(d.restart_nodes)}; {RESTART_ADVICE}"
+        )
+    else:
+        console.print("labels unchanged: switching needs no Slurm restart")
+    if d.label_score_changes:
+        console.print(
+            f"{len(d.label_score_changes)} label score(s) change (advisor table only, no restart)"
+        )
+
+
+def _idx(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@app.command()
+def activate(
+    ctx: typer.Context,
+    campaign: str = typer.Argument(..., help="Store campaign id."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Make a campaign the one the advisor uses; shows what changes against the active one."""
+    st = state(ctx)
+    with _errors(), st.store() as store:
+        store.resolve_campaign(campaign)
+        previous = store.active_campaign_id()
+        d = _diff(store, previous, campaign) if previous and previous != campaign else None
+        store.activate(campaign)
+    if as_json:
+        print_json(
+            {"active": campaign, "previous": previous, "diff": None if d is None else d.to_dict()}
+        )
+        return
+    console.print(
+        f"campaign [bold]{campaign}[/] is now active"
+        + (f" (was {previous})" if previous and previous != campaign else "")
+    )
+    if d is not None:
+        _print_label_changes(d)

@@ -1,0 +1,608 @@
+"""Profiling campaigns through Slurm: checks on the run records and campaign diffs (pure, no I/O).
+
+A campaign plan names the GPUs to measure (node + Slurm GPU index), the job classes and how
+many times each class's benchmark runs per GPU. Every run leaves one record (see
+:class:`RunRecord`; the in-task runner writes them as JSON). This module answers, from those
+records alone:
+
+* :func:`check_campaign` -- which planned GPUs have no successful run for a class (missing),
+  which runs failed and why, and which GPUs' repeats disagree beyond a tolerance. A GPU that
+  throttles intermittently is a *finding* (a hardware ticket), not noise for the median to
+  hide, so disagreements are reported by GPU with their clock range.
+* :func:`task_progress` -- done / failed / running / pending per task, for ``campaign submit``.
+* :func:`diff_campaigns` -- what changes between two campaigns' bins, outliers and labels, and
+  so which nodes' gres.conf lines change (a switch of the active campaign needs a Slurm restart
+  there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from slurm_pal.core import hostlist
+
+RECORD_SCHEMA = 1
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+DEFAULT_TOLERANCE = 0.05
+"""Repeats of one GPU and class may differ by 5 % (max/min) before they are a finding."""
+
+CSV_COLUMNS = (
+    "uuid",
+    "node",
+    "gpu_index",
+    "gpu_model",
+    "job_class",
+    "benchmark",
+    "duration_s",
+    "sm_clock_mhz",
+    "temperature_c",
+    "power_w",
+    "started_at",
+)
+"""The project's own campaign CSV format (``adapters/campaign_csv.py``, format ``slurm-pal``)."""
+
+GpuKey = tuple[str, int]
+
+
+class RecordError(ValueError):
+    """A run record that does not follow the record format; says which field is wrong."""
+
+
+@dataclass(frozen=True)
+class PlannedGpu:
+    """One GPU a campaign measures: where Slurm sees it (node, gres index)."""
+
+    node: str
+    gpu_index: int
+    uuid: str | None = None  # known from an inventory; else NVML tells the task
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.node, self.gpu_index)
+
+
+def gpus_from_hostlist(nodes: str, gpus_per_node: int) -> list[PlannedGpu]:
+    """The planned GPUs of ``--nodes HOSTLIST --gpus-per-node N`` (indices 0..N-1 per node).
+
+    The seam for the Slurm state reader: anything that yields :class:`PlannedGpu` works.
+    """
+    if gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    names = hostlist.expand(nodes)
+    if not names:
+        raise ValueError(f"no nodes in hostlist {nodes!r}")
+    return [PlannedGpu(node, i) for node in names for i in range(gpus_per_node)]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One benchmark run on one GPU, as the in-task runner writes it (one JSON file per run).
+
+    ``uuid_source`` says where the UUID came from: ``nvml`` (read on the node), ``benchmark``
+    (the benchmark printed ``PAL_GPU_UUID=``) or ``assignment`` (NVML failed; the plan's id or
+    a ``node/gpuN`` location id stands in, which the variability pipeline merges by location).
+    """
+
+    campaign: str
+    status: str
+    node: str
+    gpu_index: int
+    job_class: str
+    repeat: int
+    uuid: str
+    uuid_source: str = "nvml"
+    benchmark: str = ""
+    command: str = ""
+    duration_s: float | None = None
+    sm_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    stderr_tail: str = ""
+    gpu_name: str = ""
+    slurm_job_id: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.node, self.gpu_index)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> RunRecord:
+        """Validate one decoded record; :class:`RecordError` names the bad field."""
+        if not isinstance(data, Mapping):
+            raise RecordError("a record must be a JSON object")
+        if data.get("schema") != RECORD_SCHEMA:
+            raise RecordError(f"unknown record schema {data.get('schema')!r} (want 1)")
+        for name in ("campaign", "node", "job_class", "uuid"):
+            if not isinstance(data.get(name), str) or not data[name]:
+                raise RecordError(f"'{name}' must be a non-empty string")
+        status = data.get("status")
+        if status not in (STATUS_OK, STATUS_FAILED):
+            raise RecordError(f"'status' must be 'ok' or 'failed', got {status!r}")
+        for name in ("gpu_index", "repeat"):
+            value = data.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise RecordError(f"'{name}' must be a whole number >= 0, got {value!r}")
+        numbers = {}
+        for name in (
+            "duration_s",
+            "sm_clock_mhz",
+            "temperature_c",
+            "power_w",
+            "started_at",
+            "finished_at",
+        ):
+            value = data.get(name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise RecordError(f"'{name}' must be a number or null, got {value!r}")
+            numbers[name] = None if value is None else float(value)
+        duration = numbers["duration_s"]
+        if status == STATUS_OK and (duration is None or duration <= 0):
+            raise RecordError(f"an ok record needs 'duration_s' > 0, got {duration!r}")
+        exit_code = data.get("exit_code")
+        notes = data.get("notes") or ()
+        return cls(
+            campaign=str(data["campaign"]),
+            status=str(status),
+            node=str(data["node"]),
+            gpu_index=int(data["gpu_index"]),  # type: ignore[arg-type]
+            job_class=str(data["job_class"]),
+            repeat=int(data["repeat"]),  # type: ignore[arg-type]
+            uuid=str(data["uuid"]),
+            uuid_source=str(data.get("uuid_source") or ""),
+            benchmark=str(data.get("benchmark") or ""),
+            command=str(data.get("command") or ""),
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            reason=str(data.get("reason") or ""),
+            stderr_tail=str(data.get("stderr_tail") or ""),
+            gpu_name=str(data.get("gpu_name") or ""),
+            slurm_job_id=str(data.get("slurm_job_id") or ""),
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
+            **numbers,
+        )
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A planned GPU with no successful run of a class (``failed`` runs of it, if any)."""
+
+    node: str
+    gpu_index: int
+    job_class: str
+    failed_runs: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    node: str
+    gpu_index: int
+    job_class: str
+    repeat: int
+    exit_code: int | None
+    reason: str
+    stderr_tail: str
+    slurm_job_id: str
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Repeats of one GPU and class that differ by more than the tolerance (max/min)."""
+
+    node: str
+    gpu_index: int
+    uuid: str
+    job_class: str
+    durations: tuple[float, ...]
+    ratio: float
+    sm_clock_range: tuple[float, float] | None  # (min, max) over the runs, when measured
+
+
+@dataclass(frozen=True)
+class CampaignCheck:
+    """What :func:`check_campaign` found; ``ok_runs`` are what would be ingested."""
+
+    planned_gpus: int
+    classes: tuple[str, ...]
+    repeats: int
+    tolerance: float
+    ok_runs: tuple[RunRecord, ...]
+    failures: tuple[Failure, ...]
+    missing: tuple[Missing, ...]
+    short: tuple[tuple[str, int, str, int], ...]  # (node, index, class, ok runs) < repeats
+    disagreements: tuple[Disagreement, ...]
+    unplanned: tuple[RunRecord, ...]  # records for GPUs/classes the plan does not have
+    uuid_conflicts: tuple[tuple[str, int, tuple[str, ...]], ...]  # one GPU, several UUIDs
+
+    @property
+    def complete(self) -> bool:
+        """Every planned GPU has a successful run of every class and nothing failed."""
+        return not (self.failures or self.missing or self.uuid_conflicts)
+
+    @property
+    def missing_gpus(self) -> tuple[GpuKey, ...]:
+        return tuple(sorted({(m.node, m.gpu_index) for m in self.missing}))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "planned_gpus": self.planned_gpus,
+            "classes": list(self.classes),
+            "repeats": self.repeats,
+            "tolerance": self.tolerance,
+            "ok_runs": len(self.ok_runs),
+            "complete": self.complete,
+            "missing_gpus": [f"{n}:{i}" for n, i in self.missing_gpus],
+            "missing": [asdict(m) for m in self.missing],
+            "failures": [asdict(f) for f in self.failures],
+            "short": [
+                {"node": n, "gpu_index": i, "job_class": c, "ok_runs": k}
+                for n, i, c, k in self.short
+            ],
+            "disagreements": [asdict(d) for d in self.disagreements],
+            "unplanned": [f"{r.node}:{r.gpu_index} class {r.job_class}" for r in self.unplanned],
+            "uuid_conflicts": [
+                {"node": n, "gpu_index": i, "uuids": list(u)} for n, i, u in self.uuid_conflicts
+            ],
+        }
+
+
+def latest_records(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """One record per (node, GPU, class, repeat): the last finished (a rerun replaces a run)."""
+    best: dict[tuple[str, int, str, int], RunRecord] = {}
+    for r in records:
+        key = (r.node, r.gpu_index, r.job_class, r.repeat)
+        old = best.get(key)
+        if old is None or (r.finished_at or 0.0) >= (old.finished_at or 0.0):
+            best[key] = r
+    return [best[k] for k in sorted(best)]
+
+
+def check_campaign(
+    planned: Sequence[PlannedGpu],
+    classes: Sequence[str],
+    repeats: int,
+    records: Iterable[RunRecord],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> CampaignCheck:
+    """Compare the records with the plan: missing, failed, short and disagreeing GPUs."""
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0 (0.05 = 5 %), got {tolerance!r}")
+    planned_keys = {g.key for g in planned}
+    class_set = set(classes)
+    runs = latest_records(records)
+    unplanned = tuple(
+        r
+        for r in runs
+        if r.key not in planned_keys or r.job_class not in class_set or r.repeat >= repeats
+    )
+    runs = [
+        r for r in runs if r.key in planned_keys and r.job_class in class_set and r.repeat < repeats
+    ]
+    ok = [r for r in runs if r.ok]
+    failures = tuple(
+        Failure(
+            r.node,
+            r.gpu_index,
+            r.job_class,
+            r.repeat,
+            r.exit_code,
+            r.reason,
+            r.stderr_tail,
+            r.slurm_job_id,
+        )
+        for r in runs
+        if not r.ok
+    )
+    ok_by: dict[tuple[str, int, str], list[RunRecord]] = {}
+    for r in ok:
+        ok_by.setdefault((r.node, r.gpu_index, r.job_class), []).append(r)
+    failed_count: dict[tuple[str, int, str], int] = {}
+    for f in failures:
+        k = (f.node, f.gpu_index, f.job_class)
+        failed_count[k] = failed_count.get(k, 0) + 1
+
+    missing: list[Missing] = []
+    short: list[tuple[str, int, str, int]] = []
+    disagreements: list[Disagreement] = []
+    for gpu in sorted(planned, key=lambda g: g.key):
+        for job_class in classes:
+            k = (gpu.node, gpu.gpu_index, job_class)
+            got = ok_by.get(k, [])
+            if not got:
+                missing.append(Missing(gpu.node, gpu.gpu_index, job_class, failed_count.get(k, 0)))
+                continue
+            if len(got) < repeats:
+                short.append((gpu.node, gpu.gpu_index, job_class, len(got)))
+            durations = [float(r.duration_s) for r in got]  # type: ignore[arg-type]
+            ratio = max(durations) / min(durations)
+            if ratio > 1.0 + tolerance:
+                clocks = [r.sm_clock_mhz for r in got if r.sm_clock_mhz is not None]
+                disagreements.append(
+                    Disagreement(
+                        gpu.node,
+                        gpu.gpu_index,
+                        got[0].uuid,
+                        job_class,
+                        tuple(durations),
+                        ratio,
+                        (min(clocks), max(clocks)) if clocks else None,
+                    )
+                )
+
+    uuids: dict[GpuKey, set[str]] = {}
+    for r in ok:
+        uuids.setdefault(r.key, set()).add(r.uuid)
+    conflicts = tuple(
+        (node, index, tuple(sorted(ids)))
+        for (node, index), ids in sorted(uuids.items())
+        if len(ids) > 1
+    )
+    return CampaignCheck(
+        planned_gpus=len(planned_keys),
+        classes=tuple(classes),
+        repeats=repeats,
+        tolerance=tolerance,
+        ok_runs=tuple(ok),
+        failures=failures,
+        missing=tuple(missing),
+        short=tuple(short),
+        disagreements=tuple(disagreements),
+        unplanned=unplanned,
+        uuid_conflicts=conflicts,
+    )
+
+
+def measurement_rows(runs: Iterable[RunRecord], gpu_model: str) -> pd.DataFrame:
+    """Successful runs -> rows of the project's campaign CSV (:data:`CSV_COLUMNS`), sorted."""
+    rows = [
+        {
+            "uuid": r.uuid,
+            "node": r.node,
+            "gpu_index": r.gpu_index,
+            "gpu_model": gpu_model,
+            "job_class": r.job_class,
+            "benchmark": r.benchmark,
+            "duration_s": r.duration_s,
+            "sm_clock_mhz": r.sm_clock_mhz,
+            "temperature_c": r.temperature_c,
+            "power_w": r.power_w,
+            "started_at": r.started_at,
+        }
+        for r in sorted(runs, key=lambda r: (r.node, r.gpu_index, r.job_class, r.repeat))
+        if r.ok
+    ]
+    return pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+
+
+# -- progress --------------------------------------------------------------------------------
+
+TASK_STATES = ("done", "failed", "running", "pending", "not submitted", "incomplete")
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """One array task (= one GPU): its state and the Slurm reason when it waits."""
+
+    node: str
+    gpu_index: int
+    state: str
+    ok_runs: int
+    failed_runs: int
+    slurm_reason: str = ""
+
+
+def task_progress(
+    planned: Sequence[PlannedGpu],
+    classes: Sequence[str],
+    repeats: int,
+    records: Iterable[RunRecord],
+    queued: Mapping[GpuKey, tuple[str, str]],
+    submitted: Iterable[GpuKey] = (),
+) -> list[TaskProgress]:
+    """Per task: Slurm's view while it is queued, else what its records say.
+
+    ``queued`` maps a GPU to (Slurm state, reason) for tasks still in the queue; a task that
+    left the queue is ``done`` when every run succeeded, ``failed`` when any run failed,
+    ``incomplete`` when it was submitted but left runs unwritten (killed, timed out, node
+    lost) and ``not submitted`` when nothing was ever submitted for it.
+    """
+    runs = [r for r in latest_records(records) if r.job_class in set(classes)]
+    ok: dict[GpuKey, int] = {}
+    failed: dict[GpuKey, int] = {}
+    for r in runs:
+        if r.repeat >= repeats:
+            continue
+        target = ok if r.ok else failed
+        target[r.key] = target.get(r.key, 0) + 1
+    sent = set(submitted)
+    out = []
+    for gpu in sorted(planned, key=lambda g: g.key):
+        n_ok, n_failed = ok.get(gpu.key, 0), failed.get(gpu.key, 0)
+        reason = ""
+        if gpu.key in queued:
+            slurm_state, reason = queued[gpu.key]
+            state = "running" if slurm_state in ("RUNNING", "COMPLETING") else "pending"
+        elif n_failed:
+            state = "failed"
+        elif n_ok >= len(classes) * repeats:
+            state = "done"
+        elif gpu.key in sent or n_ok:
+            state = "incomplete"
+        else:
+            state = "not submitted"
+        out.append(TaskProgress(gpu.node, gpu.gpu_index, state, n_ok, n_failed, reason))
+    return out
+
+
+def progress_counts(tasks: Iterable[TaskProgress]) -> dict[str, int]:
+    counts = dict.fromkeys(TASK_STATES, 0)
+    for t in tasks:
+        counts[t.state] += 1
+    return counts
+
+
+# -- diff ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BinChange:
+    uuid: str
+    node: str
+    gpu_index: int | None
+    job_class: str
+    old_bin: str
+    new_bin: str
+    old_score: float
+    new_score: float
+
+
+@dataclass(frozen=True)
+class LabelChange:
+    uuid: str
+    node: str
+    gpu_index: int | None
+    old_label: str | None
+    new_label: str | None
+
+
+@dataclass(frozen=True)
+class CampaignDiff:
+    """Two campaigns compared GPU by GPU (by UUID: scores follow the physical GPU)."""
+
+    old: str
+    new: str
+    bin_changes: tuple[BinChange, ...]
+    new_outliers: tuple[BinChange, ...]  # outlier in NEW, not in OLD: hardware-ticket candidates
+    cleared_outliers: tuple[BinChange, ...]  # outlier in OLD, not any more
+    only_old: tuple[str, ...]  # GPUs gone from the new campaign
+    only_new: tuple[str, ...]
+    label_changes: tuple[LabelChange, ...]
+    label_score_changes: tuple[tuple[str, str, float, float], ...] = field(default=())
+    # (label, class, old score, new score) for labels in both campaigns
+
+    @property
+    def restart_nodes(self) -> tuple[str, ...]:
+        """Nodes whose gres.conf Type= lines change: slurmd there (and slurmctld) restart."""
+        return tuple(sorted({c.node for c in self.label_changes if c.node}))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "old": self.old,
+            "new": self.new,
+            "bin_changes": [asdict(c) for c in self.bin_changes],
+            "new_outliers": [asdict(c) for c in self.new_outliers],
+            "cleared_outliers": [asdict(c) for c in self.cleared_outliers],
+            "only_old": list(self.only_old),
+            "only_new": list(self.only_new),
+            "label_changes": [asdict(c) for c in self.label_changes],
+            "label_score_changes": [
+                {"label": lb, "job_class": c, "old_score": a, "new_score": b}
+                for lb, c, a, b in self.label_score_changes
+            ],
+            "restart_nodes": list(self.restart_nodes),
+        }
+
+
+def _bin_name(value: object) -> str:
+    b = int(value)  # type: ignore[call-overload]
+    return "outlier" if b < 0 else str(b)
+
+
+def _index(value: object) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
+
+
+def diff_campaigns(
+    old_id: str,
+    new_id: str,
+    old_scores: pd.DataFrame,
+    new_scores: pd.DataFrame,
+    old_labels: Mapping[str, str],
+    new_labels: Mapping[str, str],
+    old_label_scores: Mapping[str, Mapping[str, float]] | None = None,
+    new_label_scores: Mapping[str, Mapping[str, float]] | None = None,
+    *,
+    score_epsilon: float = 1e-9,
+) -> CampaignDiff:
+    """Compare two campaigns' per-GPU rows (``Store.gpu_scores``) and GPU labels.
+
+    Bin numbers are per campaign (K-Means may choose another K), so a change is shown with
+    both PM-scores. ``*_label_scores`` (label -> class -> score) add label score changes:
+    those only update the advisor's table, while a GPU changing label changes gres.conf.
+    """
+    cols = ["uuid", "job_class", "node", "gpu_index", "bin", "pm_score"]
+    merged = old_scores[cols].merge(
+        new_scores[cols], on=["uuid", "job_class"], how="outer", suffixes=("_old", "_new")
+    )
+    merged = merged.sort_values(["uuid", "job_class"], kind="stable")
+    changes: list[BinChange] = []
+    new_out: list[BinChange] = []
+    cleared: list[BinChange] = []
+    for r in merged.itertuples(index=False):
+        in_old, in_new = not pd.isna(r.bin_old), not pd.isna(r.bin_new)
+        node = str(r.node_new if in_new else r.node_old)
+        index = _index(r.gpu_index_new if in_new else r.gpu_index_old)
+        change = BinChange(
+            uuid=str(r.uuid),
+            node=node,
+            gpu_index=index,
+            job_class=str(r.job_class),
+            old_bin=_bin_name(r.bin_old) if in_old else "-",
+            new_bin=_bin_name(r.bin_new) if in_new else "-",
+            old_score=float(r.pm_score_old) if in_old else math.nan,
+            new_score=float(r.pm_score_new) if in_new else math.nan,
+        )
+        if in_old and in_new and change.old_bin != change.new_bin:
+            changes.append(change)
+        if in_new and change.new_bin == "outlier" and change.old_bin != "outlier":
+            new_out.append(change)
+        if in_old and change.old_bin == "outlier" and change.new_bin != "outlier":
+            cleared.append(change)
+    old_gpus, new_gpus = set(old_scores["uuid"]), set(new_scores["uuid"])
+    where = {
+        str(r.uuid): (str(r.node), _index(r.gpu_index))
+        for frame in (old_scores, new_scores)
+        for r in frame[["uuid", "node", "gpu_index"]].itertuples(index=False)
+    }
+    label_changes = tuple(
+        LabelChange(uuid, *where.get(uuid, ("", None)), old_labels.get(uuid), new_labels.get(uuid))
+        for uuid in sorted(set(old_labels) | set(new_labels))
+        if old_labels.get(uuid) != new_labels.get(uuid)
+    )
+    score_changes: list[tuple[str, str, float, float]] = []
+    if old_label_scores is not None and new_label_scores is not None:
+        for label in sorted(set(old_label_scores) & set(new_label_scores)):
+            a, b = old_label_scores[label], new_label_scores[label]
+            for job_class in sorted(set(a) & set(b)):
+                if abs(float(a[job_class]) - float(b[job_class])) > score_epsilon:
+                    score_changes.append(
+                        (label, job_class, float(a[job_class]), float(b[job_class]))
+                    )
+    return CampaignDiff(
+        old=old_id,
+        new=new_id,
+        bin_changes=tuple(changes),
+        new_outliers=tuple(new_out),
+        cleared_outliers=tuple(cleared),
+        only_old=tuple(sorted(old_gpus - new_gpus)),
+        only_new=tuple(sorted(new_gpus - old_gpus)),
+        label_changes=label_changes,
+        label_score_changes=tuple(score_changes),
+    )

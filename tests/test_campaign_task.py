@@ -1,0 +1,350 @@
+"""The in-task runner, run for real as a subprocess with fake Slurm variables and benchmarks.
+
+The fake benchmark prints ``PAL_DURATION_S`` from a table the test controls (or fails as told);
+a fake ``pynvml`` module on PYTHONPATH stands in for NVML where a test needs it. The default
+benchmarks are run too: without PyTorch or CuPy (as here) they must say so and exit 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.campaigns import runner
+from slurm_pal.campaigns.workspace import (
+    BENCH_DIR,
+    PLAN_FILE,
+    RESULTS_DIR,
+    Benchmark,
+    CampaignPlan,
+    create_campaign,
+    default_benchmarks,
+    read_records,
+)
+from slurm_pal.core.campaigns import PlannedGpu, check_campaign
+
+FAKE_BENCH = """#!/bin/sh
+# Fake benchmark: runs the snippet for this GPU and class from $FAKE_BENCH_DIR.
+d="$FAKE_BENCH_DIR"
+f="$d/$PAL_NODE-$PAL_GPU_INDEX-$PAL_CLASS"
+[ -f "$f" ] || f="$d/default-$PAL_CLASS"
+[ -f "$f" ] || f="$d/default"
+. "$f"
+"""
+
+
+def write_bench_table(folder: Path, table: dict[str, object]) -> None:
+    """Snippets per ``NODE-GPU-CLASS`` / ``default-CLASS`` / ``default`` key.
+
+    A list gives the duration of each repeat, an int makes the run fail with that exit code
+    (and an Xid line on stderr), a str is printed as the benchmark's stdout.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        f.unlink()
+    for key, value in table.items():
+        if isinstance(value, int):
+            body = f'echo "CUDA error: Xid 79 on $PAL_NODE" >&2\nexit {value}\n'
+        elif isinstance(value, str):
+            body = f"cat <<'EOF'\n{value}EOF\n"
+        else:
+            cases = "".join(f"{i}) d={v};; " for i, v in enumerate(value))  # type: ignore[arg-type]
+            body = f'echo "log line"\ncase "$PAL_REPEAT" in {cases}esac\necho "PAL_DURATION_S=$d"\n'
+        (folder / key).write_text(body)
+
+
+FAKE_PYNVML = r'''
+"""Fake pynvml for runner tests: devices from $FAKE_NVML (a JSON list, NVML order)."""
+import json, os
+NVML_CLOCK_SM = 1
+NVML_TEMPERATURE_GPU = 0
+_DEVICES = json.load(open(os.environ["FAKE_NVML"]))
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return len(_DEVICES)
+def nvmlDeviceGetHandleByIndex(i): return _DEVICES[i]
+def nvmlDeviceGetMinorNumber(h): return h["minor"]
+def nvmlDeviceGetUUID(h): return h["uuid"]
+def nvmlDeviceGetName(h): return h["name"]
+def nvmlDeviceGetClockInfo(h, kind):
+    assert kind == NVML_CLOCK_SM
+    return h["clock"]
+def nvmlDeviceGetTemperature(h, kind): return h["temp"]
+def nvmlDeviceGetPowerUsage(h): return h["power_mw"]
+'''
+
+
+def write_fakes(folder: Path, table: dict[str, object]) -> tuple[Path, Path]:
+    """The fake benchmark script and its table folder; returns (script, table folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "fakebench.sh"
+    script.write_text(FAKE_BENCH)
+    write_bench_table(folder / "table", table)
+    return script, folder / "table"
+
+
+def fake_plan(
+    bench: Path,
+    gpus: list[PlannedGpu],
+    *,
+    campaign: str = "t1",
+    classes: tuple[str, ...] = ("A", "D"),
+    repeats: int = 2,
+    python: str = sys.executable,
+) -> CampaignPlan:
+    command = f"sh {bench}"
+    return CampaignPlan(
+        campaign=campaign,
+        classes=classes,
+        repeats=repeats,
+        benchmarks={c: Benchmark("fake", command) for c in classes},
+        gpus=tuple(gpus),
+        gpu_model="v100",
+        python=python,
+        run_timeout_s=60,
+    )
+
+
+def slurm_env(node: str, task: int, gpus: int, table: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CUDA", "PAL_"))}
+    env.update(
+        {
+            "SLURM_JOB_ID": "900",
+            "SLURM_ARRAY_JOB_ID": "900",
+            "SLURM_ARRAY_TASK_ID": str(task),
+            "SLURMD_NODENAME": node,
+            "SLURM_JOB_GPUS": ",".join(str(i) for i in range(gpus)),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)),
+            "FAKE_BENCH_DIR": str(table),
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def run_runner(
+    directory: Path, node: str, gpu: int, env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(directory / "runner.py"),
+            "--plan",
+            str(directory / PLAN_FILE),
+            "--node",
+            node,
+            "--gpu",
+            str(gpu),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def campaign(tmp_path: Path) -> tuple[Path, Path]:
+    bench, table = write_fakes(tmp_path / "fakes", {"default": [2.0, 2.1], "n1-1-D": [3.0, 3.3]})
+    plan = fake_plan(bench, [PlannedGpu("n1", 0), PlannedGpu("n1", 1)])
+    return create_campaign(tmp_path / "campaigns", plan), table
+
+
+def read_json(directory: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in (directory / RESULTS_DIR).glob("*.json")}
+
+
+def test_task_writes_one_record_per_run(campaign: tuple[Path, Path]) -> None:
+    directory, table = campaign
+    proc = run_runner(directory, "n1", 1, slurm_env("n1", 1, 2, table))
+    assert proc.returncode == 0, proc.stderr
+    records = read_json(directory)
+    assert sorted(records) == [
+        "n1__gpu1__A__r0.json",
+        "n1__gpu1__A__r1.json",
+        "n1__gpu1__D__r0.json",
+        "n1__gpu1__D__r1.json",
+    ]
+    d1 = records["n1__gpu1__D__r1.json"]
+    assert (d1["status"], d1["duration_s"], d1["job_class"], d1["repeat"]) == ("ok", 3.3, "D", 1)
+    # No NVML here: the location stands in for the UUID, and the record says so.
+    assert (d1["uuid"], d1["uuid_source"]) == ("n1/gpu1", "assignment")
+    assert any("NVML" in n for n in d1["notes"])
+    assert d1["cuda_visible_devices"] == "1"
+    assert d1["slurm_job_id"] == "900_1"
+    assert d1["started_at"] <= d1["finished_at"]
+    assert not list((directory / RESULTS_DIR).glob(".*"))  # no temporary files left
+    parsed, problems = read_records(directory, "t1")
+    assert problems == [] and len(parsed) == 4
+
+
+def test_rerun_replaces_records_instead_of_adding(campaign: tuple[Path, Path]) -> None:
+    directory, table = campaign
+    fail_table = table.parent / "fail"
+    write_bench_table(fail_table, {"default": 7})
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 2, fail_table))
+    assert proc.returncode == runner.EXIT_RUN_FAILED
+    first = read_json(directory)
+    assert len(first) == 4 and all(r["status"] == "failed" for r in first.values())
+    a0 = first["n1__gpu0__A__r0.json"]
+    assert (a0["exit_code"], a0["reason"]) == (7, "benchmark exited with code 7")
+    assert "Xid 79" in a0["stderr_tail"]
+    assert "failed" in proc.stderr
+
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 2, table))
+    assert proc.returncode == 0
+    second = read_json(directory)
+    assert sorted(second) == sorted(first)
+    assert all(r["status"] == "ok" for r in second.values())
+
+
+def test_output_without_duration_is_a_failed_run(tmp_path: Path) -> None:
+    bench, table = write_fakes(
+        tmp_path / "fakes",
+        {"default": [1.0], "n1-0-A": "loss 0.3\nPAL_DURATION_S=fast\n"},
+    )
+    directory = create_campaign(tmp_path / "c", fake_plan(bench, [PlannedGpu("n1", 0)]))
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, table))
+    assert proc.returncode == runner.EXIT_RUN_FAILED
+    records = read_json(directory)
+    assert records["n1__gpu0__A__r0.json"]["reason"] == "PAL_DURATION_S='fast' is not a number"
+    assert records["n1__gpu0__D__r0.json"]["status"] == "ok"  # other classes still ran
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"SLURMD_NODENAME": "n2"}, "task runs on node 'n2'"),
+        ({"SLURM_JOB_GPUS": "1"}, "holds 1 GPU(s)"),
+        ({"SLURM_JOB_GPUS": ""}, "SLURM_JOB_GPUS is not set"),
+    ],
+)
+def test_wrong_allocation_fails_every_run(
+    campaign: tuple[Path, Path], change: dict[str, str], message: str
+) -> None:
+    directory, table = campaign
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 2, table, **change))
+    assert proc.returncode == runner.EXIT_WRONG_ALLOCATION
+    assert message in proc.stderr
+    records = read_json(directory)
+    assert len(records) == 4
+    assert all(r["status"] == "failed" and message in r["reason"] for r in records.values())
+
+
+def test_gpu_outside_the_plan_is_refused(campaign: tuple[Path, Path]) -> None:
+    directory, table = campaign
+    proc = run_runner(directory, "n1", 5, slurm_env("n1", 5, 2, table))
+    assert proc.returncode == runner.EXIT_USAGE
+    assert "not in this campaign's plan" in proc.stderr
+    assert read_json(directory) == {}
+
+
+def test_nvml_finds_the_gpu_by_minor_number_and_samples_it(
+    campaign: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory, table = campaign
+    fake_dir = tmp_path / "nvml"
+    fake_dir.mkdir()
+    (fake_dir / "pynvml.py").write_text(FAKE_PYNVML)
+    devices = [  # NVML order differs from the minor numbers on purpose
+        {
+            "minor": 1,
+            "uuid": "GPU-bbb",
+            "name": "V100",
+            "clock": 1380,
+            "temp": 71,
+            "power_mw": 250000,
+        },
+        {
+            "minor": 0,
+            "uuid": "GPU-aaa",
+            "name": "V100",
+            "clock": 1530,
+            "temp": 60,
+            "power_mw": 200000,
+        },
+    ]
+    (fake_dir / "devices.json").write_text(json.dumps(devices))
+    env = slurm_env(
+        "n1", 1, 2, table, PYTHONPATH=str(fake_dir), FAKE_NVML=str(fake_dir / "devices.json")
+    )
+    proc = run_runner(directory, "n1", 1, env)
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(directory)["n1__gpu1__A__r0.json"]
+    assert (r["uuid"], r["uuid_source"], r["gpu_name"]) == ("GPU-bbb", "nvml", "V100")
+    assert r["cuda_visible_devices"] == "GPU-bbb"  # pinned by UUID, not by index
+    assert (r["sm_clock_mhz"], r["temperature_c"], r["power_w"]) == (1380.0, 71.0, 250.0)
+
+
+def test_benchmark_on_another_gpu_than_nvml_says_fails(
+    campaign: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory, _ = campaign
+    fake_dir = tmp_path / "nvml"
+    fake_dir.mkdir()
+    (fake_dir / "pynvml.py").write_text(FAKE_PYNVML)
+    devices = [{"minor": 0, "uuid": "GPU-aaa", "name": "V", "clock": 1, "temp": 1, "power_mw": 1}]
+    (fake_dir / "devices.json").write_text(json.dumps(devices))
+    table = tmp_path / "t"
+    write_bench_table(table, {"default": "PAL_GPU_UUID=GPU-zzz\nPAL_DURATION_S=1\n"})
+    env = slurm_env(
+        "n1", 0, 2, table, PYTHONPATH=str(fake_dir), FAKE_NVML=str(fake_dir / "devices.json")
+    )
+    proc = run_runner(directory, "n1", 0, env)
+    assert proc.returncode == runner.EXIT_RUN_FAILED
+    r = read_json(directory)["n1__gpu0__A__r0.json"]
+    assert r["status"] == "failed" and "did not honour CUDA_VISIBLE_DEVICES" in r["reason"]
+
+
+@pytest.mark.parametrize("name", ["gemm.py", "stream.py"])
+def test_default_benchmarks_say_clearly_when_no_framework(tmp_path: Path, name: str) -> None:
+    plan = CampaignPlan(
+        campaign="d1",
+        classes=("A", "D"),
+        repeats=1,
+        benchmarks=default_benchmarks(("A", "D"), {}),
+        gpus=(PlannedGpu("n1", 0),),
+    )
+    directory = create_campaign(tmp_path, plan)
+    proc = subprocess.run(
+        [sys.executable, str(directory / BENCH_DIR / name)], capture_output=True, text=True
+    )
+    assert proc.returncode == 3
+    assert "needs PyTorch or CuPy" in proc.stderr and "--command CLASS=CMD" in proc.stderr
+    assert "PAL_DURATION_S" not in proc.stdout
+
+
+def test_default_benchmark_failure_reaches_the_record(tmp_path: Path) -> None:
+    plan = CampaignPlan(
+        campaign="d1",
+        classes=("A", "D"),
+        repeats=1,
+        benchmarks=default_benchmarks(("A", "D"), {}),
+        gpus=(PlannedGpu("n1", 0),),
+    )
+    directory = create_campaign(tmp_path, plan)
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, tmp_path / "unused"))
+    assert proc.returncode == runner.EXIT_RUN_FAILED
+    records, _ = read_records(directory, "d1")
+    check = check_campaign(plan.gpus, plan.classes, 1, records)
+    assert {(f.job_class, f.exit_code) for f in check.failures} == {("A", 3), ("D", 3)}
+    assert all("needs PyTorch or CuPy" in f.stderr_tail for f in check.failures)
+    assert {r.benchmark for r in records} == {"gemm", "stream"}
+
+
+def test_parse_output_contract() -> None:
+    assert runner.parse_output("x\nPAL_DURATION_S=1.5\nPAL_DURATION_S=2.5\n") == (2.5, None, "")
+    assert runner.parse_output("PAL_GPU_UUID=GPU-1\n PAL_DURATION_S = 3 \n") == (3.0, "GPU-1", "")
+    assert "no 'PAL_DURATION_S" in runner.parse_output("done in 3 s")[2]
+    assert "not a positive" in runner.parse_output("PAL_DURATION_S=0")[2]
+    assert "not a positive" in runner.parse_output("PAL_DURATION_S=nan")[2]
+
+
+def test_record_names_are_stable_and_safe() -> None:
+    assert runner.record_name("n1", 2, "A", 0) == "n1__gpu2__A__r0.json"
+    assert runner.record_name("a/b", 0, "x y", 1) == "a_b__gpu0__x_y__r1.json"

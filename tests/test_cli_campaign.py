@@ -1,0 +1,365 @@
+"""`slurm-pal campaign` end to end, with fake sbatch/squeue that run the tasks for real.
+
+The fake ``sbatch`` reads the rendered batch script (``--nodelist``, ``--gres``, the
+``--array`` it is given), then runs the script once per array task with the variables Slurm
+sets (SLURM_ARRAY_TASK_ID, SLURMD_NODENAME, SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES), so the
+real runner measures with a fake benchmark (a shell snippet per GPU and class). A node listed
+in FAKE_DRAINED keeps its tasks PENDING in the fake queue, as Slurm does for a drained node,
+until ``sbatch --fake-release`` runs them. Real Slurm is the testbed session's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.cli.campaign import RESTART_ADVICE
+from tests.test_campaign_task import FAKE_BENCH, write_bench_table
+
+FAKE_SBATCH = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+
+state = Path(os.environ["FAKE_SLURM_DIR"])
+queue_file = state / "queue.json"
+queue = json.loads(queue_file.read_text()) if queue_file.exists() else []
+drained = set(filter(None, os.environ.get("FAKE_DRAINED", "").split(",")))
+
+
+def run(script, node, gpus, job, task):
+    env = dict(os.environ, SLURM_JOB_ID=str(job), SLURM_ARRAY_JOB_ID=str(job),
+               SLURM_ARRAY_TASK_ID=str(task), SLURMD_NODENAME=node,
+               SLURM_JOB_GPUS=",".join(map(str, range(gpus))),
+               CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))))
+    with open(state / "task-output.log", "a") as log:
+        subprocess.run(["bash", script], env=env, stdout=log, stderr=log)
+
+
+if sys.argv[1:] == ["--fake-release"]:
+    for item in [q for q in queue if q["node"] not in drained]:
+        run(item["script"], item["node"], item["gpus"], item["job"], item["task"])
+        queue.remove(item)
+    queue_file.write_text(json.dumps(queue))
+    sys.exit(0)
+
+args = sys.argv[1:]
+array = next(a.split("=", 1)[1] for a in args if a.startswith("--array="))
+script = args[-1]
+opts = {}
+for line in Path(script).read_text().splitlines():
+    if line.startswith("#SBATCH --"):
+        key, _, value = line[len("#SBATCH --"):].partition("=")
+        opts[key] = value
+node, name = opts["nodelist"], opts["job-name"]
+gpus = int(opts["gres"].rsplit(":", 1)[1])
+counter = state / "next_id"
+job = int(counter.read_text()) if counter.exists() else 100
+counter.write_text(str(job + 1))
+with open(state / "calls.jsonl", "a") as fh:
+    fh.write(json.dumps({"node": node, "array": array, "job": job, "args": args}) + "\n")
+for task in array.split(","):
+    if node in drained:
+        queue.append({"id": f"{job}_{task}", "name": name, "node": node, "gpus": gpus,
+                      "job": job, "task": int(task), "script": script, "state": "PENDING",
+                      "reason": f"ReqNodeNotAvail, UnavailableNodes:{node}"})
+    else:
+        run(script, node, gpus, job, int(task))
+queue_file.write_text(json.dumps(queue))
+print(job)
+"""
+
+FAKE_SQUEUE = r"""
+import json, os, sys
+from pathlib import Path
+
+queue_file = Path(os.environ["FAKE_SLURM_DIR"]) / "queue.json"
+queue = json.loads(queue_file.read_text()) if queue_file.exists() else []
+names = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--name=")).split(",")
+for item in queue:
+    if item["name"] in names:
+        print(f"{item['id']}|{item['state']}|{item['reason']}")
+"""
+
+
+class FakeCluster:
+    """Fake Slurm tools on PATH plus a fake benchmark whose durations the test sets."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.state = root / "slurm"
+        self.bench_dir = root / "bench-table"
+        bin_dir = root / "bin"
+        for d in (self.state, self.bench_dir, bin_dir):
+            d.mkdir(parents=True)
+        for name, code in (("sbatch", FAKE_SBATCH), ("squeue", FAKE_SQUEUE)):
+            path = bin_dir / name
+            path.write_text(f"#!{sys.executable} -S\n{code}")  # -S: stdlib only, starts faster
+            path.chmod(0o755)
+        self.bench = root / "fakebench.sh"
+        self.bench.write_text(FAKE_BENCH)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("FAKE_SLURM_DIR", str(self.state))
+        monkeypatch.setenv("FAKE_BENCH_DIR", str(self.bench_dir))
+        monkeypatch.setenv("SLURM_PAL_CAMPAIGNS", str(root / "campaigns"))
+        self.monkeypatch = monkeypatch
+
+    def durations(self, table: Mapping[str, list[float] | int]) -> None:
+        """``NODE-GPU-CLASS`` or ``default-CLASS`` -> durations per repeat, or an exit code."""
+        write_bench_table(self.bench_dir, dict(table))
+
+    def drain(self, *nodes: str) -> None:
+        self.monkeypatch.setenv("FAKE_DRAINED", ",".join(nodes))
+
+    def release(self) -> None:
+        """Undrain every node: Slurm starts the tasks that waited for it."""
+        self.drain()
+        subprocess.run(["sbatch", "--fake-release"], check=True)  # the fake on PATH
+
+    def calls(self) -> list[dict]:
+        path = self.state / "calls.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    return FakeCluster(tmp_path, monkeypatch)
+
+
+def plan(run_cli: Callable, cluster: FakeCluster, cid: str, nodes: str, gpus: int, repeats: int):
+    return run_cli(
+        "campaign", "plan", "--id", cid, "--nodes", nodes, "--gpus-per-node", gpus,
+        "--classes", "A,D", "--repeats", repeats, "--python", f"{sys.executable} -S",
+        "--gpu-model", "v100", "--partition", "gpu",
+        "--command", f"A=sh {cluster.bench}", "--command", f"D=sh {cluster.bench}",
+    )  # fmt: skip
+
+
+def as_json(result) -> dict:  # type: ignore[no-untyped-def]
+    return json.loads(result.stdout)
+
+
+def text(result) -> str:  # type: ignore[no-untyped-def]
+    """Output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def test_plan_renders_one_pinned_array_per_node(run_cli: Callable, tmp_path: Path) -> None:
+    root = tmp_path / "camps"
+    out = run_cli(
+        "campaign", "plan", "--id", "p1", "--nodes", "gpu[01-02]", "--gpus-per-node", "4",
+        "--partition", "batch", "--root", root, "--sbatch-arg", "--account=ops",
+        "--command", "A=python3 /apps/train.py --steps 50", "--json",
+    )  # fmt: skip
+    data = as_json(out)
+    assert data["directory"] == str(root / "p1")
+    benches = data["plan"]["benchmarks"]
+    assert benches["A"] == {
+        "name": "custom:train.py",
+        "command": "python3 /apps/train.py --steps 50",
+    }
+    assert benches["B"]["name"] == "gemm" and benches["D"]["name"] == "stream"
+    assert data["notes"]  # B/C share a default benchmark with A/D: said so
+    script = (root / "p1" / "sbatch" / "gpu02.sbatch").read_text()
+    for line in (
+        "#SBATCH --nodelist=gpu02",
+        "#SBATCH --exclusive",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --array=0,1,2,3",
+        "#SBATCH --partition=batch",
+        "#SBATCH --account=ops",
+        "#SBATCH --job-name=pal-p1-gpu02",
+    ):
+        assert line in script.splitlines()
+    assert f"--plan {root / 'p1' / 'campaign.json'} --node gpu02" in script
+    for name in ("runner.py", "bench/gemm.py", "bench/stream.py"):
+        assert (root / "p1" / name).is_file()
+
+    again = run_cli("campaign", "plan", "--id", "p1", "--nodes", "x", "--gpus-per-node", "1",
+                    "--root", root, ok=False)  # fmt: skip
+    assert again.exit_code == 2 and "already exists" in again.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "n1"], "--gpus-per-node"),
+        (["--nodes", "n1", "--gpus-per-node", "2", "--classes", "A,Q"], "unknown class(es) Q"),
+        (["--nodes", "n1", "--gpus-per-node", "2", "--command", "A"], "CLASS=COMMAND"),
+        (["--nodes", "n1", "--gpus-per-node", "2", "--classes", "A", "--command", "D=x"], "D"),
+        (["--nodes", "n[1-", "--gpus-per-node", "2"], "hostlist"),
+        (["--nodes", "n1", "--gpus-per-node", "2", "--id", "a/b"], "campaign id"),
+    ],
+)
+def test_plan_errors_say_what_to_do(run_cli: Callable, args: list[str], message: str) -> None:
+    result = run_cli("campaign", "plan", *args, ok=False)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def fast_slow(cluster: FakeCluster, slow: set[str], outlier: str | None = None) -> None:
+    """Class A: 10 s, 11 s on ``slow`` GPUs, 30 s on ``outlier``; class D: 5 s everywhere."""
+    table: dict[str, list[float] | int] = {"default-A": [10.0, 10.0], "default-D": [5.0, 5.0]}
+    table |= {f"{g}-A": [11.0, 11.0] for g in slow}
+    if outlier:
+        table[f"{outlier}-A"] = [30.0, 30.0]
+    cluster.durations(table)
+
+
+def test_campaigns_to_bins_diff_and_activate(
+    run_cli: Callable, cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 GPUs keep the test fast; at 8 GPUs a 3-sigma outlier is impossible, so use 2 sigma.
+    config = tmp_path / "site.toml"
+    config.write_text("[binning]\noutlier_sigma = 2.0\n")
+    monkeypatch.setenv("SLURM_PAL_CONFIG", str(config))
+    fast_slow(cluster, {"n1-3", "n2-3"})
+    plan(run_cli, cluster, "c1", "n[1-2]", 4, 2)
+    sub = as_json(run_cli("campaign", "submit", "c1", "--json"))
+    assert [(s["node"], s["gpus"]) for s in sub["submitted"]] == [
+        ("n1", [0, 1, 2, 3]),
+        ("n2", [0, 1, 2, 3]),
+    ]
+    assert sub["progress"]["done"] == 8
+    out = run_cli("campaign", "collect", "c1")
+    assert "ingested 32 runs into store campaign c1 (now active)" in text(out)
+    bins = as_json(run_cli("profile", "bins", "--campaign", "c1", "--json"))
+    assert bins["A"]["k"] == 2
+    assert [(round(b["score"], 6), b["gpus"]) for b in bins["A"]["bins"]] == [(1.0, 6), (1.1, 2)]
+    assert bins["A"]["outliers"] == []
+    assert [(b["score"], b["gpus"]) for b in bins["D"]["bins"]] == [(1.0, 8)]
+    labels = as_json(run_cli("profile", "labels", "--campaign", "c1", "--json"))["labels"]
+    assert {(r["label"], r["gpus"]) for r in labels} == {("v100-a0d0", 6), ("v100-a1d0", 2)}
+    shown = as_json(run_cli("profile", "show", "n2/gpu3", "--campaign", "c1", "--json"))
+    assert (shown["node"], shown["gpu_index"], shown["label"]) == ("n2", 3, "v100-a1d0")
+    assert shown["classes"]["A"]["raw_median"] == 11.0
+
+    # Second campaign: n1 GPU 0 throttles (outlier), n2 GPU 3 got fixed (now fast).
+    fast_slow(cluster, {"n1-3"}, outlier="n1-0")
+    plan(run_cli, cluster, "c2", "n[1-2]", 4, 2)
+    run_cli("campaign", "submit", "c2")
+    out = run_cli("campaign", "collect", "c2")
+    assert "slurm-pal campaign diff c1 c2" in text(out)  # not activated by itself
+    diff = as_json(run_cli("campaign", "diff", "c1", "c2", "--json"))
+    assert [
+        (c["uuid"], c["job_class"], c["old_bin"], c["new_bin"]) for c in diff["bin_changes"]
+    ] == [
+        ("n1/gpu0", "A", "0", "outlier"),
+        ("n2/gpu3", "A", "1", "0"),
+    ]
+    assert [c["uuid"] for c in diff["new_outliers"]] == ["n1/gpu0"]
+    assert [(c["uuid"], c["old_label"], c["new_label"]) for c in diff["label_changes"]] == [
+        ("n1/gpu0", "v100-a0d0", "v100-ax0d0"),
+        ("n2/gpu3", "v100-a1d0", "v100-a0d0"),
+    ]
+    assert diff["restart_nodes"] == ["n1", "n2"]
+    shown = text(run_cli("campaign", "diff", "c1", "c2"))
+    assert "hardware-ticket candidates" in shown and "restart needed on 2 node(s): n1, n2" in shown
+
+    out = run_cli("campaign", "activate", "c2")
+    assert "campaign c2 is now active (was c1)" in text(out)
+    assert "n1, n2" in text(out) and RESTART_ADVICE in text(out)
+    listed = as_json(run_cli("profile", "campaigns", "--json"))
+    assert [(c["id"], c["active"]) for c in listed] == [("c1", False), ("c2", True)]
+
+
+def test_failed_task_drained_node_and_rerun_without_duplicates(
+    run_cli: Callable, cluster: FakeCluster
+) -> None:
+    table: dict[str, list[float] | int] = {
+        "default-A": [10.0, 10.0],
+        "default-D": [5.0, 5.0],
+        "n1-1-A": 5,  # this GPU's class-A runs crash
+        "n3-0-A": [10.0, 12.0],  # throttles in one of its two runs
+    }
+    cluster.durations(table)
+    cluster.drain("n2")
+    plan(run_cli, cluster, "f1", "n[1-3]", 2, 2)
+    sub = as_json(run_cli("campaign", "submit", "f1", "--json"))
+    states = {(t["node"], t["gpu_index"]): t["state"] for t in sub["tasks"]}
+    assert states == {
+        ("n1", 0): "done",
+        ("n1", 1): "failed",
+        ("n2", 0): "pending",
+        ("n2", 1): "pending",
+        ("n3", 0): "done",
+        ("n3", 1): "done",
+    }
+    status = run_cli("campaign", "status", "f1")
+    assert "3 done, 1 failed, 2 pending" in text(status)
+    assert "ReqNodeNotAvail" in text(status)
+
+    # Nothing is ingested while GPUs are missing.
+    result = run_cli("campaign", "collect", "f1", "--json", ok=False)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["missing_gpus"] == ["n1:1", "n2:0", "n2:1"]
+    assert [
+        (f["node"], f["gpu_index"], f["job_class"], f["exit_code"]) for f in report["failures"]
+    ] == [
+        ("n1", 1, "A", 5),
+        ("n1", 1, "A", 5),
+    ]
+    assert "Xid 79" in report["failures"][0]["stderr_tail"]
+    [dis] = report["disagreements"]
+    assert (dis["node"], dis["gpu_index"], dis["job_class"]) == ("n3", 0, "A")
+    assert dis["ratio"] == pytest.approx(1.2)
+    assert "ingested" not in report
+    assert "--allow-missing" in result.output
+    assert as_json(run_cli("profile", "campaigns", "--json")) == []
+
+    # Resubmitting while n2 is still drained sends only the failed task, never n2 twice.
+    run_cli("campaign", "submit", "f1")
+    assert [(c["node"], c["array"]) for c in cluster.calls()][-1] == ("n1", "1")
+    assert len(cluster.calls()) == 4
+
+    # What there is can go in under another id, for a look.
+    out = run_cli("campaign", "collect", "f1", "--allow-missing", "--as", "f1-partial")
+    assert "ingested 14 runs" in text(out)  # n1:0, n3:0, n3:1 x 2 classes x 2, n1:1 D x 2
+
+    # The admin fixes the GPU and resumes n2: Slurm runs the queued tasks; a rerun of the
+    # failed task (which failed again above) finishes the campaign.
+    table["n1-1-A"] = [10.0, 10.0]
+    cluster.durations(table)
+    cluster.release()
+    out = run_cli("campaign", "submit", "f1")
+    assert "submitted node n1 GPUs 1 as job 104" in text(out) and "all 6 tasks done" in text(out)
+    assert "nothing to submit" in text(run_cli("campaign", "submit", "f1"))
+    out = run_cli("campaign", "collect", "f1")
+    assert "ingested 24 runs into store campaign f1" in text(out)
+    assert "repeats disagree" in text(out)  # still a finding
+    listed = {c["id"]: c for c in as_json(run_cli("profile", "campaigns", "--json"))}
+    assert listed["f1"]["measurements"] == 24  # 6 GPUs x 2 classes x 2 runs, no duplicates
+
+    # Collecting the same records again adds nothing.
+    out = run_cli("campaign", "collect", "f1")
+    assert "nothing to do" in text(out)
+    # A task rerun with new results must go in as a new version, not on top of the old rows.
+    table["n3-0-A"] = [10.0, 10.0]
+    cluster.durations(table)
+    (Path(os.environ["SLURM_PAL_CAMPAIGNS"]) / "f1" / "results" / "n3__gpu0__A__r1.json").unlink()
+    run_cli("campaign", "submit", "f1")
+    assert [(c["node"], c["array"]) for c in cluster.calls()][-1] == ("n3", "0")
+    result = run_cli("campaign", "collect", "f1", ok=False)
+    assert result.exit_code == 2 and "--as f1-v2" in result.output
+    out = run_cli("campaign", "collect", "f1", "--as", "f1-v2")
+    assert "ingested 24 runs" in text(out) and "disagree" not in text(out)
+    listed = {c["id"]: c for c in as_json(run_cli("profile", "campaigns", "--json"))}
+    assert (listed["f1"]["measurements"], listed["f1-v2"]["measurements"]) == (24, 24)
+    results = list((Path(os.environ["SLURM_PAL_CAMPAIGNS"]) / "f1" / "results").glob("*.json"))
+    assert len(results) == 24
+
+
+def test_unknown_campaign_and_missing_slurm(run_cli: Callable, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_PAL_CAMPAIGNS", str(tmp_path / "none"))
+    result = run_cli("campaign", "collect", "nope", ok=False)
+    assert result.exit_code == 2 and "no campaign 'nope'" in result.output
+    run_cli("campaign", "plan", "--id", "s1", "--nodes", "n1", "--gpus-per-node", "1")
+    result = run_cli("campaign", "submit", "s1", "--sbatch", str(tmp_path / "no-sbatch"), ok=False)
+    assert result.exit_code == 2 and "not found" in result.output
+    dry = as_json(run_cli("campaign", "submit", "s1", "--dry-run", "--json"))
+    assert dry["submitted"] == [{"node": "n1", "job_id": "-", "gpus": [0]}]
