@@ -17,6 +17,7 @@ from slurm_pal.core.campaigns import (
     measurement_rows,
     progress_counts,
     task_progress,
+    waiting_for_unavailable_nodes,
 )
 
 PLAN = [PlannedGpu("n1", 0), PlannedGpu("n1", 1), PlannedGpu("n2", 0)]
@@ -120,6 +121,14 @@ def test_missing_failed_short_and_unplanned() -> None:
     assert sorted((r.node, r.job_class) for r in check.unplanned) == [("n1", "Z"), ("n9", "A")]
 
 
+def test_fewer_runs_than_planned_is_incomplete() -> None:
+    records = [r for r in full({}) if not (r.key == ("n2", 0) and r.repeat == 1)]
+    check = check_campaign(PLAN, ["A", "B"], 2, records)
+    assert check.short == (("n2", 0, "A", 1), ("n2", 0, "B", 1))
+    assert not check.missing and not check.failures
+    assert not check.complete
+
+
 def test_rerun_record_replaces_the_failure() -> None:
     records = full({})
     failed = rec("n1", 0, "A", 1, None, finished_at=10.0, reason="Xid 79")
@@ -178,6 +187,10 @@ def test_task_progress_states() -> None:
         ("n2", 0, "pending", 0),
     ]
     assert tasks[2].slurm_reason == "ReqNodeNotAvail"
+    assert waiting_for_unavailable_nodes(tasks)
+    busy = {("n2", 0): ("PENDING", "Resources")}
+    assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, busy))
+    assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, {}))
     counts = progress_counts(tasks)
     assert (counts["done"], counts["failed"], counts["pending"]) == (1, 1, 1)
     tasks = task_progress(PLAN, ["A", "B"], 2, records, {}, submitted=[("n2", 0)])

@@ -354,6 +354,18 @@ def test_failed_task_drained_node_and_rerun_without_duplicates(
     assert len(results) == 24
 
 
+def test_wait_stops_when_only_drained_nodes_are_left(
+    run_cli: Callable, cluster: FakeCluster
+) -> None:
+    cluster.durations({"default": [1.0]})
+    cluster.drain("n2")
+    plan(run_cli, cluster, "w1", "n[1-2]", 1, 1)
+    result = run_cli("campaign", "submit", "w1", "--wait", "--poll", "0")
+    shown = text(result)
+    assert "stopped waiting" in shown and "node(s) n2" in shown and "--allow-missing" in shown
+    assert "1 done, 1 pending" in shown
+
+
 def test_unknown_campaign_and_missing_slurm(run_cli: Callable, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SLURM_PAL_CAMPAIGNS", str(tmp_path / "none"))
     result = run_cli("campaign", "collect", "nope", ok=False)

@@ -57,6 +57,7 @@ from slurm_pal.core.campaigns import (
     measurement_rows,
     progress_counts,
     task_progress,
+    waiting_for_unavailable_nodes,
 )
 
 app = typer.Typer(
@@ -288,6 +289,15 @@ def submit(
         tasks, problems = _progress(the_plan, directory, slurm)
         last = ""
         while wait and not dry_run and any(t.state in ("pending", "running") for t in tasks):
+            if waiting_for_unavailable_nodes(tasks):
+                nodes = sorted({t.node for t in tasks if t.state == "pending"})
+                err_console.print(
+                    f"stopped waiting: the queued tasks wait for unavailable node(s) "
+                    f"{', '.join(nodes)} (drained or down). Resume them, or collect the rest "
+                    f"with 'slurm-pal campaign collect {campaign} --allow-missing'",
+                    highlight=False,
+                )
+                break
             line = _counts_line(tasks)
             if line != last and not as_json:
                 console.print(f"{time.strftime('%H:%M:%S')} {line}")
@@ -453,7 +463,8 @@ def collect(
             )
         fail(
             f"campaign {campaign} is incomplete ({len(check.missing_gpus)} GPU(s) missing, "
-            f"{len(check.failures)} failed run(s), {len(problems)} bad record file(s)); "
+            f"{len(check.failures)} failed run(s), {len(check.short)} GPU/class(es) with fewer "
+            f"runs than planned, {len(problems)} bad record file(s)); "
             f"nothing was ingested. Fix the causes and rerun the tasks with 'slurm-pal "
             f"campaign submit {campaign}', or ingest what there is with --allow-missing",
             EXIT_FINDINGS,
@@ -527,7 +538,10 @@ def _print_check(check: CampaignCheck, problems: list[str]) -> None:
             )
         console.print(table)
     for node, index, classes_short in _short(check):
-        console.print(f"note: {node} GPU {index}: fewer runs than planned for {classes_short}")
+        console.print(
+            f"{node} GPU {index}: fewer runs than planned for {classes_short} (task cut short: "
+            "time limit, node lost?)"
+        )
     for node, index, uuids in check.uuid_conflicts:
         err_console.print(f"warning: {node} GPU {index} reported several UUIDs: {', '.join(uuids)}")
     for r in check.unplanned:

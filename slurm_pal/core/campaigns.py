@@ -232,8 +232,12 @@ class CampaignCheck:
 
     @property
     def complete(self) -> bool:
-        """Every planned GPU has a successful run of every class and nothing failed."""
-        return not (self.failures or self.missing or self.uuid_conflicts)
+        """Every planned run of every planned GPU succeeded (and each GPU has one UUID).
+
+        Fewer runs than planned (a task killed by its time limit or a lost node) is incomplete
+        too: ``campaign submit`` reruns such tasks.
+        """
+        return not (self.failures or self.missing or self.short or self.uuid_conflicts)
 
     @property
     def missing_gpus(self) -> tuple[GpuKey, ...]:
@@ -449,6 +453,20 @@ def task_progress(
             state = "not submitted"
         out.append(TaskProgress(gpu.node, gpu.gpu_index, state, n_ok, n_failed, reason))
     return out
+
+
+UNAVAILABLE_REASONS = ("ReqNodeNotAvail", "NodeDown", "PartitionDown", "PartitionInactive")
+
+
+def waiting_for_unavailable_nodes(tasks: Iterable[TaskProgress]) -> bool:
+    """True when nothing runs and every queued task waits for a node that is drained or down.
+
+    Waiting longer changes nothing then: an admin has to resume the nodes, or collect the rest.
+    """
+    queued = [t for t in tasks if t.state in ("pending", "running")]
+    return bool(queued) and all(
+        t.state == "pending" and t.slurm_reason.startswith(UNAVAILABLE_REASONS) for t in queued
+    )
 
 
 def progress_counts(tasks: Iterable[TaskProgress]) -> dict[str, int]:
