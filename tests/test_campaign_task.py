@@ -7,6 +7,7 @@ benchmarks are run too: without PyTorch or CuPy (as here) they must say so and e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -299,6 +300,24 @@ def test_benchmark_on_another_gpu_than_nvml_says_fails(
     assert proc.returncode == runner.EXIT_RUN_FAILED
     r = read_json(directory)["n1__gpu0__A__r0.json"]
     assert r["status"] == "failed" and "did not honour CUDA_VISIBLE_DEVICES" in r["reason"]
+
+
+def test_hung_benchmark_is_killed_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    bench, table = write_fakes(tmp_path / "fakes", {"default": [1.0], "n1-0-A": ""})
+    # A benchmark that hangs in a child process (as a training script's data loader might).
+    (table / "n1-0-A").write_text(f"sleep 60 &\necho $! > {pid_file}\nwait\n")
+    plan = dataclasses.replace(
+        fake_plan(bench, [PlannedGpu("n1", 0)], repeats=1), run_timeout_s=0.5
+    )
+    directory = create_campaign(tmp_path / "c", plan)
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, table))
+    assert proc.returncode == runner.EXIT_RUN_FAILED
+    records = read_json(directory)
+    assert records["n1__gpu0__A__r0.json"]["reason"] == "timed out after 0.5 s"
+    assert records["n1__gpu0__D__r0.json"]["status"] == "ok"
+    child = Path(f"/proc/{pid_file.read_text().strip()}/status")
+    assert not child.exists() or "State:\tZ" in child.read_text()  # killed (maybe unreaped)
 
 
 @pytest.mark.parametrize("name", ["gemm.py", "stream.py"])

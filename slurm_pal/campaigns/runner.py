@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -382,22 +383,7 @@ def _run_once(
 ) -> dict[str, Any]:
     started = time.time()
     with Sampler(telemetry, interval_s) as sampler:
-        try:
-            proc = subprocess.run(
-                command,
-                shell=True,
-                env=env,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout_s,
-            )
-            exit_code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-            timed_out = False
-        except subprocess.TimeoutExpired as exc:
-            exit_code, timed_out = None, True
-            stdout = _text(exc.stdout)
-            stderr = _text(exc.stderr)
+        exit_code, stdout, stderr, timed_out = _run_command(command, env, timeout_s)
     if not sampler.samples:
         sampler.samples.append(telemetry.sample())
     clock, temp, power = sampler.summary()
@@ -422,10 +408,31 @@ def _run_once(
     return record
 
 
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def _run_command(
+    command: str, env: dict[str, str], timeout_s: float
+) -> tuple[int | None, str, str, bool]:
+    """Run a shell command in its own process group; on timeout kill the whole group.
+
+    Killing only the shell would leave a hung benchmark on the GPU, spoiling the next run.
+    """
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stdout, stderr, False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return None, stdout, stderr, True
 
 
 def main(argv: list[str] | None = None) -> int:
