@@ -410,15 +410,17 @@ def collect(
         with st.store() as store:
             known = {c.id for c in store.campaigns()}
             if not (blocked and not allow_missing) and check.ok_runs:
-                previous = directory / COLLECTED_DIR / f"{target}.csv"
-                same = previous.is_file() and previous.read_text(encoding="utf-8") == (
-                    measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
-                )
+                csv_path = directory / COLLECTED_DIR / f"{target}.csv"
+                text = measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
+                same = csv_path.is_file() and csv_path.read_text(encoding="utf-8") == text
                 if target in known and same:
-                    console.print(
-                        f"campaign {target!r} is already in the store with exactly these "
-                        "records; nothing to do"
-                    )
+                    if as_json:
+                        print_json(check.to_dict() | {"campaign": campaign, "unchanged": True})
+                    else:
+                        console.print(
+                            f"campaign {target!r} is already in the store with exactly these "
+                            "records; nothing to do"
+                        )
                     raise typer.Exit(0)
                 if target in known:
                     n = 2
@@ -430,9 +432,7 @@ def collect(
                         f"new version: slurm-pal campaign collect {campaign} "
                         f"--as {the_plan.campaign}-v{n}"
                     )
-                csv_path = directory / COLLECTED_DIR / f"{target}.csv"
                 csv_path.parent.mkdir(parents=True, exist_ok=True)
-                text = measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
                 csv_path.write_text(text, encoding="utf-8")
                 file = read_campaign_csv(csv_path, gpu_model=the_plan.gpu_model)
                 active_before = store.active_campaign_id()
