@@ -129,7 +129,7 @@ def slurm_env(node: str, task: int, gpus: int, table: Path, **extra: str) -> dic
 
 
 def run_runner(
-    directory: Path, node: str, gpu: int, env: dict[str, str]
+    directory: Path, node: str, gpu: int, env: dict[str, str], *extra: str
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
@@ -141,6 +141,7 @@ def run_runner(
             node,
             "--gpu",
             str(gpu),
+            *extra,
         ],
         env=env,
         capture_output=True,
@@ -235,6 +236,19 @@ def test_wrong_allocation_fails_every_run(
     records = read_json(directory)
     assert len(records) == 4
     assert all(r["status"] == "failed" and message in r["reason"] for r in records.values())
+
+
+def test_manual_run_outside_slurm(campaign: tuple[Path, Path]) -> None:
+    directory, table = campaign
+    env = slurm_env("n1", 0, 2, table)
+    for key in [k for k in env if k.startswith(("SLURM", "CUDA"))]:
+        del env[key]
+    assert run_runner(directory, "n1", 0, env).returncode == runner.EXIT_WRONG_ALLOCATION
+    proc = run_runner(directory, "n1", 0, env, "--no-slurm-check")
+    assert proc.returncode == 0, proc.stderr
+    records = read_json(directory)
+    assert all(r["status"] == "ok" for r in records.values()) and len(records) == 4
+    assert records["n1__gpu0__A__r0.json"]["cuda_visible_devices"] == "0"
 
 
 def test_gpu_outside_the_plan_is_refused(campaign: tuple[Path, Path]) -> None:

@@ -366,6 +366,47 @@ def test_wait_stops_when_only_drained_nodes_are_left(
     assert "1 done, 1 pending" in shown
 
 
+def test_bad_record_files_block_collect_and_are_named(
+    run_cli: Callable, cluster: FakeCluster
+) -> None:
+    cluster.durations({"default": [1.0]})
+    plan(run_cli, cluster, "b1", "n[1-3]", 1, 1)
+    run_cli("campaign", "submit", "b1")
+    results = Path(os.environ["SLURM_PAL_CAMPAIGNS"]) / "b1" / "results"
+    (results / "n2__gpu0__A__r0.json").write_text("{half a rec")
+    other = json.loads((results / "n3__gpu0__D__r0.json").read_text()) | {"campaign": "zz"}
+    (results / "n3__gpu0__D__r0.json").write_text(json.dumps(other))
+    result = run_cli("campaign", "collect", "b1", "--json", ok=False)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["missing_gpus"] == ["n2:0", "n3:0"]
+    assert [p.split(":")[0] for p in report["record_problems"]] == [
+        "n2__gpu0__A__r0.json",
+        "n3__gpu0__D__r0.json",
+    ]
+    assert "unreadable" in report["record_problems"][0]
+    assert "belongs to campaign 'zz'" in report["record_problems"][1]
+    assert "2 GPU(s) missing" in text(result)
+    out = run_cli("campaign", "collect", "b1", "--allow-missing")
+    assert "ingested 4 runs" in text(out)  # n1: A+D, n2: D, n3: A
+    status = text(run_cli("campaign", "status", "b1"))
+    assert "1 done, 2 incomplete" in status
+
+
+def test_plan_exclude_leaves_nodes_out(run_cli: Callable, tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    out = run_cli("campaign", "plan", "--id", "e1", "--nodes", "n[1-4]", "--gpus-per-node", "1",
+                  "--exclude", "n[2-3]", "--root", root, "--json")  # fmt: skip
+    assert [g["node"] for g in as_json(out)["plan"]["gpus"]] == ["n1", "n4"]
+    assert sorted(p.name for p in (root / "e1" / "sbatch").iterdir()) == [
+        "n1.sbatch",
+        "n4.sbatch",
+    ]
+    result = run_cli("campaign", "plan", "--id", "e2", "--nodes", "n1", "--gpus-per-node", "1",
+                     "--exclude", "n1", "--root", root, ok=False)  # fmt: skip
+    assert result.exit_code == 2 and "leaves no node" in result.output
+
+
 def test_unknown_campaign_and_missing_slurm(run_cli: Callable, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SLURM_PAL_CAMPAIGNS", str(tmp_path / "none"))
     result = run_cli("campaign", "collect", "nope", ok=False)

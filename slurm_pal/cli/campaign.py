@@ -59,6 +59,7 @@ from slurm_pal.core.campaigns import (
     task_progress,
     waiting_for_unavailable_nodes,
 )
+from slurm_pal.core.hostlist import expand as expand_hostlist
 
 app = typer.Typer(
     help="Profiling campaigns through Slurm: plan, submit, collect, diff, activate.",
@@ -104,6 +105,9 @@ def plan(
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="GPUs per node (device minors 0..N-1 are measured)."
     ),
+    exclude: str | None = typer.Option(
+        None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
+    ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition."),
     classes: str | None = typer.Option(
         None, "--classes", help="Comma-separated job classes (default: all site classes)."
@@ -144,6 +148,11 @@ def plan(
                 "from Slurm comes with the Slurm state adapter)"
             )
         gpus = gpus_from_hostlist(nodes, gpus_per_node)
+        if exclude:
+            skip = set(expand_hostlist(exclude))
+            gpus = [g for g in gpus if g.node not in skip]
+            if not gpus:
+                fail(f"--exclude {exclude} leaves no node of --nodes {nodes} to measure")
         names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
         unknown = [c for c in names if c not in cfg.classes.names]
         if unknown or not names or "" in names:
