@@ -416,3 +416,18 @@ def test_unknown_campaign_and_missing_slurm(run_cli: Callable, tmp_path: Path, m
     assert result.exit_code == 2 and "not found" in result.output
     dry = as_json(run_cli("campaign", "submit", "s1", "--dry-run", "--json"))
     assert dry["submitted"] == [{"node": "n1", "job_id": "-", "gpus": [0]}]
+
+
+def test_status_without_squeue_warns_but_submit_refuses(
+    run_cli: Callable, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    cluster.durations({"default": [1.0]})
+    cluster.drain("n1")
+    plan(run_cli, cluster, "q1", "n1", 1, 1)
+    run_cli("campaign", "submit", "q1")
+    missing = str(tmp_path / "no-squeue")
+    status = run_cli("campaign", "status", "q1", "--squeue", missing)
+    assert "Slurm queue unknown" in text(status) and "1 incomplete" in text(status)
+    result = run_cli("campaign", "submit", "q1", "--squeue", missing, ok=False)
+    assert result.exit_code == 2 and "not found" in result.output
+    assert len(cluster.calls()) == 1  # the queued task was not submitted twice

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -214,19 +215,33 @@ def plan(
 
 
 def _progress(
-    the_plan: CampaignPlan, directory: Path, slurm: CampaignSlurm | None
+    the_plan: CampaignPlan, directory: Path, slurm: CampaignSlurm, *, need_queue: bool = True
 ) -> tuple[list[TaskProgress], list[str]]:
-    """Every task's state: Slurm's queue first, then the records."""
+    """Every task's state: Slurm's queue first, then the records.
+
+    Without ``need_queue`` a failing squeue only costs the queued states (a warning), so
+    ``status`` works where Slurm is not reachable; ``submit`` must know the queue, or it
+    would submit queued tasks twice.
+    """
     submissions = read_submissions(directory)
     queued: dict[GpuKey, tuple[str, str]] = {}
-    if slurm is not None and submissions:
+    problems: list[str] = []
+    if submissions:
         by_job = {s.job_id: s.node for s in submissions}
         names = [job_name(the_plan.campaign, node) for node in {s.node for s in submissions}]
-        for task, value in slurm.queued(names).items():
+        try:
+            in_queue = dict(slurm.queued(names))
+        except SlurmError as exc:
+            if need_queue:
+                raise
+            in_queue = {}
+            problems.append(f"Slurm queue unknown, states come from the records only: {exc}")
+        for task, value in in_queue.items():
             job, _, index = task.partition("_")
             if job in by_job and index.isdigit():
                 queued[(by_job[job], int(index))] = value
-    records, problems = read_records(directory, the_plan.campaign)
+    records, record_problems = read_records(directory, the_plan.campaign)
+    problems += record_problems
     sent = {(s.node, g) for s in submissions for g in s.gpus}
     tasks = task_progress(the_plan.gpus, the_plan.classes, the_plan.repeats, records, queued, sent)
     return tasks, problems
@@ -292,7 +307,9 @@ def submit(
             if not dry_run:
                 add_submission(
                     directory,
-                    Submission(node, job_id, tuple(gpus), time.strftime("%Y-%m-%dT%H:%M:%S")),
+                    Submission(
+                        node, job_id, tuple(gpus), datetime.now(UTC).isoformat(timespec="seconds")
+                    ),
                 )
             submitted.append({"node": node, "job_id": job_id, "gpus": gpus})
         tasks, problems = _progress(the_plan, directory, slurm)
@@ -360,7 +377,9 @@ def status(
     st = state(ctx)
     with _errors():
         the_plan, directory = load_plan(_root(st, root), campaign)
-        tasks, problems = _progress(the_plan, directory, SlurmCommands(squeue=squeue))
+        tasks, problems = _progress(
+            the_plan, directory, SlurmCommands(squeue=squeue), need_queue=False
+        )
     if as_json:
         print_json(
             {
