@@ -51,6 +51,20 @@ def test_a_job_inside_one_node_pays_no_locality_penalty() -> None:
     gpus = uniform_gpus(["A"], 2, 2)
     result = simulate([job(0, 0.0, 2, 100.0)], gpus, SimConfig(placement="packed-sticky"))
     assert outcome(result, "0").end == pytest.approx(100.0)
+    assert outcome(result, "0").max_nodes == 1 and result.summary()["spread_jobs"] == 0
+
+
+def test_fragmentation_spreads_a_job_that_fits_in_a_node() -> None:
+    # 2 nodes x 2 GPUs in Slurm mode: two 1-GPU jobs land on different nodes when PM-First
+    # follows the scores (node 0's GPU 1 and node 1's GPU 2 are the fast ones), so the 2-GPU
+    # job that comes next must span nodes; packed placement fills node 0 first and keeps node 1.
+    scores = {"A": np.array([1.2, 1.0, 1.0, 1.2])}
+    gpus = SimGpus(2, 2, scores, scores)
+    trace = [job(0, 0.0, 1, 1000.0), job(1, 0.0, 1, 1000.0), job(2, 1.0, 2, 100.0)]
+    scattered = simulate(trace, gpus, SimConfig(placement="pm-first", mode="slurm"))
+    packed = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
+    assert outcome(scattered, "2").max_nodes == 2 and scattered.summary()["spread_jobs"] == 1
+    assert outcome(packed, "2").max_nodes == 1 and packed.summary()["spread_jobs"] == 0
 
 
 @pytest.mark.parametrize("mode", ["rounds", "slurm"])

@@ -148,6 +148,7 @@ class _Job:
         "alloc",
         "attained",
         "end",
+        "max_nodes",
         "migrations",
         "order",
         "preemptions",
@@ -170,6 +171,7 @@ class _Job:
         self.attained = 0.0
         self.preemptions = 0
         self.migrations = 0
+        self.max_nodes = 0
 
 
 class _Simulation:
@@ -217,6 +219,9 @@ class _Simulation:
     # --- shared steps --------------------------------------------------------------------------
 
     def _rate(self, job: _Job, alloc: Allocation) -> float:
+        """Progress rate on ``alloc`` (called for every new allocation, so it also records the
+        widest spread the job ran at)."""
+        job.max_nodes = max(job.max_nodes, len(alloc.node_names))
         values = self.truth_lists[job.spec.job_class]
         worst = max([values[gpu] for gpu in alloc.gpu_ids])
         penalty = alloc.penalty
@@ -260,6 +265,7 @@ class _Simulation:
                 tracked=job.spec.tracked,
                 preemptions=job.preemptions,
                 migrations=job.migrations,
+                max_nodes=job.max_nodes,
             )
             for job in self.jobs
         ]
@@ -268,6 +274,7 @@ class _Simulation:
             scheduler=self.config.scheduler,
             mode=self.config.mode,
             n_gpus=self.cluster.n_gpus,
+            gpus_per_node=self.cluster.max_gpus_per_node,
             jobs=tuple(outcomes),
             timeline=tuple(self.timeline),
             unplaceable=tuple(self.unplaceable),

@@ -10,6 +10,8 @@ Definitions (PAL's artifact where it has one, ``blox_manager.update_metrics``):
 - ``utilization`` = GPU-seconds in use / (GPUs x makespan window), from the GPUs-in-use curve;
 - ``preemptions`` (a running job stopped without being placed again) and ``migrations`` (a
   running job moved to other GPUs between rounds), over all jobs;
+- ``spread_jobs``: tracked jobs that fit in one node but ran across nodes at some point (they
+  paid the locality penalty for nothing but a placement choice or fragmentation);
 - per-class and per-size (GPU count buckets) averages.
 """
 
@@ -41,7 +43,8 @@ def size_bucket(gpus: int) -> str:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """One job's fate. ``start``/``end`` are None when it never started/finished."""
+    """One job's fate. ``start``/``end`` are None when it never started/finished;
+    ``max_nodes`` is the widest node count it ran on."""
 
     job_id: str
     job_class: str
@@ -53,6 +56,7 @@ class JobOutcome:
     tracked: bool
     preemptions: int
     migrations: int
+    max_nodes: int = 0
 
     @property
     def jct(self) -> float | None:
@@ -85,6 +89,7 @@ class SimResult:
     jobs: tuple[JobOutcome, ...]
     timeline: tuple[tuple[float, int], ...]
     unplaceable: tuple[str, ...] = ()
+    gpus_per_node: int = 0
 
     def tracked(self) -> list[JobOutcome]:
         return [job for job in self.jobs if job.tracked]
@@ -137,6 +142,9 @@ class SimResult:
             "utilization": utilization,
             "preemptions": sum(job.preemptions for job in self.jobs),
             "migrations": sum(job.migrations for job in self.jobs),
+            "spread_jobs": sum(
+                1 for job in tracked if job.gpus <= self.gpus_per_node and job.max_nodes > 1
+            ),
             "unplaceable": list(self.unplaceable),
             "per_class": {
                 name: self._group([job for job in tracked if job.job_class == name])
