@@ -291,3 +291,18 @@ def test_advised_class_places_by_another_class_but_runs_at_the_true_one() -> Non
     assert outcome(own, "0").end == pytest.approx(100.0)
     assert outcome(merged, "0").end == pytest.approx(200.0)
     assert merged.jobs[0].job_class == "B"
+
+
+def test_unidentified_jobs_are_placed_as_the_default_class() -> None:
+    # Same GPUs as above: the job truly is class B; unidentified, it is placed as class A.
+    scores = {"A": np.array([2.0, 1.0]), "B": np.array([1.0, 2.0])}
+    gpus = SimGpus(1, 2, scores, scores)
+    hidden = [SimJob("0", 0.0, 1, 100.0, "B", known=False)]
+    as_a = simulate(hidden, gpus, SimConfig(placement="pm-first", default_class="A"))
+    as_b = simulate(hidden, gpus, SimConfig(placement="pm-first", default_class="B"))
+    own = simulate(hidden, gpus, SimConfig(placement="pm-first"))
+    assert [outcome(r, "0").end for r in (as_a, as_b, own)] == pytest.approx([200.0, 100.0, 100.0])
+    known = [SimJob("0", 0.0, 1, 100.0, "B")]
+    assert outcome(simulate(known, gpus, SimConfig("pm-first", default_class="A")), "0").end == (
+        pytest.approx(100.0)
+    )

@@ -62,3 +62,32 @@ def test_tune_table(run_cli: Callable[..., object]) -> None:
         "1",
     )
     assert "recommended: placement pal" in result.output
+
+
+def test_tune_sweeps_the_default_class_of_unidentified_jobs(
+    run_cli: Callable[..., object],
+) -> None:
+    result = run_cli(
+        "tune",
+        "--poisson",
+        "20",
+        "--load",
+        "30",
+        "--cluster",
+        "2x4",
+        "--penalties",
+        "1.7",
+        "--placement",
+        "pal",
+        "--default-classes",
+        "A,D",
+        "--unknown-share",
+        "0.5",
+        "--workers",
+        "1",
+        "--json",
+    )
+    report = json.loads(result.output)
+    assert sorted(c["default_class"] for c in report["candidates"]) == ["A", "D"]
+    bad = run_cli("tune", "--poisson", "5", "--default-classes", "Z", ok=False)
+    assert bad.exit_code == 2 and "unknown default class" in bad.output

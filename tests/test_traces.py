@@ -47,6 +47,9 @@ def test_sia_tables_are_configurable(tmp_path: Path) -> None:
         path, iteration_time={"yolo": 2.0}, model_class={"yolo": "D"}, track=(1, 5)
     )
     assert (jobs[0].work, jobs[0].job_class, jobs[0].tracked) == (20.0, "D", False)
+    assert jobs[0].known
+    guessed = read_sia_trace(path, default_iteration_time=1.0, default_class="B")
+    assert (guessed[0].job_class, guessed[0].known) == ("B", False)
 
 
 def test_sia_missing_column(tmp_path: Path) -> None:
@@ -87,6 +90,7 @@ def test_sacct_history(tmp_path: Path) -> None:
         "A",
     )
     assert resnet.user == "alice" and resnet.name == "resnet"
+    assert resnet.known and not bert.known  # bert's class is the reader's default
     assert read_trace(path)[0].job_id == "102"  # detected by the '|' header
 
 

@@ -97,6 +97,7 @@ def read_sia_trace(
         except ValueError as exc:
             raise TraceFormatError(path, f"bad number: {exc}", line) from None
         tracked = track is None or track[0] <= job_number <= track[1]
+        known = model.lower() in {name.lower() for name in model_class}
         try:
             jobs.append(
                 SimJob(
@@ -107,6 +108,7 @@ def read_sia_trace(
                     job_class=pal_job_class(model, model_class, default_class),
                     model=model,
                     tracked=tracked,
+                    known=known,
                 )
             )
         except ValueError as exc:
@@ -213,6 +215,7 @@ def read_sacct(
             model=name,
             user=user,
             name=name,
+            known=lookup(name, user) is not None,
         )
         for job_id, submit, gpus, work, name, user in raw
     ]

@@ -1,5 +1,5 @@
-"""`slurm-pal tune`: pick the advisor's locality penalty (and class count) for a site by
-replaying its trace through the simulator.
+"""`slurm-pal tune`: pick the advisor's locality penalty (and class count, default class) for a
+site by replaying its trace through the simulator.
 
 The site has one true cost of spanning nodes (``--site-penalty``, measured the way the paper
 does: a 2-node run's iteration time over a 1-node run's). PAL's L x V matrix uses a penalty too:
@@ -7,13 +7,18 @@ the advisor's knob. Each candidate (placement, advisor penalty, number of classe
 same trace on the same simulated GPUs, jobs always paying the site's penalty; Packed-Sticky
 (what Slurm does without the advisor, roughly) is the baseline. Fewer classes merge the least
 variability-sensitive ones into the last kept class (placed by its scores, run at their own).
+The default class is what the advisor gives jobs it cannot identify (trace jobs with no class
+mapping, plus ``--unknown-share`` of the others, drawn with the seed); they still run at their
+true class's slowdowns.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich import box
 from rich.table import Table
@@ -74,6 +79,16 @@ def tune(
     class_counts: str = typer.Option(
         "", "--class-counts", help="Numbers of classes to try, e.g. 4,3,2 (default: all)."
     ),
+    default_classes: str = typer.Option(
+        "",
+        "--default-classes",
+        help="Default classes to try for jobs the advisor cannot identify, e.g. A,D.",
+    ),
+    unknown_share: float = typer.Option(
+        0.0,
+        "--unknown-share",
+        help="Treat this seeded share of identified jobs as unidentified too (0-1).",
+    ),
     placement: str = typer.Option("pal,pm-first", "--placement", help="Policies to tune."),
     mode: str = typer.Option("slurm", "--mode", help="slurm (production-like) or rounds."),
     scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las or srtf."),
@@ -117,6 +132,14 @@ def tune(
         )
         if any(not 1 <= k <= len(order) for k in counts):
             fail(f"class counts must be within 1..{len(order)}")
+        defaults: list[str | None] = [None]
+        if default_classes:
+            defaults = [name.strip() for name in default_classes.split(",") if name.strip()]
+            unknown_names = [name for name in defaults if name not in order]
+            if unknown_names:
+                fail(f"unknown default class(es) {', '.join(map(str, unknown_names))}")
+        if not 0.0 <= unknown_share <= 1.0:
+            fail("--unknown-share must be within 0..1")
         jobs = load_jobs(
             trace,
             trace_format,
@@ -128,6 +151,15 @@ def tune(
             default_class,
             order,
         )
+        if unknown_share > 0:
+            rng = np.random.default_rng(seed if seed is not None else 0)
+            hidden = rng.random(len(jobs)) < unknown_share
+            jobs = [replace(j, known=False) if h else j for j, h in zip(jobs, hidden, strict=True)]
+        if default_classes and all(job.known for job in jobs):
+            console.print(
+                "[yellow]every job's class is known: --default-classes changes nothing "
+                "(see --unknown-share)[/]"
+            )
         common = {
             "scheduler": scheduler_name,
             "mode": mode,
@@ -138,9 +170,10 @@ def tune(
         }
         try:
             candidates = [
-                (policy, penalty, k)
+                (policy, penalty, k, default)
                 for policy in policies
                 for k in counts
+                for default in defaults
                 for penalty in advisor_penalties
             ]
             configs = [
@@ -150,9 +183,10 @@ def tune(
                         placement=policy,
                         locality_penalty=penalty,
                         advised_classes=merged_classes(order, k),
+                        default_class=default,
                         **common,
                     )
-                    for policy, penalty, k in candidates
+                    for policy, penalty, k, default in candidates
                 ),
             ]
             results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
@@ -160,13 +194,14 @@ def tune(
             fail(str(exc).replace("[", "\\["))
     baseline = results[0].summary()
     rows = []
-    for (policy, penalty, k), result in zip(candidates, results[1:], strict=True):
+    for (policy, penalty, k, default), result in zip(candidates, results[1:], strict=True):
         summary = result.summary()
         rows.append(
             {
                 "placement": policy,
                 "advisor_penalty": penalty,
                 "classes": k,
+                "default_class": default,
                 "avg_jct": summary["avg_jct"],
                 "p99_jct": summary["p99_jct"],
                 "avg_wait": summary["avg_wait"],
@@ -202,13 +237,15 @@ def tune(
         f"{site_penalty:g}; baseline {BASELINE} avg JCT {hours(baseline['avg_jct'])} h",
         box=box.SIMPLE_HEAD,
     )
-    for column in ("placement", "L (advisor)", "classes", "JCT h", "gain", "p99 h", "wait h"):
+    columns = ("placement", "L (advisor)", "classes", "default", "JCT h", "gain", "p99 h", "wait h")
+    for column in columns:
         table.add_column(column, justify="left" if column == "placement" else "right")
     for row in rows:
         table.add_row(
             row["placement"],
             f"{row['advisor_penalty']:g}",
             str(row["classes"]),
+            row["default_class"] or "-",
             hours(row["avg_jct"]),
             f"{row['gain_vs_baseline']:+.1%}",
             hours(row["p99_jct"]),
@@ -223,7 +260,9 @@ def tune(
         )
     console.print(
         f"recommended: placement {best['placement']}, locality penalty "
-        f"{best['advisor_penalty']:g}, {best['classes']} classes "
+        f"{best['advisor_penalty']:g}, {best['classes']} classes"
+        + (f", default class {best['default_class']}" if best["default_class"] else "")
+        + " "
         f"({best['gain_vs_baseline']:+.1%} average JCT vs {BASELINE})"
     )
     if default is not None and default is not best:

@@ -60,7 +60,9 @@ that Synergy samples from is not available here."""
 @dataclass(frozen=True, slots=True)
 class SimJob:
     """One job of a trace. ``work`` is seconds on median GPUs within one node (> 0);
-    ``tracked`` jobs count in the metrics (PAL tracks a window of job ids)."""
+    ``tracked`` jobs count in the metrics (PAL tracks a window of job ids). ``known`` is False
+    when nothing identified the job's class (the trace reader's default class was used): the
+    advisor then places it as the site's default class, whatever its true class."""
 
     job_id: str
     submit_time: float
@@ -71,6 +73,7 @@ class SimJob:
     user: str = ""
     name: str = ""
     tracked: bool = True
+    known: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:

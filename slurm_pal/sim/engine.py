@@ -99,7 +99,8 @@ class SimConfig:
     the true slowdown of a job spanning nodes (default: ``locality_penalty``, which is then
     only what PAL's L x V matrix assumes); ``advised_classes`` maps a job's true class to the
     class the advisor places it as (fewer classes: merged ones), progress still uses the true
-    class's slowdowns."""
+    class's slowdowns; ``default_class`` is the class the advisor gives jobs it could not
+    identify (``SimJob.known`` False; None: their trace class)."""
 
     placement: str = "pal"
     scheduler: str = "fifo"
@@ -113,6 +114,7 @@ class SimConfig:
     topology: Topology | None = None
     site_locality_penalty: float | None = None
     advised_classes: tuple[tuple[str, str], ...] = ()
+    default_class: str | None = None
     max_time: float = 10 * 365 * 86400.0
 
     def __post_init__(self) -> None:
@@ -188,6 +190,8 @@ class _Simulation:
         params = {"seed": config.seed} if config.policy_name == "random" else {}
         self.policy: PlacementPolicy = get_policy(config.policy_name, **params)
         advised_targets = {target for _, target in config.advised_classes}
+        if config.default_class is not None:
+            advised_targets.add(config.default_class)
         unknown = sorted(
             ({j.job_class for j in jobs} | advised_targets) - set(self.cluster.classes)
         )
@@ -200,10 +204,14 @@ class _Simulation:
         ordered = sorted(enumerate(jobs), key=lambda pair: (pair[1].submit_time, pair[0]))
         self.unplaceable = [job.job_id for _, job in ordered if job.gpus > n_gpus]
         advised = dict(config.advised_classes)
+        default = config.default_class
+
+        def advised_class(job: SimJob) -> str:
+            believed = job.job_class if job.known or default is None else default
+            return advised.get(believed, believed)
+
         self.jobs = [
-            _Job(job, order, advised.get(job.job_class, job.job_class))
-            for order, job in ordered
-            if job.gpus <= n_gpus
+            _Job(job, order, advised_class(job)) for order, job in ordered if job.gpus <= n_gpus
         ]
         self.site_penalty = config.site_locality_penalty
         self.by_id = {job.request.job_id: job for job in self.jobs}
