@@ -94,6 +94,19 @@ def test_sacct_history(tmp_path: Path) -> None:
     assert read_trace(path)[0].job_id == "102"  # detected by the '|' header
 
 
+def test_sacct_multi_node_history_already_paid_the_penalty(tmp_path: Path) -> None:
+    text = (
+        "JobID|Submit|Start|End|AllocTRES|NNodes|JobName|User\n"
+        "7|2024-03-01T00:00:00|2024-03-01T00:00:00|2024-03-01T01:42:00|gres/gpu=8|2|big|bob\n"
+        "8|2024-03-01T00:00:00|2024-03-01T00:00:00|2024-03-01T01:42:00|gres/gpu=4|1|one|bob\n"
+    )
+    path = write(tmp_path, "sacct.txt", text)
+    big, one = read_sacct(path, spanned_penalty=1.7)
+    assert big.work == pytest.approx(6120 / 1.7) and one.work == pytest.approx(6120)
+    with pytest.raises(ValueError, match="spanned_penalty"):
+        read_sacct(path, spanned_penalty=0.5)
+
+
 def test_sacct_class_function_and_errors(tmp_path: Path) -> None:
     path = write(tmp_path, "sacct.txt", SACCT)
     jobs = read_sacct(path, class_of=lambda name, user: "B" if user == "bob" else None)

@@ -7,9 +7,11 @@ class. Both tables are parameters, with PAL's as defaults (``slurm_pal.core.work
 sacct: ``sacct --allocations --parsable2 --format=JobID,Submit,Start,End,AllocTRES,NNodes,
 JobName,User`` (``ReqTRES``, ``AllocGRES`` or ``ReqGRES`` also work for the GPU count). A job's
 work is its observed run time ``End - Start``: what it took on the GPUs it got, the best
-estimate of its median-GPU run time a history can give. Job steps (``123.batch``), jobs without
-GPUs and jobs that never started or have not ended are left out; submit times are made
-relative to the first submission.
+estimate of its median-GPU run time a history can give; a job that ran on several nodes
+(``NNodes`` > 1) already paid the site's locality penalty, so its time is divided by
+``spanned_penalty`` (the simulator charges it again when it spans nodes). Job steps
+(``123.batch``), jobs without GPUs and jobs that never started or have not ended are left out;
+submit times are made relative to the first submission.
 
 Errors name the file and the line.
 """
@@ -143,6 +145,7 @@ def read_sacct(
     *,
     default_class: str = PAL_DEFAULT_CLASS,
     class_of: Callable[[str, str], str | None] | Mapping[str, str] | None = None,
+    spanned_penalty: float = 1.0,
 ) -> list[SimJob]:
     """Read ``sacct --parsable2`` output (header line, ``|``-separated) into jobs.
 
@@ -181,6 +184,8 @@ def read_sacct(
         index = column.get(name)
         return values[index].strip() if index is not None and index < len(values) else ""
 
+    if not spanned_penalty >= 1.0:
+        raise ValueError(f"spanned_penalty must be >= 1.0, got {spanned_penalty}")
     raw: list[tuple[str, float, int, float, str, str]] = []
     for line_number, line in enumerate(lines[1:], start=2):
         values = line.split("|")
@@ -201,7 +206,12 @@ def read_sacct(
         if submit is None or start is None or end is None or end <= start:
             continue  # never ran, still running, or ran for no time: nothing to replay
         name, user = field(values, "JobName"), field(values, "User")
-        raw.append((job_id, submit, gpus, end - start, name, user))
+        try:
+            nodes = int(field(values, "NNodes") or 1)
+        except ValueError:
+            nodes = 1
+        work = (end - start) / (spanned_penalty if nodes > 1 else 1.0)
+        raw.append((job_id, submit, gpus, work, name, user))
     if not raw:
         raise TraceFormatError(path, "no finished GPU jobs in the sacct output")
     first = min(submit for _, submit, *_ in raw)

@@ -69,8 +69,10 @@ def load_jobs(
     iteration_times: dict[str, float],
     default_class: str,
     classes: Sequence[str],
+    spanned_penalty: float = 1.0,
 ) -> list[SimJob]:
-    """The trace file, or a Poisson trace when ``poisson`` > 0."""
+    """The trace file, or a Poisson trace when ``poisson`` > 0. ``spanned_penalty``: the
+    site's penalty already in the run times of multi-node jobs of a sacct history."""
     if poisson > 0:
         return poisson_workload(poisson, load, seed=seed, classes=tuple(classes))
     if trace is None:
@@ -92,7 +94,11 @@ def load_jobs(
             "default_class": default_class,
         }
     else:
-        options = {"class_of": class_map, "default_class": default_class}
+        options = {
+            "class_of": class_map,
+            "default_class": default_class,
+            "spanned_penalty": spanned_penalty,
+        }
     try:
         return read_trace(trace, fmt, **options)
     except (TraceFormatError, ValueError) as exc:
@@ -291,6 +297,7 @@ def run(
             times,
             default_class,
             gpus.classes,
+            spanned_penalty=locality_penalty,
         )
         try:
             configs = [

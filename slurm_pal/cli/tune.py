@@ -150,6 +150,7 @@ def tune(
             {},
             default_class,
             order,
+            spanned_penalty=site_penalty,
         )
         if unknown_share > 0:
             rng = np.random.default_rng(seed if seed is not None else 0)
