@@ -259,14 +259,17 @@ def test_every_placement_finishes_every_job_and_never_overbooks() -> None:
 
 
 @pytest.mark.parametrize("placement", ["pal", "pm-first", "packed-nonsticky"])
-def test_replaying_an_unchanged_plan_changes_nothing(placement: str) -> None:
-    # The engine skips re-planning a non-sticky round whose queue starts with last round's plan;
-    # the outcome must equal re-planning every round.
+@pytest.mark.parametrize("scheduler", ["fifo", "las", "srtf"])
+def test_reusing_the_repeated_part_of_last_plan_changes_nothing(
+    placement: str, scheduler: str
+) -> None:
+    # The engine skips asking the policy again for the prefix of the queue that repeats last
+    # round's plan; the outcome must equal re-placing every job every round.
     from slurm_pal.sim.engine import _Simulation
 
-    trace = poisson_workload(50, 30.0, seed=11, classes=("A", "B"), median_work_s=1500)
+    trace = poisson_workload(30, 30.0, seed=11, classes=("A", "B"), median_work_s=1200)
     gpus = random_cluster(4)
-    config = SimConfig(placement=placement, round_seconds=300)
+    config = SimConfig(placement=placement, scheduler=scheduler, round_seconds=300)
     full = _Simulation(trace, gpus, config)
     full.replayable = False
     assert full.run_rounds().summary() == simulate(trace, gpus, config).summary()

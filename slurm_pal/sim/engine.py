@@ -333,34 +333,44 @@ class _Simulation:
         return self.result()
 
     def _round_nonsticky(self, order: list[_Job], now: float) -> None:
-        requests = [job.request for job in order]
+        # Everything is released before re-planning, so the plan is plan_round's over the queue
+        # cut and sorted by PAL's rule on an empty cluster.
+        planned = placement_order(
+            [job.request for job in order], self.cluster.n_gpus, self.cut_order
+        )
+        keep = 0
         if self.replayable:
-            # Everything is released before re-planning, so a deterministic policy facing the
-            # same ordered queue makes the same decisions. When last round's plan (up to the job
-            # it stopped at) is a prefix of this round's order, nothing can change: skip.
-            ids = [r.job_id for r in placement_order(requests, self.cluster.n_gpus, self.cut_order)]
+            # A deterministic policy repeats its decisions for a repeated prefix of that queue:
+            # jobs in the prefix last round's plan shares with this one keep their GPUs without
+            # asking the policy again (same results as re-placing them, tested), and when the
+            # whole last plan (up to the job it stopped at) repeats, nothing changes at all.
+            ids = [request.job_id for request in planned]
             last, stopped = self.last_plan
             if last and (ids[: len(last)] == last if stopped else ids == last):
                 return
+            limit = min(len(ids), len(last) - (1 if stopped else 0))
+            while keep < limit and ids[keep] == last[keep]:
+                keep += 1
+        kept = {request.job_id for request in planned[:keep]}
         previous: dict[str, Allocation] = {}
         held: list[int] = []
         for job in order:
-            if job.alloc is not None:
+            if job.alloc is not None and job.request.job_id not in kept:
                 previous[job.request.job_id] = job.alloc
                 held.extend(job.alloc.gpu_ids)
                 job.alloc = None
         if held:
-            self.cluster.release(held)  # one update for every running job
+            self.cluster.release(held)  # one update for every job to re-place
         results = plan_round(
-            requests,
+            planned[keep:],
             self.cluster,
             self.policy,
             on_misfit="stop",
-            class_order=self.cut_order,
+            class_order=(),  # already cut and sorted above
             in_place=True,  # the cluster ends the round with every allocation applied
         )
         if self.replayable:
-            considered: list[str] = []
+            considered = [request.job_id for request in planned[:keep]]
             stopped = False
             for result in results:
                 considered.append(result.request.job_id)
