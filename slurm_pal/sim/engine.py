@@ -36,6 +36,10 @@ Round mode (PAL / Blox, ``blox_new_flow_multi_run.py``): at each boundary ``t = 
 
 5. GPUs in use are sampled for the utilization curve.
 
+Non-sticky rounds ask the policy again only for the part of the queue that changed: the
+decisions for a prefix that repeats last round's plan are repeated (the policies are
+deterministic and start from an empty cluster each round), except for Random.
+
 Slurm mode (what production will see): event-driven, non-preemptive. At every arrival or
 completion the advisor re-plans the pending jobs in scheduler order through
 :func:`placement_order` (PAL's cut and class sort) and the policy; a job starts the moment it is
