@@ -33,7 +33,7 @@ def test_documented_example_equals_the_defaults() -> None:
 
 def test_every_default_knob_is_documented_in_the_example() -> None:
     text = (REPO / "site-config" / "slurm-pal.toml").read_text()
-    for section in ("store", "classes", "binning", "locality", "profiling"):
+    for section in ("store", "classes", "binning", "locality", "profiling", "advisor", "hooks"):
         assert f"[{section}]" in text
         for f in dataclasses.fields(getattr(SiteConfig(), section)):
             assert f"{f.name} =" in text, f"{section}.{f.name} is not documented"
@@ -55,7 +55,7 @@ def test_values_are_read(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[binning]\nk_maks = 3\n", r"unknown key 'binning.k_maks'; valid keys here: .*k_max"),
-        ("[bining]\n", r"unknown key 'bining'; valid keys here: binning, classes"),
+        ("[bining]\n", r"unknown key 'bining'; valid keys here: advisor, binning, classes"),
         ("[binning]\nk_max = 'ten'\n", r"'binning.k_max' must be an integer, got 'ten'"),
         ("[binning]\npal_artifact = 1\n", r"'binning.pal_artifact' must be true or false"),
         ('[classes]\ndefault = "Z"\n', r"'classes.default' is 'Z'; valid values: A, B, C, D"),
@@ -98,3 +98,19 @@ def test_default_db_path_depends_on_who_runs(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_DATA_HOME", "/home/u/.data")
     assert default_db_path() == Path("/home/u/.data/slurm-pal/slurm-pal.db")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[advisor]\npolicy = "best"\n', r"'advisor.policy' is 'best'; valid values: pal"),
+        ('[advisor]\nslurm_backend = "x"\n', r"valid values: auto, cli, pyslurm"),
+        ('[advisor]\nsocket = "run/a.sock"\n', r"'advisor.socket' must be an absolute path"),
+        ("[advisor]\nsubmit_timeout_ms = 0\n", r"'advisor.submit_timeout_ms' must be > 0"),
+        ("[advisor]\nreplan_s = -1\n", r"'advisor.replan_s' must be >= 0"),
+        ("[hooks]\nsample_s = 0\n", r"'hooks.sample_s' must be > 0"),
+    ],
+)
+def test_advisor_and_hooks_errors(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))

@@ -107,6 +107,52 @@ class ClassificationConfig:
         return len(names) if self.n_classes is None else self.n_classes
 
 
+ADVISOR_POLICIES = ("pal", "pm-first", "packed", "random")
+SLURM_BACKENDS = ("auto", "cli", "pyslurm")
+
+
+@dataclass(frozen=True)
+class AdvisorConfig:
+    """The advisor service (`slurm-pal serve`) on the controller."""
+
+    socket: str = "/run/slurm-pal/advisor.sock"
+    """Unix socket job_submit.lua, the hooks and `serve stats` talk to (line-delimited JSON)."""
+    allowed_users: tuple[str, ...] = ("root", "slurm")
+    """Peers (SO_PEERCRED uid) the service answers; root and SlurmUser. Others are refused."""
+    socket_group: str = "slurm"
+    """Group owning the socket (mode 0660), so SlurmUser can connect; root always can."""
+    policy: str = "pal"
+    """Placement policy: pal, pm-first, packed or random."""
+    submit_timeout_ms: int = 300
+    """How long job_submit.lua waits for an answer before letting the job through as written."""
+    refresh_s: float = 5.0
+    """Seconds between refreshes of the Slurm state (sinfo/squeue)."""
+    replan_s: float = 10.0
+    """Seconds between re-planning rounds of pending GPU jobs; 0 turns re-planning off."""
+    reservation_ttl_s: float = 60.0
+    """GPUs handed to a job that Slurm has not shown yet are held this long."""
+    labels_file: str | None = None
+    """labels.json from `site render`; unset: the labels of the active campaign in the store."""
+    slurm_backend: str = "auto"
+    """How Slurm state is read: cli (sinfo/squeue --json), pyslurm, or auto (pyslurm if it
+    imports and matches the running Slurm, else cli)."""
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    """Prolog/Epilog (`slurm-pal hook prolog|epilog`) on the compute nodes."""
+
+    spool_dir: str = "/var/spool/slurm-pal"
+    """Job records wait here until the advisor has them; on multi-host clusters put it on a
+    shared file system the advisor sweeps, or let `hook flush` deliver over the socket."""
+    deliver_timeout_ms: int = 300
+    """How long a hook tries to hand its record to the advisor before spooling it."""
+    telemetry: bool = True
+    """Sample GPU utilization (NVML) while a job runs; nothing happens on nodes without GPUs."""
+    sample_s: float = 5.0
+    """Seconds between telemetry samples."""
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -115,6 +161,8 @@ class SiteConfig:
     locality: LocalityConfig = field(default_factory=LocalityConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
+    advisor: AdvisorConfig = field(default_factory=AdvisorConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
     source: str = "<defaults>"
 
     def resolve_config(self) -> ResolveConfig:
@@ -261,6 +309,7 @@ def _validate(config: SiteConfig) -> None:
     if b.n_init < 1:
         raise ConfigError(f"{src}: 'binning.n_init' must be >= 1, got {b.n_init}")
     _validate_classification(config)
+    _validate_advisor(config)
     loc = config.locality
     for key in ("within_node", "within_switch", "across_switches"):
         value = getattr(loc, key)
@@ -294,6 +343,33 @@ def _validate_classification(config: SiteConfig) -> None:
                 f"{src}: rule {number} of [[classification.rules]]: 'class' is "
                 f"{rule.job_class!r}; valid values: {', '.join(names)}"
             )
+
+
+def _validate_advisor(config: SiteConfig) -> None:
+    src, a, h = config.source, config.advisor, config.hooks
+    if a.policy not in ADVISOR_POLICIES:
+        raise ConfigError(
+            f"{src}: 'advisor.policy' is {a.policy!r}; valid values: {', '.join(ADVISOR_POLICIES)}"
+        )
+    if a.slurm_backend not in SLURM_BACKENDS:
+        raise ConfigError(
+            f"{src}: 'advisor.slurm_backend' is {a.slurm_backend!r}; valid values: "
+            f"{', '.join(SLURM_BACKENDS)}"
+        )
+    if not a.socket.startswith("/"):
+        raise ConfigError(f"{src}: 'advisor.socket' must be an absolute path, got {a.socket!r}")
+    positive = {
+        "advisor.submit_timeout_ms": a.submit_timeout_ms,
+        "advisor.refresh_s": a.refresh_s,
+        "advisor.reservation_ttl_s": a.reservation_ttl_s,
+        "hooks.deliver_timeout_ms": h.deliver_timeout_ms,
+        "hooks.sample_s": h.sample_s,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{src}: '{key}' must be > 0, got {value}")
+    if a.replan_s < 0:
+        raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")
 
 
 def default_db_path() -> Path:
