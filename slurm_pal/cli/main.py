@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from slurm_pal import __version__
-from slurm_pal.cli import advise, apps, campaign, profile, sim, site, testbed, tune
+from slurm_pal.cli import advise, apps, campaign, hook, profile, serve, sim, site, testbed, tune
 from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
@@ -22,7 +22,9 @@ app = typer.Typer(
 app.add_typer(advise.app, name="advise")
 app.add_typer(apps.app, name="apps")
 app.add_typer(campaign.app, name="campaign")
+app.add_typer(hook.app, name="hook")
 app.add_typer(profile.app, name="profile")
+app.add_typer(serve.app, name="serve")
 app.add_typer(sim.app, name="sim")
 app.add_typer(site.app, name="site")
 app.add_typer(testbed.app, name="testbed")
