@@ -217,3 +217,22 @@ def test_baselines_place_exactly_when_an_allocation_exists(case: Case, name: str
         check_allocation_is_consistent(case, result.allocation)
     else:
         assert result.allocation is None and result.reason
+
+
+@SETTINGS
+@given(cases(), st.sampled_from(["pal", "pm-first"]), st.sampled_from([0.01, 0.05, 0.3]))
+def test_pack_tolerance_stays_within_its_bound_of_the_paper_choice(
+    case: Case, name: str, tolerance: float
+) -> None:
+    """With ``pack_tolerance`` the policies may trade LV for packing, never more than asked,
+    never an invalid allocation, and they place exactly when the paper's policy places."""
+    paper = get_policy(name).place(case.request, case.cluster)
+    packed = get_policy(name, pack_tolerance=tolerance).place(case.request, case.cluster)
+    assert (paper.allocation is None) == (packed.allocation is None)
+    if paper.allocation is None or packed.allocation is None:
+        return
+    check_allocation_is_consistent(case, packed.allocation)
+    bound = paper.allocation.lv_product * (1 + tolerance)
+    assert packed.allocation.lv_product <= bound * (1 + 1e-9), (packed.reason, bound)
+    # never more nodes than the paper's choice
+    assert len(packed.allocation.node_names) <= len(paper.allocation.node_names)

@@ -291,3 +291,49 @@ def test_pal_is_pm_first_for_jobs_larger_than_a_node_on_a_flat_topology(
     assert (pal is None) == (pm_first is None)
     if pal is not None and pm_first is not None:
         assert pal.gpu_ids == pm_first.gpu_ids
+
+
+# --- pack tolerance (Slurm cannot migrate: trade a little LV for packing) ----------------------
+
+
+def test_pack_tolerance_sends_a_small_job_to_the_fullest_node_within_the_bound() -> None:
+    cluster = make_cluster(
+        {"n0": [0.95, 1.0, 1.0, 1.0], "n1": [0.96, 1.0, 1.0, 1.0], "n2": [1.2, 1.0, 1.0, 1.0]},
+        busy=("n1-1", "n1-2", "n2-1", "n2-2", "n2-3"),
+    )
+    # the paper: the best GPU anywhere (n0, a whole free node)
+    assert place("pal", cluster, 1) == ["n0-0"]
+    # 2 %: n1's 0.96 is within 0.95 x 1.02, and n1 has fewer free GPUs left
+    result = PALPolicy(pack_tolerance=0.02).place(PlacementRequest("j", "A", 1), cluster)
+    assert result.allocation is not None and list(result.allocation.uuids) == ["n1-0"]
+    assert "fullest node within 2.0%" in result.reason
+    # n2's 1.2 is beyond 5 % of 0.95, although n2 is the fullest
+    result = PALPolicy(pack_tolerance=0.05).place(PlacementRequest("j", "A", 1), cluster)
+    assert result.allocation is not None and list(result.allocation.uuids) == ["n1-0"]
+    # a big tolerance packs like best fit
+    result = PALPolicy(pack_tolerance=0.5).place(PlacementRequest("j", "A", 1), cluster)
+    assert result.allocation is not None and list(result.allocation.uuids) == ["n2-0"]
+
+
+def test_pack_tolerance_spans_the_fewest_nodes() -> None:
+    # 6 GPUs on 4-GPU nodes: PM-First takes the six 0.9s over three nodes; packed: 4 + 2
+    layout = {
+        "n0": [0.9, 0.9, 1.0, 1.0],
+        "n1": [0.9, 0.9, 1.0, 1.0],
+        "n2": [0.9, 0.9, 1.0, 1.0],
+        "n3": [1.0, 1.0, 0.5, 0.5],
+    }
+    cluster = make_cluster(layout, busy=("n3-2", "n3-3"))
+    paper = get_policy("pm-first").place(PlacementRequest("j", "A", 6), cluster)
+    assert paper.allocation is not None and len(paper.allocation.node_names) == 3
+    packed = get_policy("pm-first", pack_tolerance=0.2).place(
+        PlacementRequest("j", "A", 6), cluster
+    )
+    assert packed.allocation is not None
+    assert packed.allocation.node_names == ("n0", "n3")  # a whole node, then the exact fit
+    assert packed.allocation.lv_product == pytest.approx(1.7)
+
+
+def test_pack_tolerance_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="pack_tolerance must be >= 0"):
+        get_policy("pal", pack_tolerance=-0.1)

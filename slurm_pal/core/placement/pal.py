@@ -30,6 +30,7 @@ from slurm_pal.core.placement.base import PlacementResult
 from slurm_pal.core.placement.pmfirst import constraint_text, pmfirst_place
 from slurm_pal.core.placement.view import (
     build_allocation,
+    packed_within,
     placed,
     prepare,
     unplaced,
@@ -40,9 +41,19 @@ __all__ = ["PALPolicy"]
 
 
 class PALPolicy:
-    """PAL placement: minimize locality penalty x worst PM-score through the L x V traversal."""
+    """PAL placement: minimize locality penalty x worst PM-score through the L x V traversal.
+
+    ``pack_tolerance`` (default 0: the paper) accepts an LV product that much worse than the
+    best (0.02 = 2 %) to pack the job on the fullest node that allows it; see
+    :func:`slurm_pal.core.placement.view.consolidate` for why Slurm needs it.
+    """
 
     name = "pal"
+
+    def __init__(self, pack_tolerance: float = 0.0) -> None:
+        if not pack_tolerance >= 0:
+            raise ValueError(f"pack_tolerance must be >= 0, got {pack_tolerance}")
+        self.pack_tolerance = float(pack_tolerance)
 
     def matrix(self, cluster: Cluster, job_class: str) -> LxVMatrix:
         """The class's L x V matrix (the cluster caches it per layout)."""
@@ -53,7 +64,8 @@ class PALPolicy:
         if isinstance(view, str):
             return unplaced(request, f"PAL: {view}")
         if request.gpus == 1:
-            return pmfirst_place(view, "PAL (1 GPU: PM-First)")
+            label = "PAL (1 GPU: PM-First)"
+            return packed_within(view, pmfirst_place(view, label), self.pack_tolerance, label)
         matrix = self.matrix(cluster, request.job_class)
         first_by_rank: dict[int, tuple[np.ndarray, int]] = {}
         for entry in matrix.traversal:
@@ -75,8 +87,8 @@ class PALPolicy:
                     f"(LV={e.lv_product:.3g}), {nodes}"
                 ),
             )
-            return placed(allocation, request)
+            return packed_within(view, placed(allocation, request), self.pack_tolerance, "PAL")
         return unplaced(request, f"PAL: no free GPUs satisfy {constraint_text(request)}")
 
     def __repr__(self) -> str:
-        return "PALPolicy()"
+        return f"PALPolicy(pack_tolerance={self.pack_tolerance:g})"

@@ -16,6 +16,7 @@ from slurm_pal.core.placement.base import PlacementResult
 from slurm_pal.core.placement.view import (
     RequestView,
     build_allocation,
+    packed_within,
     placed,
     prepare,
     unplaced,
@@ -60,15 +61,25 @@ def pmfirst_place(view: RequestView, label: str) -> PlacementResult:
 
 
 class PMFirstPolicy:
-    """PM-First placement: variability first, packing only to break ties."""
+    """PM-First placement: variability first, packing only to break ties.
+
+    ``pack_tolerance`` (default 0: the paper) accepts an LV product that much worse than the
+    best (0.02 = 2 %) to pack the job on the fullest node that allows it; see
+    :func:`slurm_pal.core.placement.view.consolidate` for why Slurm needs it.
+    """
 
     name = "pm-first"
+
+    def __init__(self, pack_tolerance: float = 0.0) -> None:
+        if not pack_tolerance >= 0:
+            raise ValueError(f"pack_tolerance must be >= 0, got {pack_tolerance}")
+        self.pack_tolerance = float(pack_tolerance)
 
     def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
         view = prepare(request, cluster)
         if isinstance(view, str):
             return unplaced(request, f"PM-First: {view}")
-        return pmfirst_place(view, "PM-First")
+        return packed_within(view, pmfirst_place(view, "PM-First"), self.pack_tolerance, "PM-First")
 
     def __repr__(self) -> str:
-        return "PMFirstPolicy()"
+        return f"PMFirstPolicy(pack_tolerance={self.pack_tolerance:g})"
