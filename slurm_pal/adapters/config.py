@@ -123,6 +123,9 @@ class AdvisorConfig:
     """Group owning the socket (mode 0660), so SlurmUser can connect; root always can."""
     policy: str = "pal"
     """Placement policy: pal, pm-first, packed or random."""
+    pack_tolerance: float = 0.05
+    """pal/pm-first accept an LV product this much worse than the best (0.05 = 5 %) to pack:
+    Slurm cannot migrate, and unpacked single-GPU picks fragment the nodes (ARCHITECTURE.md)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
     refresh_s: float = 5.0
@@ -368,6 +371,10 @@ def _validate_advisor(config: SiteConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{src}: '{key}' must be > 0, got {value}")
+    if a.pack_tolerance < 0:
+        raise ConfigError(
+            f"{src}: 'advisor.pack_tolerance' must be >= 0 (0 = the paper), got {a.pack_tolerance}"
+        )
     if a.replan_s < 0:
         raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")
 
