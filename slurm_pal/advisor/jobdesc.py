@@ -149,11 +149,12 @@ class JobDescription:
         return cls(**values)  # type: ignore[arg-type]
 
     def to_wire(self) -> dict[str, object]:
-        """The inverse of :meth:`from_wire`: absent fields left out, like the Lua side does."""
+        """The inverse of :meth:`from_wire`: absent (None, "" and false) fields left out, like
+        the Lua side does."""
         out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or (f.name == "modify" and not value):
+            if value is None or value == "" or value is False:
                 continue
             out[f.name] = value
         return out
