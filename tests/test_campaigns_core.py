@@ -15,6 +15,7 @@ from slurm_pal.core.campaigns import (
     gpus_from_hostlist,
     latest_records,
     measurement_rows,
+    node_unavailable,
     progress_counts,
     task_progress,
     waiting_for_unavailable_nodes,
@@ -188,6 +189,11 @@ def test_task_progress_states() -> None:
     ]
     assert tasks[2].slurm_reason == "ReqNodeNotAvail"
     assert waiting_for_unavailable_nodes(tasks)
+    # sinfo outranks a stale reason: a node just resumed is idle (or idle* until it answers).
+    assert waiting_for_unavailable_nodes(tasks, {"n2": "drained"})
+    assert not waiting_for_unavailable_nodes(tasks, {"n2": "idle"})
+    assert not waiting_for_unavailable_nodes(tasks, {"n2": "idle*"})
+    assert waiting_for_unavailable_nodes(tasks, {})  # sinfo does not know it: unavailable
     busy = {("n2", 0): ("PENDING", "Resources")}
     assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, busy))
     assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, {}))
@@ -260,3 +266,23 @@ def test_diff_of_a_campaign_with_itself_is_empty() -> None:
     labels = {"g1": "v-a0", "g2": "v-a1"}
     d = diff_campaigns("x", "x", frame, frame, labels, labels)
     assert not (d.bin_changes or d.new_outliers or d.label_changes or d.restart_nodes)
+
+
+@pytest.mark.parametrize(
+    ("node_state", "unavailable"),
+    [
+        ("idle", False),
+        ("mixed", False),
+        ("allocated", False),
+        ("idle*", False),
+        ("completing", False),
+        ("drained", True),
+        ("draining", True),
+        ("down*", True),
+        ("fail", True),
+        ("maint", True),
+        ("inval", True),
+    ],
+)
+def test_node_unavailable(node_state: str, unavailable: bool) -> None:
+    assert node_unavailable(node_state) is unavailable

@@ -86,6 +86,14 @@ for item in queue:
         print(f"{item['id']}|{item['state']}|{item['reason']}")
 """
 
+FAKE_SINFO = r"""
+import os, sys
+drained = set(filter(None, os.environ.get("FAKE_DRAINED", "").split(",")))
+nodes = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--nodes=")).split(",")
+for node in nodes:
+    print(f"{node}|{'drained' if node in drained else 'idle'}")
+"""
+
 
 class FakeCluster:
     """Fake Slurm tools on PATH plus a fake benchmark whose durations the test sets."""
@@ -96,7 +104,7 @@ class FakeCluster:
         bin_dir = root / "bin"
         for d in (self.state, self.bench_dir, bin_dir):
             d.mkdir(parents=True)
-        for name, code in (("sbatch", FAKE_SBATCH), ("squeue", FAKE_SQUEUE)):
+        for name, code in (("sbatch", FAKE_SBATCH), ("squeue", FAKE_SQUEUE), ("sinfo", FAKE_SINFO)):
             path = bin_dir / name
             path.write_text(f"#!{sys.executable} -S\n{code}")  # -S: stdlib only, starts faster
             path.chmod(0o755)

@@ -26,13 +26,24 @@ class CampaignSlurm(Protocol):
         """``jobid_taskid`` -> (state, reason) for tasks of these jobs still in the queue."""
         ...
 
+    def node_states(self, nodes: Iterable[str]) -> Mapping[str, str]:
+        """Node -> Slurm's long state (``idle``, ``drained``, ``down*``...) for these nodes."""
+        ...
+
 
 class SlurmCommands:
     """:class:`CampaignSlurm` through the Slurm command-line tools."""
 
-    def __init__(self, sbatch: str = "sbatch", squeue: str = "squeue", timeout_s: float = 60):
+    def __init__(
+        self,
+        sbatch: str = "sbatch",
+        squeue: str = "squeue",
+        timeout_s: float = 60,
+        sinfo: str = "sinfo",
+    ):
         self.sbatch = sbatch
         self.squeue = squeue
+        self.sinfo = sinfo
         self.timeout_s = timeout_s
 
     def _run(self, args: list[str], cwd: Path | None = None) -> str:
@@ -71,4 +82,17 @@ class SlurmCommands:
             parts = line.strip().split("|")
             if len(parts) == 3:
                 found[parts[0]] = (parts[1], parts[2])
+        return found
+
+    def node_states(self, nodes: Iterable[str]) -> dict[str, str]:
+        names = sorted(set(nodes))
+        if not names:
+            return {}
+        out = self._run([self.sinfo, "--noheader", "--Node", f"--nodes={','.join(names)}",
+                         "--format=%N|%T"])  # fmt: skip
+        found: dict[str, str] = {}
+        for line in out.splitlines():
+            node, sep, node_state = line.strip().partition("|")
+            if sep and node in names:
+                found[node] = node_state.strip()
         return found

@@ -78,6 +78,7 @@ ROOT_OPT = typer.Option(
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of tables.")
 SBATCH_OPT = typer.Option("sbatch", "--sbatch", help="sbatch command to use.")
 SQUEUE_OPT = typer.Option("squeue", "--squeue", help="squeue command to use.")
+SINFO_OPT = typer.Option("sinfo", "--sinfo", help="sinfo command to use (node states).")
 
 
 @contextmanager
@@ -283,6 +284,7 @@ def submit(
     root: Path | None = ROOT_OPT,
     sbatch: str = SBATCH_OPT,
     squeue: str = SQUEUE_OPT,
+    sinfo: str = SINFO_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit the tasks still to run (all at first; later: failed and never finished ones).
@@ -291,7 +293,7 @@ def submit(
     failure or a drained node reruns only what is missing; a rerun replaces a task's records.
     """
     st = state(ctx)
-    slurm = SlurmCommands(sbatch=sbatch, squeue=squeue)
+    slurm = SlurmCommands(sbatch=sbatch, squeue=squeue, sinfo=sinfo)
     with _errors():
         the_plan, directory = load_plan(_root(st, root), campaign)
         tasks, _ = _progress(the_plan, directory, slurm)
@@ -315,7 +317,9 @@ def submit(
         tasks, problems = _progress(the_plan, directory, slurm)
         last = ""
         while wait and not dry_run and any(t.state in ("pending", "running") for t in tasks):
-            if waiting_for_unavailable_nodes(tasks):
+            if waiting_for_unavailable_nodes(tasks) and waiting_for_unavailable_nodes(
+                tasks, _node_states(slurm, {t.node for t in tasks if t.state == "pending"})
+            ):
                 nodes = sorted({t.node for t in tasks if t.state == "pending"})
                 err_console.print(
                     f"stopped waiting: the queued tasks wait for unavailable node(s) "
@@ -351,6 +355,15 @@ def submit(
             + ("" if dry_run else f" as job {s['job_id']}")
         )
     _print_progress(tasks, the_plan, problems)
+
+
+def _node_states(slurm: CampaignSlurm, nodes: set[str]) -> dict[str, str] | None:
+    """sinfo's node states, or None (then the queue's reasons decide) when sinfo fails."""
+    try:
+        return dict(slurm.node_states(nodes))
+    except SlurmError as exc:
+        err_console.print(f"warning: node states unknown ({exc})", highlight=False)
+        return None
 
 
 def _print_progress(tasks: list[TaskProgress], the_plan: CampaignPlan, problems: list[str]) -> None:
@@ -572,6 +585,15 @@ def _print_check(check: CampaignCheck, problems: list[str]) -> None:
         )
     for node, index, uuids in check.uuid_conflicts:
         err_console.print(f"warning: {node} GPU {index} reported several UUIDs: {', '.join(uuids)}")
+    if check.location_ids:
+        names = ", ".join(u for _, _, u in check.location_ids[:4])
+        more = len(check.location_ids) - 4
+        err_console.print(
+            f"note: {len(check.location_ids)} GPU(s) have no NVML UUID (NVML unavailable on the "
+            f"node) and are named by location ({names}{f', +{more}' if more > 0 else ''}): "
+            "their scores follow the slot, so a swapped GPU would go unnoticed",
+            highlight=False,
+        )
     for r in check.unplanned:
         err_console.print(
             f"warning: record for {r.node} GPU {r.gpu_index} class {r.job_class} run {r.repeat} "

@@ -28,6 +28,8 @@ from slurm_pal.core import hostlist
 RECORD_SCHEMA = 1
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
+ASSIGNED = "assignment"
+"""``uuid_source`` of a GPU named by its location (``node/gpuN``) because NVML could not."""
 DEFAULT_TOLERANCE = 0.05
 """Repeats of one GPU and class may differ by 5 % (max/min) before they are a finding."""
 
@@ -229,6 +231,9 @@ class CampaignCheck:
     disagreements: tuple[Disagreement, ...]
     unplanned: tuple[RunRecord, ...]  # records for GPUs/classes the plan does not have
     uuid_conflicts: tuple[tuple[str, int, tuple[str, ...]], ...]  # one GPU, several UUIDs
+    location_ids: tuple[tuple[str, int, str], ...] = ()
+    """(node, index, id) of GPUs no NVML UUID names (``uuid_source`` ``assignment``): their
+    scores follow the slot, not the physical GPU, so a swapped board goes unnoticed."""
 
     @property
     def complete(self) -> bool:
@@ -262,6 +267,9 @@ class CampaignCheck:
             "unplanned": [f"{r.node}:{r.gpu_index} class {r.job_class}" for r in self.unplanned],
             "uuid_conflicts": [
                 {"node": n, "gpu_index": i, "uuids": list(u)} for n, i, u in self.uuid_conflicts
+            ],
+            "location_ids": [
+                {"node": n, "gpu_index": i, "uuid": u} for n, i, u in self.location_ids
             ],
         }
 
@@ -358,6 +366,7 @@ def check_campaign(
         for (node, index), ids in sorted(uuids.items())
         if len(ids) > 1
     )
+    by_location = sorted({(r.node, r.gpu_index, r.uuid) for r in ok if r.uuid_source == ASSIGNED})
     return CampaignCheck(
         planned_gpus=len(planned_keys),
         classes=tuple(classes),
@@ -370,6 +379,7 @@ def check_campaign(
         disagreements=tuple(disagreements),
         unplanned=unplanned,
         uuid_conflicts=conflicts,
+        location_ids=tuple(by_location),
     )
 
 
@@ -458,15 +468,34 @@ def task_progress(
 UNAVAILABLE_REASONS = ("ReqNodeNotAvail", "NodeDown", "PartitionDown", "PartitionInactive")
 
 
-def waiting_for_unavailable_nodes(tasks: Iterable[TaskProgress]) -> bool:
+def waiting_for_unavailable_nodes(
+    tasks: Iterable[TaskProgress], node_states: Mapping[str, str] | None = None
+) -> bool:
     """True when nothing runs and every queued task waits for a node that is drained or down.
 
     Waiting longer changes nothing then: an admin has to resume the nodes, or collect the rest.
+    ``node_states`` (sinfo's, when known) overrides the reasons: Slurm 22.05 keeps a pending
+    job's ``ReqNodeNotAvail`` reason after its node is resumed, until its next scheduling pass.
     """
     queued = [t for t in tasks if t.state in ("pending", "running")]
-    return bool(queued) and all(
+    if not queued or not all(
         t.state == "pending" and t.slurm_reason.startswith(UNAVAILABLE_REASONS) for t in queued
-    )
+    ):
+        return False
+    if node_states is None:
+        return True
+    return all(node_unavailable(node_states.get(t.node, "unknown")) for t in queued)
+
+
+UNAVAILABLE_NODE_STATES = ("drain", "down", "fail", "maint", "inval", "unknown", "power")
+
+
+def node_unavailable(node_state: str) -> bool:
+    """Whether sinfo's long node state means no job starts there until someone acts (drained,
+    down, failing). ``idle*`` (not responding) alone is not: Slurm 22.05 shows a node it has
+    just resumed as ``idle*`` until it answers a ping, and a dead one turns ``down*`` later."""
+    text = node_state.strip().lower()
+    return any(word in text for word in UNAVAILABLE_NODE_STATES)
 
 
 def progress_counts(tasks: Iterable[TaskProgress]) -> dict[str, int]:
