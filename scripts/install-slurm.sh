@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install the Debian packages of the local Slurm testbed (tests/slurm, `slurm-pal testbed`):
 # munge, slurmctld, slurmd, the client tools, the basic plugins (job_submit_lua, gres_gpu,
-# cons_tres) and the Lua 5.1 modules job_submit.lua uses. Idempotent: when every package is
+# cons_tres), the Lua 5.1 modules job_submit.lua uses and the lua5.1 interpreter (its unit
+# tests, tests/test_job_submit_lua.py). Idempotent: when every package is
 # already installed it does nothing (no apt-get update). Needs root, or sudo.
 # No daemon is started or enabled: the testbed runs its own private munged/slurmctld/slurmd.
 set -euo pipefail
 
-packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-posix)
+packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-posix lua5.1)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "install-slurm: this is not a Debian/Ubuntu system (no dpkg/apt-get); install" \

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +18,7 @@ from slurm_pal.site.render import (
     RenderError,
     compare_gres,
     load_labels,
+    lua_string,
     plan_site,
     render_files,
 )
@@ -190,3 +193,49 @@ def test_cli_check_against_captured_slurm_output(
     data = json.loads(run_cli("site", "check", "--json", ok=False).output)
     last = data["differing"][-1]
     assert (last["node"], last["live"], sum(last["expected"].values())) == ("n05", None, 4)
+
+
+def test_cli_render_writes_job_submit_lua_and_hooks_from_the_config(
+    run_cli, tmp_path: Path
+) -> None:
+    """Socket, timeout and models go into job_submit.lua; the hook scripts call this install's
+    Python with the socket and spool dir of the config, and every Lua line parses."""
+    csv = tmp_path / "example.csv"
+    generate_example_campaign(nodes=2, gpus_per_node=2, node_prefix="n").to_csv(csv, index=False)
+    run_cli("profile", "ingest", csv, "--campaign", "ex")
+    config = tmp_path / "site.toml"
+    config.write_text(
+        '[advisor]\nsocket = "/run/my advisor/a.sock"\nsubmit_timeout_ms = 150\n'
+        'allowed_users = ["root", "nosuchuser"]\n'
+        '[hooks]\nspool_dir = "/var/spool/my spool"\ndeliver_timeout_ms = 80\n'
+        "telemetry = false\n"
+    )
+    out = tmp_path / "site"
+    run_cli("--config", config, "site", "render", "--out", out, "--python", "/opt/py/bin/python")
+    lua = (out / "job_submit.lua").read_text()
+    assert 'local SOCKET_PATH = "/run/my advisor/a.sock"' in lua
+    assert "local TIMEOUT_S = 0.150" in lua
+    assert 'local MODELS = { ["v100"] = true, }' in lua
+    assert "local PRIVILEGED_UIDS = { [0] = true, }" in lua  # nosuchuser does not exist here
+    for kind in ("prolog", "epilog"):
+        path = out / f"{kind}.sh"
+        text = path.read_text()
+        assert path.stat().st_mode & 0o111 == 0o111
+        assert "PYTHON=/opt/py/bin/python" in text
+        assert f"-m slurm_pal.hooks {kind}" in text
+        assert "--socket '/run/my advisor/a.sock'" in text
+        assert "--spool-dir '/var/spool/my spool'" in text
+        assert "--timeout-ms 80" in text and "--no-telemetry" in text
+        assert f"--labels {out.resolve() / 'labels.json'}" in text
+    bad = run_cli("site", "render", "--out", out, "--python", "python3", ok=False)
+    assert bad.exit_code == 2 and "absolute path" in bad.output
+    luac = shutil.which("luac5.1")
+    if luac:
+        subprocess.run([luac, "-p", str(out / "job_submit.lua")], check=True)
+    for kind in ("prolog", "epilog"):
+        subprocess.run(["sh", "-n", str(out / f"{kind}.sh")], check=True)
+
+
+def test_lua_string_escapes_every_unsafe_byte() -> None:
+    assert lua_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert lua_string("x\ny\x00é") == '"x\\010y\\000\\195\\169"'

@@ -15,6 +15,7 @@ from slurm_pal.site.render import (
     DEFAULT_DEVICE_PATTERN,
     DEFAULT_EPILOG,
     DEFAULT_PROLOG,
+    HookSettings,
     RenderError,
     compare_gres,
     plan_from_store,
@@ -59,15 +60,31 @@ def render(
     nodes: str | None = NODES_OPT,
     prolog: str = typer.Option(DEFAULT_PROLOG, "--prolog", help="Prolog path for slurm.conf."),
     epilog: str = typer.Option(DEFAULT_EPILOG, "--epilog", help="Epilog path for slurm.conf."),
+    labels_path: str | None = typer.Option(
+        None,
+        "--labels-path",
+        help="Where the hooks read labels.json on the nodes (default: OUT/labels.json).",
+    ),
+    python: str | None = typer.Option(
+        None, "--python", help="Python the hooks run (default: the one running slurm-pal)."
+    ),
 ) -> None:
-    """Write gres.conf, the NodeName Gres= parts, the slurm.conf snippet and labels.json."""
+    """Write gres.conf, the NodeName Gres= parts, the slurm.conf snippet, labels.json,
+    job_submit.lua and the Prolog/Epilog scripts ([advisor] and [hooks] of the config)."""
     st = state(ctx)
     with reported_errors(), st.store() as store:
         try:
             plan = plan_from_store(
                 store, campaign, device_pattern=device_pattern, nodes=_nodes(nodes)
             )
-            files = render_files(plan, prolog=prolog, epilog=epilog)
+            if python is not None and not python.startswith("/"):
+                fail(f"--python must be an absolute path (slurmd has its own PATH), got {python!r}")
+            hooks = HookSettings.from_config(
+                st.config,
+                labels_path=labels_path or str(out.resolve() / "labels.json"),
+                python=python,
+            )
+            files = render_files(plan, prolog=prolog, epilog=epilog, hooks=hooks)
         except RenderError as exc:
             fail(str(exc))
     written = write_site(out, files)

@@ -8,7 +8,11 @@ pick. This module turns the active campaign (per-GPU node, index, model and labe
 * ``gres.conf``: one line per GPU, ``NodeName=N Name=gpu Type=LABEL File=DEVICE``;
 * ``slurm.conf.nodes``: the ``Gres=`` part of each ``NodeName`` line (counts per type);
 * ``slurm.conf.snippet``: GresTypes, JobSubmitPlugins, PrologFlags, Prolog/Epilog;
-* ``labels.json``: the same plan, machine-readable (``site check``, the testbed, the advisor).
+* ``labels.json``: the same plan, machine-readable (``site check``, the testbed, the advisor);
+* ``job_submit.lua``: asks the advisor at submit time (socket path, timeout and the site's GPU
+  model names rendered in, so it fails open without the advisor);
+* ``prolog.sh`` / ``epilog.sh``: call the stdlib-only hooks (``python -m slurm_pal.hooks``) with
+  the absolute Python of this install, the socket and the spool dir.
 
 GPUs without a node or index (e.g. rows of the Longhorn sgemm file) cannot be placed in
 gres.conf: they are listed as skipped, with the reason.
@@ -25,7 +29,10 @@ device ``index``; whoever maps a job's GPU indices back to physical GPUs must us
 from __future__ import annotations
 
 import json
+import pwd
 import re
+import shlex
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,16 +40,63 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.adapters.store import Store
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
 DEFAULT_PROLOG = "/etc/slurm/slurm-pal-prolog.sh"
 DEFAULT_EPILOG = "/etc/slurm/slurm-pal-epilog.sh"
 _BAD_TYPE = re.compile(r"[:,=()\s]")
+SCRIPT_PREFIX = 16384  # bytes of the batch script job_submit.lua sends (PROTOCOL.md)
+HOOK_LIMIT_S = 10  # a hook is killed after this long, whatever it is doing
 
 
 class RenderError(ValueError):
     """The campaign cannot be rendered as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """What job_submit.lua and the Prolog/Epilog scripts need to know about this install.
+
+    ``python`` is the interpreter of this install (``sys.executable``, not resolved: a venv's
+    python is a symlink whose target would lose the venv); ``labels_path`` is where the hooks
+    find labels.json to map Slurm's GPU indices to devices (None: the hooks record no UUIDs).
+    """
+
+    socket: str = "/run/slurm-pal/advisor.sock"
+    submit_timeout_ms: int = 300
+    privileged_uids: tuple[int, ...] = (0,)
+    python: str = sys.executable
+    spool_dir: str = "/var/spool/slurm-pal"
+    deliver_timeout_ms: int = 300
+    telemetry: bool = True
+    sample_s: float = 5.0
+    labels_path: str | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: SiteConfig, *, labels_path: str | None = None, python: str | None = None
+    ) -> HookSettings:
+        """The settings of ``[advisor]`` and ``[hooks]``; allowed users that exist here become
+        the uids whose ``scontrol update`` job_submit.lua lets through untouched."""
+        uids = {0}
+        for user in config.advisor.allowed_users:
+            try:
+                uids.add(pwd.getpwnam(user).pw_uid)
+            except KeyError:
+                continue
+        return cls(
+            socket=config.advisor.socket,
+            submit_timeout_ms=config.advisor.submit_timeout_ms,
+            privileged_uids=tuple(sorted(uids)),
+            python=python or sys.executable,
+            spool_dir=config.hooks.spool_dir,
+            deliver_timeout_ms=config.hooks.deliver_timeout_ms,
+            telemetry=config.hooks.telemetry,
+            sample_s=config.hooks.sample_s,
+            labels_path=labels_path,
+        )
 
 
 @dataclass(frozen=True)
@@ -205,10 +259,29 @@ def plan_from_store(
     )
 
 
+def lua_string(value: object) -> str:
+    """A Lua 5.1 double-quoted string literal (every byte outside printable ASCII escaped)."""
+    out = []
+    for byte in str(value).encode():
+        ch = chr(byte)
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif 32 <= byte < 127:
+            out.append(ch)
+        else:
+            out.append(f"\\{byte:03d}")
+    return '"' + "".join(out) + '"'
+
+
 def render_files(
-    plan: SitePlan, *, prolog: str = DEFAULT_PROLOG, epilog: str = DEFAULT_EPILOG
+    plan: SitePlan,
+    *,
+    prolog: str = DEFAULT_PROLOG,
+    epilog: str = DEFAULT_EPILOG,
+    hooks: HookSettings | None = None,
 ) -> dict[str, str]:
     """File name -> content for everything ``site render`` writes."""
+    hooks = hooks or HookSettings()
     if not plan.gpus:
         raise RenderError(
             f"campaign {plan.campaign!r} has no GPU with a node and index to render"
@@ -219,6 +292,9 @@ def render_files(
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )
+    env.filters["lua_str"] = lua_string
+    env.filters["sh_quote"] = lambda v: shlex.quote(str(v))
+    labels = sorted({g.label for g in plan.gpus})
     context = {
         "campaign": plan.campaign,
         "gpus": plan.gpus,
@@ -226,13 +302,28 @@ def render_files(
         "nodes": sorted(plan.node_gres().items(), key=lambda kv: _node_key(kv[0])),
         "prolog": prolog,
         "epilog": epilog,
+        "socket_path": hooks.socket,
+        "timeout_ms": hooks.submit_timeout_ms,
+        "timeout_s": f"{hooks.submit_timeout_ms / 1000:.3f}",
+        "script_prefix": SCRIPT_PREFIX,
+        "models": sorted({label.split("-", 1)[0].lower() for label in labels}),
+        "labels": labels,
+        "privileged_uids": sorted(set(hooks.privileged_uids) | {0}),
+        "hooks": hooks,
+        "hook_limit_s": HOOK_LIMIT_S,
     }
     return {
         "gres.conf": env.get_template("gres.conf.j2").render(context),
         "slurm.conf.nodes": env.get_template("slurm.conf.nodes.j2").render(context),
         "slurm.conf.snippet": env.get_template("slurm.conf.snippet.j2").render(context),
         "labels.json": json.dumps(plan.to_dict(), indent=2) + "\n",
+        "job_submit.lua": env.get_template("job_submit.lua.j2").render(context),
+        "prolog.sh": env.get_template("prolog.sh.j2").render(context, kind="prolog"),
+        "epilog.sh": env.get_template("epilog.sh.j2").render(context, kind="epilog"),
     }
+
+
+EXECUTABLE = frozenset({"prolog.sh", "epilog.sh"})
 
 
 def write_site(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
@@ -241,6 +332,8 @@ def write_site(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
     for name, text in files.items():
         path = out_dir / name
         path.write_text(text)
+        if name in EXECUTABLE:
+            path.chmod(0o755)
         written.append(path)
     return written
 
