@@ -394,6 +394,19 @@ def test_pass_cases(fields: dict[str, object], reason: str, translated: dict[str
     assert comment["why"] == d.reason[: len(comment["why"])]
 
 
+def test_more_tasks_than_gpus_without_a_node_count_passes() -> None:
+    """Slurm derives the node count of ``-n 8 --gres=gpu:2`` from CPUs the advisor does not
+    see; pinning one node could get the job rejected."""
+    cluster, labels = site(LAYOUT)
+    d = run({"tres_per_node": "gres:gpu:2", "num_tasks": 8}, cluster, labels)
+    assert d.action == "pass" and "8 tasks on 2 GPU(s) without a node count" in d.reason
+    assert run({"tres_per_node": "gres:gpu:2", "num_tasks": 2}, cluster, labels).action == "route"
+    routed = run({"tres_per_node": "gres:gpu:2", "num_tasks": 8, "min_nodes": 1}, cluster, labels)
+    assert routed.action == "route"
+    per_task = run({"tres_per_task": "gres:gpu:1", "num_tasks": 8}, cluster, labels)
+    assert per_task.action == "route" and per_task.request.gpus == 8  # type: ignore[union-attr]
+
+
 def test_no_free_gpus_says_replanning_retries() -> None:
     cluster, labels = site(LAYOUT, busy=[(n, i) for n in LAYOUT for i in range(4)])
     d = run({"tres_per_job": "gres:gpu:v100:1"}, cluster, labels)

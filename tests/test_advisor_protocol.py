@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
+from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.protocol import (
     MAX_LINE,
     OPS,
@@ -48,7 +50,9 @@ def error_of(raw: bytes) -> ProtocolError:
     ("raw", "text"),
     [
         (b"not json\n", "not JSON"),
-        (b"\xff\xfe\n", "not UTF-8"),
+        (b"\xff\xfe\n", "not JSON"),
+        (b'{"v": 1, "op": "health", "x": NaN}', "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b"[1, 2]\n", "JSON object"),
         (b"", "not JSON"),
     ],
@@ -58,6 +62,17 @@ def test_malformed_lines(raw: bytes, text: str) -> None:
     assert text in error.message
     answer = error.answer()
     assert answer["ok"] is False and answer["v"] == VERSION and "valid" not in answer
+
+
+def test_bytes_that_are_not_utf8_survive_for_the_script_hash() -> None:
+    """job_submit.lua cuts the script at 16 KiB, maybe inside a character: the request is still
+    read, and the script hashes as the bytes sent."""
+    script = "#!/bin/sh echo \u00e9".encode()[:-1]  # cut inside the two-byte "\u00e9"
+    raw = b'{"v":1,"op":"decide","job":{"user":"a","script":"' + script + b'"}}\n'
+    request = parse_request(raw)
+    job = JobDescription.from_wire(request.body["job"])  # type: ignore[arg-type]
+    assert job.script_sha256 == hashlib.sha256(script).hexdigest()
+    assert encode({"ok": True, "echo": job.script}).isascii()
 
 
 @pytest.mark.parametrize("version", [None, 2, "1", True])

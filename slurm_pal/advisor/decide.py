@@ -600,6 +600,14 @@ def decide(
         request = _request(job, ask, job_class, labels, job_id)
     except JobDescError as error:
         return _pass(f"cannot model the request: {error}", job_class=job_class, **common)
+    if job.min_nodes is None and job.num_tasks is not None and job.num_tasks > request.gpus:
+        # Slurm derives the node count from the tasks' CPUs, which the advisor does not see;
+        # pinning the GPUs' node count could make Slurm reject a job it would accept.
+        why = (
+            f"{job.num_tasks} tasks on {request.gpus} GPU(s) without a node count: Slurm "
+            "derives the nodes from the tasks' CPUs"
+        )
+        return _pass(why, job_class=job_class, request=request, **common)
     problem = request.problem()
     if problem is not None:
         why = f"cannot be satisfied: {problem}"

@@ -170,7 +170,10 @@ class JobDescription:
         """
         if self.script is None:
             return None
-        data = self.script.encode("utf-8", "surrogatepass")
+        try:  # bytes that were not UTF-8 come back as they were sent (see protocol)
+            data = self.script.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            data = self.script.encode("utf-8", "surrogatepass")
         if self.script_size is not None and self.script_size != len(data):
             data += f"\0size={self.script_size}".encode()
         return hashlib.sha256(data).hexdigest()

@@ -90,6 +90,10 @@ def _check_record(body: Mapping[str, object]) -> None:
     _str_field("record", "node", record["node"])
 
 
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
 _CHECKS = {"decide": _check_decide, "record": _check_record}
 
 
@@ -98,14 +102,15 @@ def parse_request(line: bytes) -> Request:
     line = line.removesuffix(b"\n").removesuffix(b"\r")
     if len(line) > MAX_LINE:
         raise ProtocolError(f"request line longer than {MAX_LINE} bytes ({len(line)})")
+    # Invalid UTF-8 is kept as surrogate escapes rather than refused: job_submit.lua cuts the
+    # script at 16 KiB, possibly inside a character, and the hash must see the bytes as sent.
+    text = line.decode("utf-8", "surrogateescape")
     try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ProtocolError(f"request is not UTF-8: {error}") from None
-    try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as error:
         raise ProtocolError(f"request is not JSON: {error}") from None
+    except RecursionError:
+        raise ProtocolError("request is not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError(f"request must be a JSON object, got {type(data).__name__}")
     version = data.get("v")
