@@ -539,9 +539,16 @@ def test_parse_admin_comment_refuses_other_text(text: str) -> None:
     assert parse_admin_comment(text) is None
 
 
-def test_admin_comment_refuses_values_with_blanks() -> None:
+def test_admin_comment_refuses_tokens_with_blanks_and_cleans_class_names() -> None:
     with pytest.raises(ValueError, match="blanks"):
         format_admin_comment(version="1", action="route", token="a b", why="")
+    text = format_admin_comment(version="1", action="pass", job_class="big one=x", why="w")
+    assert parse_admin_comment(text) == {
+        "version": "1",
+        "action": "pass",
+        "class": "big_one_x",
+        "why": "w",
+    }
 
 
 def test_decision_to_wire() -> None:

@@ -74,6 +74,7 @@ SET_FIELDS = (
 _PREFIX = "slurm-pal/"
 _BAD_TYPE = re.compile(r"[:,=()\s]")
 _TOKEN_SAFE = re.compile(r"^[^\s=;]+$")
+_UNSAFE = re.compile(r"[\s=;]")
 
 
 class LabelTableError(ValueError):
@@ -311,11 +312,12 @@ def format_admin_comment(
     At most :data:`ADMIN_COMMENT_MAX` characters: when too long, repeated labels are counted
     (``node:L*3``), then ``why`` is cut, then the gpus list is cut and ends in ``...``."""
     head = [f"{_PREFIX}{version}", action]
-    for key, value in (("r", token), ("class", job_class)):
-        if value is not None:
-            if not _TOKEN_SAFE.match(value):
-                raise ValueError(f"admin comment {key}={value!r} must not hold blanks, '=' or ';'")
-            head.append(f"{key}={value}")
+    if token is not None:
+        if not _TOKEN_SAFE.match(token):
+            raise ValueError(f"admin comment token {token!r} must not hold blanks, '=' or ';'")
+        head.append(f"r={token}")
+    if job_class is not None:  # informative only: an odd class name is made readable, not refused
+        head.append(f"class={_UNSAFE.sub('_', job_class) or '_'}")
     if lv is not None:
         head.append(f"lv={lv:.4f}")
     head_text = " ".join(head)
