@@ -191,15 +191,19 @@ io.write(J.encode({{big = 4294967294, neg = -3, nested = {{a = {{b = "c"}}}}}}),
     assert "\\u0000" in lines[2] and "\\u001b" in lines[2]
 
 
-def test_encoder_replaces_invalid_utf8(short_dir: Path) -> None:
+def test_encoder_sends_bytes_that_are_not_utf8_as_they_are(short_dir: Path) -> None:
+    """The advisor decodes with surrogateescape, so the script hashes as sent (PROTOCOL.md)."""
     script = _render(short_dir, "/nonexistent.sock")
-    # a lone continuation byte, a truncated 3-byte sequence at the end, an overlong "/"
-    out = run_lua(
-        script,
-        'emit(J.valid_utf8("a\\128b")); emit(J.valid_utf8("ok\\226\\130"));'
-        ' emit(J.valid_utf8("\\192\\175")); emit(J.valid_utf8("\\226\\130\\172"))',
+    proc = subprocess.run(
+        [str(LUA), "-"],
+        input=(MOCK % lua_string(str(script)) + 'emit({s = "a\\128b\\226\\130"})').encode(),
+        capture_output=True,
+        timeout=30,
     )
-    assert out == ["a\ufffdb", "ok\ufffd\ufffd", "\ufffd\ufffd", "€"]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b'{"s":"a\x80b\xe2\x82"}\n'
+    decoded = json.loads(proc.stdout.decode("utf-8", "surrogateescape"))
+    assert decoded["s"].encode("utf-8", "surrogateescape") == b"a\x80b\xe2\x82"
 
 
 def test_decoder_round_trips_what_python_writes(short_dir: Path) -> None:
