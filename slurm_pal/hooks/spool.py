@@ -1,0 +1,195 @@
+"""Spool-then-send delivery of job records (stdlib only).
+
+Why spool first: the advisor may be down, restarting or slow; a record written atomically
+(tmp file, fsync, rename) survives that and a node crash, and is deleted only once the advisor
+answered ok (a duplicate is ok too: records are applied at most once by ``record_id``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_pal.hooks.records import spool_name
+
+MAX_LINE = 1 << 20
+
+
+def warn(message: str) -> None:
+    """Hooks report on stderr (slurmd's log) and carry on."""
+    with contextlib.suppress(OSError):
+        print(f"slurm-pal hook: {message}", file=sys.stderr, flush=True)
+
+
+def write_spool(spool_dir: Path, record: Mapping[str, object]) -> Path | None:
+    """Write ``record`` atomically into ``spool_dir``; None (and a warning) when it cannot."""
+    path = spool_dir / spool_name(record)
+    tmp = spool_dir / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        spool_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        data = (json.dumps(record, sort_keys=True) + "\n").encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(spool_dir)
+        return path
+    except OSError as exc:
+        warn(f"cannot spool record {record.get('record_id')} in {spool_dir}: {exc}")
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class DeliveryError(Exception):
+    """The advisor could not be reached or did not take the record; the message says why."""
+
+
+class RecordRefused(DeliveryError):
+    """The advisor answered, but not ok (a record it cannot use)."""
+
+
+def request(socket_path: str, message: Mapping[str, object], timeout_s: float) -> dict:
+    """One request line, one answer line, all within ``timeout_s`` (a tiny inline client: the
+    hooks must not import more than the stdlib)."""
+    deadline = time.monotonic() + timeout_s
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+
+        def remaining() -> float:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeliveryError(f"no answer from {socket_path} within {timeout_s:g} s")
+            return left
+
+        try:
+            sock.settimeout(remaining())
+            sock.connect(socket_path)
+            sock.settimeout(remaining())
+            sock.sendall((json.dumps(message) + "\n").encode())
+            data = b""
+            while not data.endswith(b"\n"):
+                sock.settimeout(remaining())
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise DeliveryError(f"{socket_path} closed the connection without an answer")
+                data += chunk
+                if len(data) > MAX_LINE:
+                    raise DeliveryError(f"answer from {socket_path} longer than {MAX_LINE} bytes")
+        except (OSError, TimeoutError) as exc:
+            raise DeliveryError(f"{socket_path}: {exc}") from exc
+    finally:
+        sock.close()
+    try:
+        answer = json.loads(data)
+    except ValueError as exc:
+        raise DeliveryError(f"answer from {socket_path} is not JSON: {exc}") from exc
+    if not isinstance(answer, dict):
+        raise DeliveryError(f"answer from {socket_path} is not a JSON object")
+    return answer
+
+
+def send_record(socket_path: str, record: Mapping[str, object], timeout_s: float) -> bool:
+    """True when the advisor took the record (``ok``, also as a duplicate)."""
+    answer = request(socket_path, {"v": 1, "op": "record", "record": record}, timeout_s)
+    if answer.get("ok") is not True:
+        raise RecordRefused(f"advisor refused record {record.get('record_id')}: {answer}")
+    return True
+
+
+def deliver(
+    spool_dir: Path, socket_path: str, record: Mapping[str, object], timeout_s: float
+) -> bool:
+    """Spool ``record``, offer it to the advisor, delete the file on ok. True if delivered."""
+    path = write_spool(spool_dir, record)
+    try:
+        send_record(socket_path, record, timeout_s)
+    except DeliveryError as exc:
+        where = f"left in {path}" if path else "NOT spooled (see above): lost"
+        warn(f"record {record.get('record_id')} not delivered ({exc}); {where}")
+        return False
+    if path is not None:
+        try:
+            path.unlink()
+        except OSError as exc:
+            warn(f"cannot remove delivered {path}: {exc}")
+    return True
+
+
+@dataclass
+class FlushResult:
+    delivered: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # advisor unreachable or refused
+    unreadable: list[str] = field(default_factory=list)  # not a record: left for an admin
+
+
+def spooled(spool_dir: Path) -> list[Path]:
+    """The spooled record files, oldest first (temporary files of running hooks excluded)."""
+    try:
+        files = [p for p in spool_dir.glob("*.json") if not p.name.startswith(".")]
+    except OSError:
+        return []
+
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(files, key=lambda p: (mtime(p), p.name))
+
+
+def flush(spool_dir: Path, socket_path: str, timeout_s: float) -> FlushResult:
+    """Resend every spooled record; once the advisor is unreachable the rest are left as is."""
+    result = FlushResult()
+    files = spooled(spool_dir)
+    for n, path in enumerate(files):
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or "record_id" not in record:
+                raise ValueError("not a record object")
+        except (OSError, ValueError) as exc:
+            warn(f"{path}: unreadable spooled record ({exc}); left in place")
+            result.unreadable.append(path.name)
+            continue
+        try:
+            send_record(socket_path, record, timeout_s)
+        except RecordRefused as exc:
+            warn(f"{path.name}: {exc}")
+            result.left.append(path.name)
+            continue
+        except DeliveryError as exc:
+            warn(f"{path.name}: {exc}; {len(files) - n} record(s) left")
+            result.left.extend(p.name for p in files[n:])
+            break
+        try:
+            path.unlink()
+        except OSError as exc:
+            warn(f"cannot remove delivered {path}: {exc}")
+        result.delivered.append(path.name)
+    return result
