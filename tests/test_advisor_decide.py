@@ -231,10 +231,18 @@ def test_encoding_4_per_job_count_split_unevenly() -> None:
     fields = {"tres_per_job": "gres:gpu:6", "tres_per_node": "gres:shard:1"}
     d = run(fields, cluster, labels)
     assert d.encoding == 4
+    assert chosen_labels(d, labels) == {"n01": Counter({A0: 2, A1: 2}), "n02": Counter({A1: 2})}
     assert d.set_fields["tres_per_job"] == "gres:gpu:6"
     assert d.set_fields["req_nodes"] == "n[01-02]"
     assert d.set_fields["min_nodes"] == d.set_fields["max_nodes"] == 2
     assert "tres_per_node" not in d.set_fields  # only the user's shard: left alone
+
+
+def test_encoding_4_typed_when_every_gpu_has_one_label() -> None:
+    cluster, labels = site({"n01": [A0] * 4, "n02": [A0] * 4, "n03": [A2] * 4}, busy=[("n02", 0)])
+    d = run({"tres_per_job": "gres:gpu:v100:7"}, cluster, labels)
+    assert d.encoding == 4 and d.set_fields["tres_per_job"] == f"gres:gpu:{A0}:7"
+    assert d.set_fields["req_nodes"] == "n[01-02]"
 
 
 def test_per_job_on_one_node_moves_to_per_node_and_clears_per_job() -> None:
@@ -723,7 +731,9 @@ def test_decide_follows_the_policy_and_set_fields_describe_the_gpus(
         assert ask.per_job is None
     else:
         assert d.encoding == 4 and len(set(per_node_counts.values())) > 1
-        assert gpu_entries(new.tres_per_job) == Counter({None: total})
+        kinds = set().union(*chosen.values())
+        only = next(iter(kinds)) if len(kinds) == 1 else None
+        assert gpu_entries(new.tres_per_job) == Counter({only: total})
         assert ask.per_node is None
     assert total == request.gpus
     # no model type survives: every GPU type Slurm sees is a label

@@ -12,7 +12,8 @@ Routing encodings (PROTOCOL.md "Routing encodings"; Slurm findings in testbed/NO
 2. several nodes with the same label multiset: the same per-node typed request on all of them;
 3. several nodes, different multisets but equal counts: untyped ``tres_per_node=gres:gpu:g``
    (the node choice is kept, the GPU choice within a node is Slurm's);
-4. otherwise ``tres_per_job=gres:gpu:N`` on the chosen nodes (Slurm splits the count);
+4. otherwise ``tres_per_job=gres:gpu:N`` on the chosen nodes (Slurm splits the count), typed
+   ``gres:gpu:L:N`` when all chosen GPUs share one label ``L``;
 
 and jobs asking GPUs per task get only ``req_nodes`` and node counts. Whatever the advisor
 writes keeps the user's non-GPU gres (``gres:shard:1``) and clears the GPU part of the fields it
@@ -465,9 +466,13 @@ def _encode(
         out["tres_per_node"] = _with_other(_tres_text("gpu", None, totals.pop()), job.tres_per_node)
         written.add("tres_per_node")
     else:
+        # Typed only with a single label: Slurm wants every type of a multi-node per-job
+        # request on every node (testbed/NOTES.md finding 2), which one shared label is.
         encoding = 4
+        kinds = set().union(*counters)
+        only = next(iter(kinds)) if len(kinds) == 1 else None
         out["tres_per_job"] = _with_other(
-            _tres_text("gpu", None, allocation.n_gpus), job.tres_per_job
+            _tres_text("gpu", only, allocation.n_gpus), job.tres_per_job
         )
         written.add("tres_per_job")
     # Clear the GPU part of the user's other fields (it would contradict what was written);
