@@ -149,8 +149,9 @@ def default_campaign_id(now: datetime | None = None) -> str:
     return now.strftime("c%Y%m%d-%H%M%S")
 
 
-def campaigns_root(explicit: Path | None, db_path: Path) -> Path:
-    """Where campaign directories live: --root, else $SLURM_PAL_CAMPAIGNS, else next to the db.
+def campaigns_root(explicit: Path | None, db_path: Path, configured: str | None = None) -> Path:
+    """Where campaign directories live: --root, else $SLURM_PAL_CAMPAIGNS, else the site
+    config's ``campaign.root``, else next to the db.
 
     The default suits a single-machine test; on a cluster it must be a shared filesystem.
     """
@@ -159,6 +160,8 @@ def campaigns_root(explicit: Path | None, db_path: Path) -> Path:
     env = os.environ.get(ENV_CAMPAIGNS)
     if env:
         return Path(env)
+    if configured:
+        return Path(configured)
     return db_path.parent / "campaigns"
 
 

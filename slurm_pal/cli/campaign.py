@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands, SlurmError
 from slurm_pal.campaigns.workspace import (
     COLLECTED_DIR,
@@ -91,8 +92,15 @@ def _errors() -> Iterator[None]:
             fail(str(exc).replace("[", "\\["))
 
 
+def site_campaign_settings(st: AppState) -> CampaignSettings:
+    """The site config's ``[campaign]`` section (``SiteConfig.campaign``, loaded through
+    :func:`slurm_pal.campaigns.settings.load_campaign_settings`), else the defaults."""
+    found = getattr(st.config, "campaign", None)
+    return found if isinstance(found, CampaignSettings) else CampaignSettings()
+
+
 def _root(st: AppState, root: Path | None) -> Path:
-    return campaigns_root(root, st.db_path)
+    return campaigns_root(root, st.db_path, site_campaign_settings(st).root)
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -110,16 +118,20 @@ def plan(
     exclude: str | None = typer.Option(
         None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
     ),
-    partition: str | None = typer.Option(None, "--partition", help="Slurm partition."),
+    partition: str | None = typer.Option(
+        None, "--partition", help="Slurm partition (default: campaign.partition)."
+    ),
     classes: str | None = typer.Option(
         None, "--classes", help="Comma-separated job classes (default: all site classes)."
     ),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Runs per GPU and class."),
+    repeats: int | None = typer.Option(
+        None, "--repeats", min=1, help="Runs per GPU and class (default: campaign.repeats, 3)."
+    ),
     command: list[str] = typer.Option(
         [],
         "--command",
         help="CLASS=COMMAND: bring your own benchmark (prints PAL_DURATION_S=<s>). "
-        "{python} and {bench_dir} are filled in. Repeatable.",
+        "{python} and {bench_dir} are filled in. Repeatable; overrides [campaign.commands].",
     ),
     campaign_id: str | None = typer.Option(
         None, "--id", help="Campaign id (default: c<UTC date-time>)."
@@ -127,15 +139,25 @@ def plan(
     gpu_model: str | None = typer.Option(
         None, "--gpu-model", help="GPU model name for the labels (default: site config)."
     ),
-    time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit per task."),
-    run_timeout: float = typer.Option(
-        1800.0, "--run-timeout", min=1, help="Seconds one benchmark run may take."
+    time_limit: str | None = typer.Option(
+        None, "--time", help="Slurm time limit per task (default: campaign.time_limit, 01:00:00)."
     ),
-    python: str = typer.Option(
-        "python3", "--python", help="Python on the compute nodes (runs runner and benchmarks)."
+    run_timeout: float | None = typer.Option(
+        None,
+        "--run-timeout",
+        min=1,
+        help="Seconds one benchmark run may take (default: campaign.run_timeout_s, 1800).",
+    ),
+    python: str | None = typer.Option(
+        None,
+        "--python",
+        help="Python on the compute nodes, runs runner and benchmarks (default: "
+        "campaign.python, python3).",
     ),
     sbatch_arg: list[str] = typer.Option(
-        [], "--sbatch-arg", help="Extra #SBATCH line, e.g. --account=ops. Repeatable."
+        [],
+        "--sbatch-arg",
+        help="Extra #SBATCH line, e.g. --account=ops. Repeatable; added to campaign.sbatch_args.",
     ),
     root: Path | None = ROOT_OPT,
     as_json: bool = JSON_OPT,
@@ -144,6 +166,7 @@ def plan(
     st = state(ctx)
     with _errors():
         cfg = st.config
+        settings = site_campaign_settings(st)
         if nodes is None or gpus_per_node is None:
             fail(
                 "give the GPUs to measure: --nodes HOSTLIST --gpus-per-node N (reading them "
@@ -164,7 +187,10 @@ def plan(
             )
         if len(set(names)) != len(names):
             fail(f"--classes names a class twice: {classes}")
-        benchmarks = default_benchmarks(names, parse_commands(command))
+        commands = {c: cmd for c, cmd in settings.commands if c in names}
+        commands |= parse_commands(command)
+        repeats = repeats or settings.repeats
+        benchmarks = default_benchmarks(names, commands)
         the_plan = CampaignPlan(
             campaign=check_campaign_id(campaign_id or default_campaign_id()),
             classes=names,
@@ -172,11 +198,11 @@ def plan(
             benchmarks=benchmarks,
             gpus=tuple(gpus),
             gpu_model=gpu_model or cfg.profiling.gpu_model,
-            partition=partition,
-            time_limit=time_limit,
-            run_timeout_s=run_timeout,
-            python=python,
-            sbatch_args=tuple(sbatch_arg),
+            partition=partition or settings.partition,
+            time_limit=time_limit or settings.time_limit,
+            run_timeout_s=run_timeout or settings.run_timeout_s,
+            python=python or settings.python,
+            sbatch_args=(*settings.sbatch_args, *sbatch_arg),
         )
         directory = create_campaign(_root(st, root), the_plan)
     shared = [b.name for b in benchmarks.values()]
@@ -413,11 +439,12 @@ def status(
 def collect(
     ctx: typer.Context,
     campaign: str = typer.Argument(..., help="Campaign id."),
-    tolerance: float = typer.Option(
-        DEFAULT_TOLERANCE,
+    tolerance: float | None = typer.Option(
+        None,
         "--tolerance",
         min=0.0,
-        help="Repeats of a GPU may differ by this much (max/min - 1) before they are reported.",
+        help="Repeats of a GPU may differ by this much (max/min - 1) before they are reported "
+        f"(default: campaign.tolerance, {DEFAULT_TOLERANCE}).",
     ),
     allow_missing: bool = typer.Option(
         False,
@@ -438,6 +465,8 @@ def collect(
     st = state(ctx)
     with _errors():
         cfg = st.config
+        if tolerance is None:
+            tolerance = site_campaign_settings(st).tolerance
         the_plan, directory = load_plan(_root(st, root), campaign)
         records, problems = read_records(directory, the_plan.campaign)
         check = check_campaign(
