@@ -1,18 +1,21 @@
 """`slurm-pal testbed ...`: a private Slurm on loopback (real daemons, fake GPUs) for trying
-things out and for tests. Runs as root; see slurm_pal/testbed/cluster.py for the layout."""
+things out and for tests, and `run`: the advisor against stock Slurm on an emulated-variability
+trace (slurm_pal/testbed/run.py). Runs as root; see slurm_pal/testbed/cluster.py for the layout."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
-from slurm_pal.cli.common import console, fail
+from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors, state
 from slurm_pal.site.render import RenderError, load_labels
 from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
+from slurm_pal.testbed.emulate import PROFILES, TRACES, EmulationError
 
 app = typer.Typer(
-    help="A private Slurm testbed on loopback: up, status, down.",
+    help="A private Slurm testbed on loopback: up, status, down; run: advisor vs stock Slurm.",
     no_args_is_help=True,
 )
 
@@ -90,3 +93,108 @@ def down(root: Path = DIR_OPT) -> None:
     console.print(
         f"stopped {len(stopped)} process(es)" + (": " + ", ".join(stopped) if stopped else "")
     )
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    root: Path = typer.Option(
+        Path("/tmp/slurm-pal-testbed-run"), "--dir", help="Folder of this run (all of it)."
+    ),
+    nodes: int = typer.Option(4, "--nodes", help="Nodes of the emulated cluster."),
+    gpus_per_node: int = typer.Option(4, "--gpus-per-node", help="Fake GPUs per node."),
+    profile: str = typer.Option(
+        "example", "--profile", help=f"Variability drawn onto the GPUs: {', '.join(PROFILES)}."
+    ),
+    profile_seed: int = typer.Option(0, "--profile-seed", help="Seed of the GPU draw."),
+    longhorn_dir: Path | None = typer.Option(
+        None, "--longhorn-dir", help="Folder of the Longhorn *-longhorn-agg.csv files."
+    ),
+    trace: str = typer.Option(
+        "mixed48", "--trace", help="Trace: " + "; ".join(f"{k}: {v}" for k, v in TRACES.items())
+    ),
+    trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the trace."),
+    scale: float = typer.Option(
+        1.0, "--scale", help="Stretch arrivals and durations (2 = twice as long)."
+    ),
+    arms: str = typer.Option("stock,advisor", "--arms", help="Arms to run: stock, advisor."),
+    policy: str = typer.Option("pal", "--policy", help="The advisor's policy."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
+    with the advisor, report JCTs and ratios (advisor / stock) next to the simulator's
+    prediction, and take down everything it started."""
+    from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
+
+    cfg = state(ctx).config
+    with reported_errors():
+        try:
+            settings = RunSettings(
+                root=root,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                profile=profile,
+                profile_seed=profile_seed,
+                longhorn_dir=longhorn_dir,
+                trace=trace,
+                trace_seed=trace_seed,
+                scale=scale,
+                arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
+                policy=policy,
+                config=cfg,
+            )
+            progress = (
+                (lambda m: err_console.print(m, highlight=False))
+                if as_json
+                else (lambda m: console.print(m, highlight=False))
+            )
+            report = run_testbed(settings, progress)
+        except (EmulationError, TestbedError) as exc:
+            fail(str(exc))
+    public = public_report(report)
+    if as_json:
+        print_json(public)
+    else:
+        print_report(public)
+    unavailable = public.get("unavailable") or {}
+    if unavailable:
+        for arm, reason in unavailable.items():  # type: ignore[union-attr]
+            err_console.print(f"[bold red]arm {arm} not run:[/] {reason}", highlight=False)
+        raise typer.Exit(1)
+
+
+def print_report(report: dict) -> None:
+    """The per-arm figures, the ratios and the simulator's prediction as tables."""
+    arms = report.get("arms", {})
+    table = Table(
+        title=f"trace {report['trace']} ({report['jobs']} jobs), profile {report['profile']} "
+        f"(seed {report['profile_seed']}), {report['cluster']} GPUs, FIFO"
+    )
+    table.add_column("figure")
+    for arm in arms:
+        table.add_column(f"{arm} (measured)", justify="right")
+    for arm in ("stock", "advisor"):
+        table.add_column(f"{arm} (sim)", justify="right")
+    sim = report.get("sim", {})
+    for key, label in (
+        ("avg_jct", "avg JCT (s)"),
+        ("p99_jct", "p99 JCT (s)"),
+        ("makespan", "makespan (s)"),
+        ("avg_wait", "avg wait (s)"),
+        ("spread_jobs", "jobs spread for nothing"),
+    ):
+        cells = [str(arms[a].get(f"{key}_s", arms[a].get(key))) for a in arms]
+        cells += [str(sim.get(a, {}).get(key)) for a in ("stock", "advisor")]
+        table.add_row(label, *cells)
+    console.print(table)
+    for key in ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio"):
+        measured = report.get(key)
+        predicted = report.get(f"sim_predicted_{key}")
+        console.print(
+            f"{key} (advisor / stock): measured "
+            f"{'-' if measured is None else f'{measured:.3f}'}, simulator {predicted:.3f}"
+        )
+    if report.get("prediction_error") is not None:
+        console.print(
+            f"simulator vs measured avg-JCT ratio: {100 * report['prediction_error']:+.1f} %"
+        )

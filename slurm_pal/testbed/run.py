@@ -1,0 +1,735 @@
+"""One trace, two arms, a real Slurm: the measured gain of the advisor over stock placement.
+
+Why: the PAL paper checked its simulator against a real cluster (Table IV). We have no GPUs but
+a real Slurm, so the testbed emulates the variability (:mod:`slurm_pal.testbed.emulate`) and
+runs the same trace twice on the same emulated cluster:
+
+* ``stock``: cons_tres places untyped GPU requests (no job_submit.lua);
+* ``advisor``: the rendered job_submit.lua asks ``slurm-pal serve`` (PROTOCOL.md), which steers
+  jobs to GPU types by class (jobs name their application: ``--comment=pal:app=emu-a``; the
+  applications are registered in the store with their class).
+
+Both arms submit with plain ``sbatch`` at the trace's (compressed) arrival times, under strict
+FIFO (``sched/builtin``): Slurm's time limits are whole minutes, so backfill cannot be told
+when second-long jobs end; the simulator's prediction uses FIFO without backfill as well.
+Every job writes its own record (GPUs got, slowdown, start and end); ``squeue --json`` (jobs
+kept for MinJobAge) gives Slurm's view and the advisor's admin comments.
+
+The advisor arm is a :class:`Arm` like the stock one: what it adds to the testbed (Lua,
+Prolog/Epilog) and what it starts and stops around the trace (the service).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.adapters.store import Store
+from slurm_pal.core.placement import PALPolicy, PMFirstPolicy, get_policy
+from slurm_pal.core.workload import SimJob
+from slurm_pal.sim import SimConfig, SimGpus, simulate
+from slurm_pal.site.render import HookSettings, plan_from_store, render_files, write_site
+from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
+from slurm_pal.testbed.emulate import (
+    CLASSES,
+    ArmMetrics,
+    EmulationError,
+    TraceJob,
+    arm_metrics,
+    campaign_frame,
+    compare,
+    emulated_gpus,
+    job_slowdown,
+    make_trace,
+    score_table,
+    source_profile,
+)
+
+__all__ = [
+    "ARMS",
+    "AdvisorArm",
+    "Arm",
+    "ArmResult",
+    "ArmUnavailable",
+    "Prepared",
+    "RunSettings",
+    "StockArm",
+    "app_name",
+    "prepare",
+    "public_report",
+    "run_arm",
+    "run_testbed",
+    "simulate_prediction",
+]
+
+ARMS = ("stock", "advisor")
+FIFO = ("SchedulerType=sched/builtin",)
+Progress = Callable[[str], None]
+
+
+class ArmUnavailable(RuntimeError):
+    """An arm cannot run here (e.g. the advisor service is not installed); says what is missing."""
+
+
+def app_name(job_class: str) -> str:
+    """The application each emulated job names in ``--comment=pal:app=NAME``."""
+    return f"emu-{job_class.lower()}"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What `slurm-pal testbed run` runs: cluster, profile, trace, arms."""
+
+    root: Path
+    nodes: int = 4
+    gpus_per_node: int = 4
+    node_prefix: str = "n"
+    device_pattern: str = "/dev/tty{index}"
+    profile: str = "example"
+    profile_seed: int = 0
+    longhorn_dir: Path | None = None
+    trace: str = "mixed48"
+    trace_seed: int = 0
+    scale: float = 1.0
+    arms: tuple[str, ...] = ARMS
+    policy: str = "pal"
+    config: SiteConfig = field(default_factory=SiteConfig)
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise EmulationError(f"unknown arm(s) {bad}; valid: {', '.join(ARMS)}")
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise EmulationError("a testbed needs >= 1 node and >= 1 GPU per node")
+
+    @property
+    def node_names(self) -> list[str]:
+        width = max(2, len(str(self.nodes)))
+        return [f"{self.node_prefix}{i + 1:0{width}d}" for i in range(self.nodes)]
+
+    @property
+    def work(self) -> Path:
+        """Our files, beside (not inside) the folders LocalSlurm wipes at every start."""
+        return self.root / "emulation"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The emulated cluster, ingested and rendered: everything both arms share."""
+
+    settings: RunSettings
+    db: Path
+    config_path: Path
+    campaign: str
+    site_dir: Path
+    table_path: Path
+    table: dict[str, object]
+    specs: tuple[NodeSpec, ...]
+    job_script: Path
+    socket_path: Path
+
+
+def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepared:
+    """Draw the profile, ingest it as the campaign of a fresh store, register one application
+    per class, render the site (labels, job_submit.lua, hooks) and write the score table."""
+    cfg = settings.config
+    classes = tuple(c for c in cfg.classes.names if c in CLASSES) or CLASSES
+    work = settings.work
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    settings.root.chmod(0o755)
+    work.chmod(0o755)
+    source = source_profile(
+        settings.profile,
+        nodes=settings.nodes,
+        gpus_per_node=settings.gpus_per_node,
+        longhorn_dir=settings.longhorn_dir,
+        class_order=classes,
+    )
+    gpus = emulated_gpus(
+        source,
+        settings.node_names,
+        settings.gpus_per_node,
+        seed=settings.profile_seed,
+        classes=classes,
+    )
+    csv = work / "emulated-campaign.csv"
+    campaign_frame(gpus, gpu_model=cfg.profiling.gpu_model).to_csv(csv, index=False)
+    db = work / "store.db"
+    campaign = f"emulated-{settings.profile}-s{settings.profile_seed}"
+    socket_path = work / "advisor.sock"
+    config_path = work / "slurm-pal.toml"
+    config_path.write_text(_site_config(cfg, settings, socket_path))
+    with Store(db) as store:
+        store.ingest(
+            [read_campaign_csv(csv, gpu_model=cfg.profiling.gpu_model)],
+            campaign_id=campaign,
+            class_order=cfg.classes.names,
+            binner=cfg.binning.binner(),
+            description=f"testbed emulation: {settings.profile} profile, seed "
+            f"{settings.profile_seed}",
+        )
+        for c in classes:
+            store.set_application_class(app_name(c), c)
+        plan = plan_from_store(store, campaign, device_pattern=settings.device_pattern)
+        site_dir = work / "site"
+        hooks = HookSettings.from_config(
+            _loaded(config_path, cfg), labels_path=str(site_dir / "labels.json")
+        )
+        files = render_files(
+            plan,
+            prolog=str(site_dir / "prolog.sh"),
+            epilog=str(site_dir / "epilog.sh"),
+            hooks=hooks,
+        )
+        write_site(site_dir, files)
+        labels = json.loads(files["labels.json"])
+        table = score_table(
+            store.gpu_scores(campaign), labels, across_nodes=cfg.locality.across_switches
+        )
+    table_path = work / "scores.json"
+    table_path.write_text(json.dumps(table, indent=1) + "\n")
+    specs = []
+    for node, entries in labels["nodes"].items():
+        by_index = {int(g["index"]): str(g["label"]) for g in entries}
+        specs.append(NodeSpec(node, tuple(by_index[i] for i in sorted(by_index))))
+    job_script = work / "emulated_job.py"
+    body = resources.files("slurm_pal.testbed").joinpath("templates/emulated_job.py").read_text()
+    job_script.write_text(f"#!{_job_python()}\n{body}")
+    job_script.chmod(0o755)
+    progress(
+        f"profile {settings.profile} (seed {settings.profile_seed}) ingested as campaign "
+        f"{campaign}: {len(gpus)} GPUs, {len({g.label for g in plan.gpus})} labels"
+    )
+    return Prepared(
+        settings,
+        db,
+        config_path,
+        campaign,
+        site_dir,
+        table_path,
+        table,
+        tuple(specs),
+        job_script,
+        socket_path,
+    )
+
+
+def _loaded(path: Path, fallback: SiteConfig) -> SiteConfig:
+    from slurm_pal.adapters.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError:
+        return fallback
+
+
+def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> str:
+    """The advisor's config for the testbed: its socket, fast refresh/re-plan (compressed
+    time), root only, no telemetry; the site's classes, binning and locality otherwise."""
+    a = cfg.advisor
+    lines = [
+        "# written by `slurm-pal testbed run`",
+        "[advisor]",
+        f'socket = "{socket_path}"',
+        'allowed_users = ["root"]',
+        'socket_group = "root"',
+        f'policy = "{settings.policy}"',
+        f"pack_tolerance = {a.pack_tolerance}",
+        "refresh_s = 1.0",
+        "replan_s = 2.0",
+        "reservation_ttl_s = 20.0",
+        "",
+        "[hooks]",
+        f'spool_dir = "{settings.work / "spool"}"',
+        "telemetry = false",
+        "",
+        "[locality]",
+        f"across_switches = {cfg.locality.across_switches}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _job_python() -> str:
+    """The interpreter of the job script: the system python3 (starts fastest, stdlib is all it
+    needs), else this one."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+# --- arms ---------------------------------------------------------------------------------------
+
+
+class Arm:
+    """One way of running the trace: what the testbed needs and what runs beside it."""
+
+    name = "arm"
+
+    def check(self) -> None:
+        """Raise :class:`ArmUnavailable` when this arm cannot run here."""
+
+    def testbed_options(self, prep: Prepared) -> dict[str, object]:
+        return {}
+
+    def start(self, tb: LocalSlurm, prep: Prepared, progress: Progress) -> None:
+        """Start what the arm needs once Slurm is up."""
+
+    def stop(self) -> None:
+        """Stop what :meth:`start` started (idempotent)."""
+
+
+class StockArm(Arm):
+    """cons_tres on untyped requests, no job_submit.lua: what a site has today."""
+
+    name = "stock"
+
+
+class AdvisorArm(Arm):
+    """The rendered job_submit.lua + Prolog/Epilog and a `slurm-pal serve` on the testbed's
+    socket, with the testbed's store and config."""
+
+    name = "advisor"
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log: Path | None = None
+
+    def check(self) -> None:
+        missing = [
+            m
+            for m in ("slurm_pal.advisor.server", "slurm_pal.advisor.state")
+            if importlib.util.find_spec(m) is None
+        ]
+        if missing:
+            raise ArmUnavailable(
+                "the advisor service is not installed in this checkout (missing "
+                f"{', '.join(missing)}; `slurm-pal serve` is issue 7's work)"
+            )
+
+    def testbed_options(self, prep: Prepared) -> dict[str, object]:
+        lua = prep.site_dir / "job_submit.lua"
+        options: dict[str, object] = {"job_submit_lua": lua.read_text()}
+        for kind in ("prolog", "epilog"):
+            script = prep.site_dir / f"{kind}.sh"
+            if script.is_file():
+                options[kind] = str(script)
+        return options
+
+    def start(self, tb: LocalSlurm, prep: Prepared, progress: Progress) -> None:
+        self.check()
+        (prep.settings.work / "spool").mkdir(exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            prep.socket_path.unlink()
+        self.log = prep.settings.work / "advisor.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "slurm_pal.cli.main",
+            "--db",
+            str(prep.db),
+            "--config",
+            str(prep.config_path),
+            "serve",
+            "--socket",
+            str(prep.socket_path),
+            "--labels",
+            str(prep.site_dir / "labels.json"),
+            "--policy",
+            prep.settings.policy,
+        ]
+        env = dict(tb.env)
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30.0
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ArmUnavailable(
+                    f"slurm-pal serve exited {self.proc.returncode}: {self._log_tail()}"
+                )
+            try:
+                answer = advisor_request(prep.socket_path, {"v": 1, "op": "health"})
+                if answer.get("ok"):
+                    progress(
+                        f"advisor up (pid {self.proc.pid}): policy {answer.get('policy')}, "
+                        f"{answer.get('gpus')} GPUs, campaign {answer.get('campaign')}"
+                    )
+                    return
+                last = str(answer)
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        self.stop()
+        raise ArmUnavailable(f"slurm-pal serve did not answer health within 30 s: {last}")
+
+    def stats(self, prep: Prepared) -> dict[str, object]:
+        with contextlib.suppress(OSError, ValueError):
+            answer = advisor_request(prep.socket_path, {"v": 1, "op": "stats"})
+            if answer.get("ok"):
+                return {k: v for k, v in answer.items() if k not in ("v", "ok")}
+        return {}
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def _log_tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return "(no log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+
+
+def advisor_request(path: Path, request: Mapping[str, object], timeout_s: float = 2.0) -> dict:
+    """One JSON line to the advisor's socket, one back (PROTOCOL.md)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+def make_arm(name: str) -> Arm:
+    if name == "stock":
+        return StockArm()
+    if name == "advisor":
+        return AdvisorArm()
+    raise EmulationError(f"unknown arm {name!r}; valid: {', '.join(ARMS)}")
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ArmResult:
+    """One arm's job records, Slurm's view of the jobs and the figures."""
+
+    arm: str
+    records: list[dict[str, object]]
+    slurm_jobs: dict[str, dict[str, object]]  # trace id -> squeue --json fields
+    metrics: ArmMetrics
+    duration_errors: list[float]  # per job: measured sleep / emulated - 1
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        errors = [abs(e) for e in self.duration_errors]
+        slurm_jcts = [
+            float(j["end_time"]) - float(j["submit_time"])
+            for j in self.slurm_jobs.values()
+            if j.get("end_time") and j.get("submit_time")
+        ]
+        return {
+            **self.metrics.to_dict(),
+            "slurm_avg_jct_s": round(float(np.mean(slurm_jcts)), 3) if slurm_jcts else None,
+            "max_duration_error": round(max(errors), 5) if errors else None,
+            **self.extra,
+        }
+
+
+def sbatch_args(job: TraceJob, prep: Prepared, records: Path, submit: float) -> list[str]:
+    """Plain sbatch options of a trace job: untyped GPUs per node, whole nodes above one
+    node, the application named in the comment; the same in both arms."""
+    gpn = prep.settings.gpus_per_node
+    args = [
+        "-J",
+        f"emu-{job.job_id}",
+        "-o",
+        str(records / f"{job.job_id}.out"),
+        f"--comment=pal:app={app_name(job.job_class)}",
+        f"--gres=gpu:{job.per_node(gpn)}",
+    ]
+    if job.nodes(gpn) > 1:
+        args += ["-N", str(job.nodes(gpn))]
+    return [
+        *args,
+        str(prep.job_script),
+        f"class={job.job_class}",
+        f"base={job.base}",
+        f"gpus={job.gpus}",
+        f"table={prep.table_path}",
+        f"records={records}",
+        f"id={job.job_id}",
+        f"submit={submit:.6f}",
+    ]
+
+
+def run_arm(
+    arm: Arm,
+    prep: Prepared,
+    trace: Sequence[TraceJob],
+    progress: Progress = lambda _: None,
+    *,
+    timeout_s: float | None = None,
+) -> ArmResult:
+    """Start a fresh Slurm, run the trace through ``arm``, stop everything, return the results."""
+    arm.check()
+    records = prep.settings.work / f"records-{arm.name}"
+    if records.exists():
+        shutil.rmtree(records)
+    records.mkdir(parents=True)
+    records.chmod(0o777)
+    tb = LocalSlurm(
+        prep.settings.root,
+        prep.specs,
+        device_pattern=prep.settings.device_pattern,
+        extra_conf=FIFO,
+        **arm.testbed_options(prep),  # type: ignore[arg-type]
+    )
+    if timeout_s is None:
+        longest = max(float(prep.table["across_nodes"]), 1.0) * 3.0  # type: ignore[arg-type]
+        timeout_s = max(j.submit for j in trace) + longest * sum(j.base for j in trace) + 60
+    jobs: dict[str, int] = {}
+    extra: dict[str, object] = {}
+    try:
+        tb.start()
+        arm.start(tb, prep, progress)
+        # slurmctld's first scheduling pass comes ~3 s after it starts: a CPU-only job that
+        # has run means the trace's first jobs wait no longer than later ones.
+        tb.wait_job(tb.submit("-J", "warm-up", "-o", "/dev/null", "--wrap", "true"), 30.0)
+        progress(f"{arm.name}: Slurm up; submitting {len(trace)} jobs with plain sbatch")
+        t0 = time.time()
+        for job in sorted(trace, key=lambda j: j.submit):
+            delay = t0 + job.submit - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            submit = time.time()
+            jobs[job.job_id] = tb.submit(*sbatch_args(job, prep, records, submit))
+        deadline = time.monotonic() + timeout_s
+        done: set[str] = set()
+        while len(done) < len(trace):
+            done = {p.stem for p in records.glob("*.json")}
+            if time.monotonic() > deadline:
+                missing = sorted(set(jobs) - done)
+                raise TestbedError(
+                    f"{arm.name}: {len(missing)} job(s) without a record after {timeout_s:.0f} "
+                    f"s: {missing[:10]}; job output in {records}"
+                )
+            time.sleep(0.5)
+        progress(f"{arm.name}: all {len(trace)} jobs ended after {time.time() - t0:.0f} s")
+        slurm_jobs = _squeue_jobs(tb, jobs)
+        if isinstance(arm, AdvisorArm):
+            extra["advisor_stats"] = arm.stats(prep)
+    finally:
+        arm.stop()
+        tb.stop()
+    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    failed = [r for r in recs if "error" in r]
+    if failed:
+        raise TestbedError(
+            f"{arm.name}: {len(failed)} emulated job(s) failed: "
+            + "; ".join(f"{r['trace_id']}: {r['error']}" for r in failed[:5])
+        )
+    errors = []
+    for r in recs:
+        expected = float(r["base"]) * float(r["slowdown"])
+        errors.append((float(r["end"]) - float(r["sleep_start"])) / expected - 1.0)
+    metrics = arm_metrics(arm.name, recs, prep.settings.gpus_per_node)
+    return ArmResult(arm.name, recs, slurm_jobs, metrics, errors, extra)
+
+
+def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str, object]]:
+    """Slurm's record of our jobs (22.05 keeps ended jobs for MinJobAge and ignores filters)."""
+    try:
+        data = json.loads(tb.run(["squeue", "--json"], timeout_s=30).stdout)
+    except (TestbedError, ValueError):
+        return {}
+    by_id = {int(j["job_id"]): j for j in data.get("jobs", [])}
+    keep = (
+        "job_id",
+        "job_state",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "nodes",
+        "admin_comment",
+        "comment",
+        "gres_detail",
+        "tres_per_node",
+        "required_nodes",
+    )
+    return {
+        trace_id: {k: by_id[jid].get(k) for k in keep}
+        for trace_id, jid in jobs.items()
+        if jid in by_id
+    }
+
+
+# --- the simulator's prediction -----------------------------------------------------------------
+
+
+def sim_gpus(prep: Prepared) -> SimGpus:
+    """The emulated GPUs as the simulator takes them: the store's PM-scores are both what the
+    policies see and what jobs feel (the job script sleeps by them too)."""
+    nodes = prep.table["nodes"]  # type: ignore[index]
+    gpn = prep.settings.gpus_per_node
+    classes = sorted({c for n in nodes.values() for g in n.values() for c in g["scores"]})
+    by_slot: dict[tuple[str, int], dict[str, float]] = {}
+    for node, gpus in nodes.items():
+        for gpu in gpus.values():
+            by_slot[(node, int(gpu["index"]))] = gpu["scores"]
+    order = [(node, i) for node in prep.settings.node_names for i in range(gpn)]
+    scores = {c: np.array([by_slot[slot][c] for slot in order]) for c in classes}
+    return SimGpus(len(prep.settings.node_names), gpn, scores, scores, source="testbed emulation")
+
+
+def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, object]:
+    """The simulator's Slurm mode on the same trace, GPUs and penalty: packed placement for
+    the stock arm, the advisor's policy (with its pack tolerance) for the advisor arm; FIFO
+    without backfill, as the testbed runs."""
+    jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base, j.job_class) for j in trace]
+    gpus = sim_gpus(prep)
+    penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
+    out: dict[str, object] = {}
+    tolerance = prep.settings.config.advisor.pack_tolerance
+    placements = {"packed": "packed-sticky", "random": "random-sticky"}
+    advised = placements.get(prep.settings.policy, prep.settings.policy)
+    for arm, placement in (("stock", "packed-sticky"), ("advisor", advised)):
+        config = SimConfig(
+            placement=placement,
+            mode="slurm",
+            backfill=False,
+            locality_penalty=penalty,
+        )
+        policy = None
+        if arm == "advisor" and prep.settings.policy in ("pal", "pm-first"):
+            policy = (PALPolicy if prep.settings.policy == "pal" else PMFirstPolicy)(
+                pack_tolerance=tolerance
+            )
+        result = _simulate(jobs, gpus, config, policy)
+        s = result.summary()
+        out[arm] = {
+            k: round(float(s[k]), 3) for k in ("avg_jct", "p99_jct", "makespan", "avg_wait")
+        } | {"spread_jobs": s["spread_jobs"], "placement": config.placement}
+    stock, adv = out["stock"], out["advisor"]
+    for key in ("avg_jct", "p99_jct", "makespan"):
+        out[f"{key}_ratio"] = round(adv[key] / stock[key], 4)  # type: ignore[index]
+    out["pack_tolerance"] = tolerance
+    return out
+
+
+def _simulate(jobs: list[SimJob], gpus: SimGpus, config: SimConfig, policy: object) -> object:
+    """:func:`simulate`, with the policy's parameters when it has some: SimConfig has no knob
+    for the pack tolerance yet, so the engine's one run object gets the configured policy."""
+    if policy is None:
+        return simulate(jobs, gpus, config)
+    from slurm_pal.sim import engine
+
+    get_policy(config.policy_name)  # the name is valid
+    run = engine._Simulation(jobs, gpus, config)  # private: no public knob yet
+    run.policy = policy  # type: ignore[assignment]
+    return run.run_slurm()
+
+
+# --- the whole run ------------------------------------------------------------------------------
+
+
+def run_testbed(settings: RunSettings, progress: Progress = lambda _: None) -> dict[str, object]:
+    """Prepare, predict, run every arm, compare. Arms that cannot run here are reported (with
+    the reason) and their ratios are None; the testbed is stopped whatever happens."""
+    trace = make_trace(
+        settings.trace,
+        seed=settings.trace_seed,
+        scale=settings.scale,
+        gpus_per_node=settings.gpus_per_node,
+        nodes=settings.nodes,
+    )
+    prep = prepare(settings, progress)
+    prediction = simulate_prediction(prep, trace)
+    progress(
+        f"simulator (Slurm mode, FIFO): predicted avg JCT ratio advisor/stock "
+        f"{prediction['avg_jct_ratio']}"
+    )
+    report: dict[str, object] = {
+        "trace": settings.trace,
+        "trace_seed": settings.trace_seed,
+        "scale": settings.scale,
+        "jobs": len(trace),
+        "profile": settings.profile,
+        "profile_seed": settings.profile_seed,
+        "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
+        "policy": settings.policy,
+        "locality_penalty": prep.table["across_nodes"],
+        "campaign": prep.campaign,
+        "root": str(settings.root),
+        "arms": {},
+        "unavailable": {},
+    }
+    results: dict[str, ArmResult] = {}
+    for name in settings.arms:
+        arm = make_arm(name)
+        try:
+            arm.check()
+        except ArmUnavailable as exc:
+            report["unavailable"][name] = str(exc)  # type: ignore[index]
+            progress(f"{name}: skipped: {exc}")
+            continue
+        results[name] = run_arm(arm, prep, trace, progress)
+        report["arms"][name] = results[name].to_dict()  # type: ignore[index]
+    ratios: dict[str, float | None] = dict.fromkeys(
+        ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio")
+    )
+    if "stock" in results and "advisor" in results:
+        ratios.update(compare(results["advisor"].metrics, results["stock"].metrics))
+    report.update(ratios)
+    report["sim_predicted_avg_jct_ratio"] = prediction["avg_jct_ratio"]
+    report["sim_predicted_p99_jct_ratio"] = prediction["p99_jct_ratio"]
+    report["sim_predicted_makespan_ratio"] = prediction["makespan_ratio"]
+    measured = ratios["avg_jct_ratio"]
+    report["prediction_error"] = (
+        None if measured is None else round(float(prediction["avg_jct_ratio"]) / measured - 1.0, 4)  # type: ignore[arg-type]
+    )
+    report["sim"] = prediction
+    report["_results"] = results  # for callers that show jobs; dropped from JSON
+    return report
+
+
+def public_report(report: Mapping[str, object]) -> dict[str, object]:
+    """The report without in-memory objects (what --json prints)."""
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def check_record(prep: Prepared, record: Mapping[str, object]) -> float:
+    """The slowdown the package computes for a record's GPUs (tests compare it to the job's)."""
+    per_node: dict[str, list[int]] = {}
+    for node, index, _label in record["gpus"]:  # type: ignore[attr-defined]
+        per_node.setdefault(node, []).append(int(index))
+    return job_slowdown(prep.table, str(record["class"]), per_node).factor

@@ -1,0 +1,242 @@
+"""The testbed emulation's pure parts: profile draws, the slowdown rule, traces, report math,
+and the job script's own arithmetic (run as a process with a faked Slurm environment)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.store import Store
+from slurm_pal.core.binning import PMBinner
+from slurm_pal.site.render import plan_from_store
+from slurm_pal.testbed.emulate import (
+    CLASSES,
+    EmulationError,
+    TraceJob,
+    arm_metrics,
+    campaign_frame,
+    compare,
+    emulated_gpus,
+    job_slowdown,
+    make_trace,
+    p99,
+    parse_gpus,
+    score_table,
+    source_profile,
+)
+from slurm_pal.testbed.run import RunSettings, sbatch_args
+
+NODES = ["n01", "n02", "n03", "n04"]
+
+
+@pytest.fixture(scope="module")
+def example_profile():
+    return source_profile("example", nodes=4, gpus_per_node=4)
+
+
+def test_draw_is_seeded_without_repetition(example_profile) -> None:
+    a = emulated_gpus(example_profile, NODES, 4, seed=3)
+    b = emulated_gpus(example_profile, NODES, 4, seed=3)
+    c = emulated_gpus(example_profile, NODES, 4, seed=4)
+    assert [g.factors for g in a] == [g.factors for g in b]
+    assert [g.factors for g in a] != [g.factors for g in c]
+    # 16 slots from a 16-GPU campaign: every measured GPU exactly once
+    drawn = sorted(round(g.factors["A"], 9) for g in a)
+    truth = example_profile.gpus
+    measured = sorted(round(v, 9) for v in truth[truth["job_class"] == "A"]["norm_value"])
+    assert drawn == measured
+    assert [(g.node, g.index) for g in a] == [(n, i) for n in NODES for i in range(4)]
+
+
+def test_longhorn_absent_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EmulationError, match="--profile example"):
+        source_profile("longhorn", longhorn_dir=tmp_path)
+    with pytest.raises(EmulationError, match="valid: example, longhorn"):
+        source_profile("summit")
+
+
+def test_longhorn_draw_when_present() -> None:
+    try:
+        profile = source_profile("longhorn")
+    except EmulationError as exc:
+        pytest.skip(str(exc))
+    gpus = emulated_gpus(profile, NODES, 4, seed=0)
+    assert len({g.uuid for g in gpus}) == 16
+    assert all(0.5 < f < 3 for g in gpus for f in g.factors.values())
+
+
+def _ingested(tmp_path: Path, example_profile):
+    gpus = emulated_gpus(example_profile, NODES, 4, seed=0)
+    csv = tmp_path / "c.csv"
+    campaign_frame(gpus).to_csv(csv, index=False)
+    store = Store(tmp_path / "s.db")
+    store.ingest(
+        [read_campaign_csv(csv)], campaign_id="emu", class_order=CLASSES, binner=PMBinner()
+    )
+    plan = plan_from_store(store, "emu", device_pattern="/dev/tty{index}")
+    labels = plan.to_dict()
+    table = score_table(store.gpu_scores("emu"), labels, across_nodes=1.7)
+    return gpus, store, plan, table
+
+
+def test_campaign_round_trip_gives_the_drawn_medians(tmp_path: Path, example_profile) -> None:
+    gpus, store, plan, table = _ingested(tmp_path, example_profile)
+    scores = store.gpu_scores("emu")
+    for gpu in gpus:
+        rows = scores[scores["uuid"] == gpu.uuid]
+        for row in rows.itertuples():
+            assert row.norm_value == pytest.approx(
+                gpu.factors[row.job_class] / _median(gpus, row.job_class), rel=1e-6
+            )
+    # the table is keyed by Slurm's index and carries the store's PM-scores
+    for g in plan.gpus:
+        entry = table["nodes"][g.node][str(g.slurm_index)]
+        assert entry["label"] == g.label and entry["index"] == g.index
+        stored = scores[scores["uuid"] == g.uuid].set_index("job_class")["pm_score"]
+        assert entry["scores"] == pytest.approx(stored.to_dict())
+    store.close()
+
+
+def _median(gpus, job_class: str) -> float:
+    return float(pd.Series([g.factors[job_class] for g in gpus]).median())
+
+
+def test_slowdown_rule() -> None:
+    table = {
+        "within_node": 1.0,
+        "across_nodes": 1.7,
+        "nodes": {
+            "n1": {
+                "0": {"label": "a", "scores": {"A": 1.0, "D": 1.0}},
+                "1": {"label": "b", "scores": {"A": 2.0, "D": 1.1}},
+            },
+            "n2": {"0": {"label": "a", "scores": {"A": 1.2, "D": 1.0}}},
+        },
+    }
+    one = job_slowdown(table, "A", {"n1": [0]})
+    assert (one.factor, one.penalty, one.gpus) == (1.0, 1.0, (("n1", 0, "a"),))
+    assert job_slowdown(table, "A", {"n1": [0, 1]}).factor == 2.0
+    assert job_slowdown(table, "D", {"n1": [1]}).factor == 1.1
+    spread = job_slowdown(table, "A", {"n1": [0], "n2": [0]})
+    assert spread.factor == pytest.approx(1.2 * 1.7) and spread.worst == 1.2
+    # a node listed without GPUs does not make the job spread
+    assert job_slowdown(table, "A", {"n1": [0], "n2": []}).penalty == 1.0
+    with pytest.raises(EmulationError, match="no GPU 5"):
+        job_slowdown(table, "A", {"n1": [5]})
+    with pytest.raises(EmulationError, match="valid: A, D"):
+        job_slowdown(table, "Z", {"n1": [0]})
+    with pytest.raises(EmulationError, match="no GPUs"):
+        job_slowdown(table, "A", {"n1": []})
+    assert parse_gpus("0,2,3") == [0, 2, 3] and parse_gpus("") == []
+    with pytest.raises(EmulationError):
+        parse_gpus("0,x")
+
+
+def test_job_script_applies_the_same_rule(tmp_path: Path, example_profile) -> None:
+    """The stdlib job script, run with a faked single-node Slurm environment, records the
+    GPUs and the slowdown job_slowdown computes, and sleeps base x slowdown."""
+    _, store, plan, table = _ingested(tmp_path, example_profile)
+    store.close()
+    table_path = tmp_path / "scores.json"
+    table_path.write_text(json.dumps(table))
+    script = resources.files("slurm_pal.testbed").joinpath("templates/emulated_job.py")
+    slow = max(plan.gpus, key=lambda g: table["nodes"][g.node][str(g.slurm_index)]["scores"]["A"])
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "7",
+        "SLURMD_NODENAME": slow.node,
+        "SLURM_JOB_GPUS": f"{slow.slurm_index}",
+        "SLURM_JOB_NUM_NODES": "1",
+    }
+    args = ["class=A", "base=0.01", "gpus=1", f"table={table_path}"]
+    args += [f"records={tmp_path}", "id=x1", "submit=100.0"]
+    subprocess.run([sys.executable, str(script), *args], env=env, check=True)
+    record = json.loads((tmp_path / "x1.json").read_text())
+    expected = job_slowdown(table, "A", {slow.node: [slow.slurm_index]})
+    assert record["slowdown"] == pytest.approx(expected.factor)
+    assert record["gpus"] == [[slow.node, slow.slurm_index, slow.label]]
+    assert record["end"] - record["sleep_start"] >= 0.01 * expected.factor
+    # a GPU the table does not know: the job fails and says why
+    env["SLURM_JOB_GPUS"] = "9"
+    args[-2] = "id=x2"
+    done = subprocess.run([sys.executable, str(script), *args], env=env, check=False)
+    assert done.returncode == 1
+    assert "KeyError" in json.loads((tmp_path / "x2.json").read_text())["error"]
+
+
+def test_traces() -> None:
+    a = make_trace("mixed48", seed=1)
+    assert a == make_trace("mixed48", seed=1) != make_trace("mixed48", seed=2)
+    assert 40 <= len(a) <= 48
+    assert [j.submit for j in a] == sorted(j.submit for j in a)
+    assert {j.gpus for j in a} <= {1, 2, 4, 8} and {j.job_class for j in a} <= set(CLASSES)
+    assert all(5.0 <= j.base <= 30.0 for j in a)
+    doubled = make_trace("mixed48", seed=1, scale=2.0)
+    assert [j.base for j in doubled] == pytest.approx([2 * j.base for j in a], abs=2e-3)
+    # sizes a 2 x 2 cluster cannot hold are left out
+    small = make_trace("mixed48", seed=1, nodes=2, gpus_per_node=2)
+    assert max(j.gpus for j in small) <= 4 and all(j.gpus != 8 for j in small)
+    assert len(make_trace("tiny")) == 6
+    with pytest.raises(EmulationError, match="valid: mixed48, tiny"):
+        make_trace("philly")
+    with pytest.raises(EmulationError, match="scale"):
+        make_trace("tiny", scale=0)
+
+
+def test_sbatch_args_ask_whole_nodes_above_one_node(tmp_path: Path) -> None:
+    class Prep:
+        settings = RunSettings(tmp_path)
+        job_script = tmp_path / "job.py"
+        table_path = tmp_path / "scores.json"
+
+    eight = sbatch_args(TraceJob("j1", 0.0, 8, "B", 3.0), Prep, tmp_path, 5.0)  # type: ignore[arg-type]
+    assert "--gres=gpu:4" in eight and eight[eight.index("-N") + 1] == "2"
+    assert "--comment=pal:app=emu-b" in eight and "class=B" in eight
+    two = sbatch_args(TraceJob("j2", 0.0, 2, "A", 3.0), Prep, tmp_path, 5.0)  # type: ignore[arg-type]
+    assert "--gres=gpu:2" in two and "-N" not in two
+    with pytest.raises(EmulationError, match="valid: stock, advisor"):
+        RunSettings(tmp_path, arms=("stock", "magic"))
+
+
+def _record(i: int, submit: float, start: float, end: float, gpus, asked: int = 1) -> dict:
+    return {
+        "trace_id": f"j{i}",
+        "submit": submit,
+        "start": start,
+        "end": end,
+        "gpus": gpus,
+        "gpus_asked": asked,
+        "slowdown": 1.0,
+    }
+
+
+def test_report_math() -> None:
+    records = [
+        _record(0, 0.0, 0.0, 10.0, [["n1", 0, "a"]]),
+        _record(1, 1.0, 2.0, 5.0, [["n1", 1, "a"], ["n2", 0, "a"]], asked=2),
+        _record(2, 2.0, 10.0, 32.0, [["n1", 0, "a"]] * 4 + [["n2", 0, "a"]] * 4, asked=8),
+    ]
+    m = arm_metrics("stock", records, gpus_per_node=4)
+    assert m.avg_jct == pytest.approx((10 + 4 + 30) / 3)
+    assert m.p99_jct == 30.0 and m.makespan == 32.0
+    assert m.avg_wait == pytest.approx((0 + 1 + 8) / 3)
+    assert m.spread_jobs == 1  # the 2-GPU job; the 8-GPU job must span
+    faster = arm_metrics("advisor", [_record(0, 0.0, 0.0, 8.0, [["n1", 0, "a"]])], 4)
+    single = arm_metrics("stock", [_record(0, 0.0, 0.0, 10.0, [["n1", 0, "a"]])], 4)
+    assert compare(faster, single) == {
+        "avg_jct_ratio": 0.8,
+        "p99_jct_ratio": 0.8,
+        "makespan_ratio": 0.8,
+    }
+    assert p99(list(range(1, 101))) == 100 and p99([3.0]) == 3.0 and math.isnan(p99([]))
+    with pytest.raises(EmulationError, match="no job records"):
+        arm_metrics("stock", [], 4)
