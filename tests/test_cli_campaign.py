@@ -561,3 +561,126 @@ def test_plan_and_collect_use_the_campaign_settings(
     run_cli("campaign", "submit", "k3")
     report = as_json(run_cli("campaign", "collect", "k3", "--json"))
     assert report["tolerance"] == 0.1 and report["disagreements"] == []
+
+
+# -- suggest ---------------------------------------------------------------------------------
+
+
+def production_jsonl(path: Path, gpus: list, drifted: str, jobs: int, seed: int = 0) -> None:
+    """Prolog/Epilog records and advisor decisions of ``jobs`` one- and two-GPU jobs.
+
+    ``gpus``: the site plan's GPUs (node, slurm_index, uuid) with their class-A/D scores;
+    runtime = base x worst score (x 1.08 with ``drifted``) x 2 % noise. Half the Prolog
+    records carry NVML UUIDs, half only Slurm's indices.
+    """
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    apps = {f"app{a}": ("A" if a % 2 else "D", float(rng.uniform(100, 900))) for a in range(6)}
+    by_node: dict[str, list] = {}
+    for g in gpus:
+        by_node.setdefault(g["node"], []).append(g)
+    lines = []
+    for j in range(jobs):
+        app = f"app{rng.integers(len(apps))}"
+        job_class, base = apps[app]
+        node = sorted(by_node)[rng.integers(len(by_node))]
+        size = int(rng.choice([1, 1, 2]))
+        chosen = [by_node[node][i] for i in rng.choice(len(by_node[node]), size, replace=False)]
+        worst = max(
+            g["scores"][job_class] * (1.08 if g["uuid"] == drifted else 1.0) for g in chosen
+        )
+        runtime = base * worst * math.exp(rng.normal(0, 0.02))
+        job_id = str(1000 + j)
+        prolog = {"record_id": f"{job_id}:{node}:prolog", "kind": "prolog", "job_id": job_id,
+                  "node": node, "time": 1e9 + j, "slurm_gpus": [g["slurm_index"] for g in chosen],
+                  "user": "alice", "name": app}  # fmt: skip
+        if j % 2:
+            prolog["uuids"] = [g["uuid"] for g in chosen]
+        epilog = {"record_id": f"{job_id}:{node}:epilog", "kind": "epilog", "job_id": job_id,
+                  "node": node, "time": 1e9 + j + runtime, "exit_code": 0}  # fmt: skip
+        decision = {"kind": "decision", "token": f"t{j}", "job_id": job_id,
+                    "job": {"user": "alice", "name": app, "script": f"#!/bin/sh\nrun {app}\n"},
+                    "answer": {"ok": True, "action": "route", "class": job_class}}  # fmt: skip
+        lines += [json.dumps(x) for x in (decision, prolog, epilog)]
+    lines.append(json.dumps({"kind": "decision", "job_id": "1", "job": {}, "answer": {}}))
+    lines.append(json.dumps({"kind": "prolog", "job_id": "2", "node": "n01", "time": 1.0}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_suggest_lists_the_drifting_gpu_and_plans_its_recheck(
+    run_cli: Callable, example_csv: Path, tmp_path: Path
+) -> None:
+    from slurm_pal.adapters.store import Store
+    from slurm_pal.site.render import plan_from_store
+
+    run_cli("profile", "ingest", example_csv, "--campaign", "jan")
+    with Store(os.environ["SLURM_PAL_DB"]) as store:
+        site = plan_from_store(store)
+        frame = store.gpu_scores("jan")
+    scores: dict[str, dict[str, float]] = {}
+    for r in frame.itertuples():
+        scores.setdefault(r.uuid, {})[r.job_class] = float(r.pm_score)
+    gpus = [
+        {"node": g.node, "slurm_index": g.slurm_index, "uuid": g.uuid, "index": g.index,
+         "scores": scores[g.uuid]}
+        for g in site.gpus
+        if g.node in ("node01", "node02", "node03", "node04")
+    ]  # fmt: skip
+    drifted = next(g for g in gpus if g["node"] == "node03" and g["index"] == 2)
+    records = tmp_path / "records.jsonl"
+    production_jsonl(records, gpus, drifted["uuid"], 1200)
+
+    data = as_json(run_cli("campaign", "suggest", "--records", records, "--json"))
+    assert [(d["gpu"], d["node"], d["gpu_index"]) for d in data["drifting"]] == [
+        (drifted["uuid"], "node03", 2)
+    ]
+    (d,) = data["drifting"]
+    assert d["median_residual"] == pytest.approx(0.08, abs=0.02) and d["runs"] >= 5
+    assert data["campaign"] == "jan" and data["gpus_judged"] == 16
+    assert data["jobs_skipped"] == {"the advisor gave it no class": 1, "no epilog record yet": 1}
+    plan_cmd = data["suggested_plan"]
+    assert plan_cmd.startswith("slurm-pal campaign plan --nodes node03 --gpus-per-node 4")
+    assert "--only node03:2 --id jan-recheck" in plan_cmd
+    shown = text(run_cli("campaign", "suggest", "--records", records))
+    assert "1 GPU(s) slower than their PM-scores say" in shown
+    assert f"{d['median_residual']:+.1%}" in shown and "1200 production job(s) compared" in shown
+
+    # Too few runs: nothing listed; the same GPU shows up with the evidence asked for.
+    none = as_json(
+        run_cli("campaign", "suggest", "--records", records, "--min-runs", 500, "--json")
+    )
+    assert none["drifting"] == [] and none["suggested_plan"] is None
+    assert "nothing to re-measure" in text(
+        run_cli("campaign", "suggest", "--records", records, "--threshold", 0.2)
+    )
+
+    # The suggested targeted campaign: only that GPU is measured, its task holds the node.
+    args = [*plan_cmd.split()[1:], "--root", tmp_path / "camps", "--json"]
+    planned = as_json(run_cli(*args))
+    assert [(g["node"], g["gpu_index"]) for g in planned["plan"]["gpus"]] == [("node03", 2)]
+    script = (tmp_path / "camps" / "jan-recheck" / "sbatch" / "node03.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --array=2" in script
+
+
+def test_suggest_errors_name_the_problem(run_cli: Callable, example_csv: Path, tmp_path: Path):
+    run_cli("profile", "ingest", example_csv, "--campaign", "jan")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "prolog", "job_id": "1"}\n{"kind": "sbatch"}\n')
+    result = run_cli("campaign", "suggest", "--records", bad, ok=False)
+    assert result.exit_code == 2 and "bad.jsonl:2: 'kind' must be prolog, epilog or decision" in (
+        text(result)
+    )
+    bad.write_text("{nope\n")
+    result = run_cli("campaign", "suggest", "--records", bad, ok=False)
+    assert result.exit_code == 2 and "bad.jsonl:1: not JSON" in text(result)
+    result = run_cli("campaign", "suggest", "--records", bad, "--labels", tmp_path / "x", ok=False)
+    assert result.exit_code == 2 and "cannot read labels" in text(result)
+    result = run_cli("campaign", "plan", "--nodes", "n1", "--gpus-per-node", "2", "--only",
+                     "n1:7", ok=False)  # fmt: skip
+    assert result.exit_code == 2 and "--only names GPU(s) n1:7" in text(result)
+    result = run_cli("campaign", "plan", "--nodes", "n1", "--gpus-per-node", "2", "--only",
+                     "n1", ok=False)  # fmt: skip
+    assert result.exit_code == 2 and "NODE:INDEX" in text(result)

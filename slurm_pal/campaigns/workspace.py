@@ -77,6 +77,9 @@ class CampaignPlan:
     run_timeout_s: float = 1800.0
     python: str = "python3"
     sbatch_args: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    """GPUs a node has, when the plan measures only some of them (``plan --only``): each task
+    still holds the whole node. None: the planned GPUs of a node are all it has."""
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
@@ -85,6 +88,10 @@ class CampaignPlan:
 
     def node_gpus(self, node: str) -> list[int]:
         return sorted(g.gpu_index for g in self.gpus if g.node == node)
+
+    def node_gpu_count(self, node: str) -> int:
+        """GPUs a task must hold on ``node``: all of the node's, measured or not."""
+        return self.gpus_per_node or len(self.node_gpus(node))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -103,6 +110,7 @@ class CampaignPlan:
             "run_timeout_s": self.run_timeout_s,
             "python": self.python,
             "sbatch_args": list(self.sbatch_args),
+            "gpus_per_node": self.gpus_per_node,
             "results_dir": RESULTS_DIR,
             "bench_dir": BENCH_DIR,
             "log_dir": LOG_DIR,
@@ -129,6 +137,7 @@ class CampaignPlan:
                 run_timeout_s=float(data.get("run_timeout_s") or 1800.0),  # type: ignore[arg-type]
                 python=str(data.get("python") or "python3"),
                 sbatch_args=tuple(data.get("sbatch_args") or ()),  # type: ignore[arg-type]
+                gpus_per_node=data.get("gpus_per_node"),  # type: ignore[arg-type]
                 created_at=str(data.get("created_at") or ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -226,7 +235,7 @@ def render_sbatch(plan: CampaignPlan, directory: Path, node: str, array: str) ->
             campaign=plan.campaign,
             node=node,
             job_name=job_name(plan.campaign, node),
-            gpus=len(plan.node_gpus(node)),
+            gpus=plan.node_gpu_count(node),
             array=array,
             time_limit=plan.time_limit,
             partition=plan.partition,

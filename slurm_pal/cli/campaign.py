@@ -7,16 +7,20 @@ activate. The campaign's files live in one directory per campaign (see
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import typer
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands, SlurmError
 from slurm_pal.campaigns.workspace import (
@@ -61,7 +65,10 @@ from slurm_pal.core.campaigns import (
     task_progress,
     waiting_for_unavailable_nodes,
 )
+from slurm_pal.core.drift import DriftDetector, JobInfo, runs_from_records
+from slurm_pal.core.hostlist import compress as compress_hostlist
 from slurm_pal.core.hostlist import expand as expand_hostlist
+from slurm_pal.site.render import plan_from_store
 
 app = typer.Typer(
     help="Profiling campaigns through Slurm: plan, submit, collect, diff, activate.",
@@ -117,6 +124,12 @@ def plan(
     ),
     exclude: str | None = typer.Option(
         None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
+    ),
+    only: str | None = typer.Option(
+        None,
+        "--only",
+        help="Measure only these GPUs, NODE:INDEX,... (e.g. from 'campaign suggest'); each "
+        "task still holds its whole node.",
     ),
     partition: str | None = typer.Option(
         None, "--partition", help="Slurm partition (default: campaign.partition)."
@@ -178,6 +191,18 @@ def plan(
             gpus = [g for g in gpus if g.node not in skip]
             if not gpus:
                 fail(f"--exclude {exclude} leaves no node of --nodes {nodes} to measure")
+        subset = None
+        if only:
+            wanted = parse_gpu_list(only)
+            known = {g.key for g in gpus}
+            unknown = sorted(wanted - known)
+            if unknown:
+                fail(
+                    f"--only names GPU(s) {', '.join(f'{n}:{i}' for n, i in unknown)} that "
+                    f"--nodes {nodes} --gpus-per-node {gpus_per_node} does not plan"
+                )
+            gpus = [g for g in gpus if g.key in wanted]
+            subset = gpus_per_node
         names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
         unknown = [c for c in names if c not in cfg.classes.names]
         if unknown or not names or "" in names:
@@ -203,6 +228,7 @@ def plan(
             run_timeout_s=run_timeout or settings.run_timeout_s,
             python=python or settings.python,
             sbatch_args=(*settings.sbatch_args, *sbatch_arg),
+            gpus_per_node=subset,
         )
         directory = create_campaign(_root(st, root), the_plan)
     shared = [b.name for b in benchmarks.values()]
@@ -390,6 +416,21 @@ def _node_states(slurm: CampaignSlurm, nodes: set[str]) -> dict[str, str] | None
     except SlurmError as exc:
         err_console.print(f"warning: node states unknown ({exc})", highlight=False)
         return None
+
+
+def parse_gpu_list(text: str) -> set[GpuKey]:
+    """``NODE:INDEX,NODE:INDEX`` -> {(node, index)}; the error shows the expected form."""
+    out: set[GpuKey] = set()
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        node, sep, index = item.rpartition(":")
+        if not sep or not node or not index.isdigit():
+            raise CampaignError(
+                f"--only item {item!r} must look like NODE:INDEX (device minor), e.g. gpu07:2"
+            )
+        out.add((node, int(index)))
+    if not out:
+        raise CampaignError("--only names no GPU; give NODE:INDEX,... e.g. gpu07:2,gpu11:0")
+    return out
 
 
 def _print_progress(tasks: list[TaskProgress], the_plan: CampaignPlan, problems: list[str]) -> None:
@@ -783,3 +824,229 @@ def activate(
     )
     if d is not None:
         _print_label_changes(d)
+
+
+# -- suggest ---------------------------------------------------------------------------------
+
+
+def read_production_jsonl(path: Path) -> tuple[list[dict], list[dict]]:
+    """(hook records, advisor decisions) from a JSON-lines export.
+
+    A line is a Prolog/Epilog record (PROTOCOL.md op ``record``: ``kind`` prolog/epilog), or a
+    row of ``advisor_decisions``: ``{"kind": "decision", "job_id", "job": {...}, "answer":
+    {...}}``. Errors name the line.
+    """
+    records: list[dict] = []
+    decisions: list[dict] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise CampaignError(f"cannot read --records {path}: {exc}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise CampaignError(f"{path}:{number}: not JSON ({exc})") from exc
+        kind = item.get("kind") if isinstance(item, dict) else None
+        if kind in ("prolog", "epilog"):
+            records.append(item)
+        elif kind == "decision":
+            decisions.append(item)
+        else:
+            raise CampaignError(
+                f"{path}:{number}: 'kind' must be prolog, epilog or decision, got {kind!r}"
+            )
+    return records, decisions
+
+
+def jobs_from_decisions(decisions: list[dict]) -> tuple[dict[str, JobInfo], dict[str, str]]:
+    """Job id -> (history key, class) from the advisor's decisions; why others were left out.
+
+    The key is what the advisor resolved classes by: (user, job name, script sha256).
+    """
+    jobs: dict[str, JobInfo] = {}
+    skipped: dict[str, str] = {}
+    for d in decisions:
+        job_id = str(d.get("job_id") or "")
+        answer = d.get("answer") if isinstance(d.get("answer"), dict) else {}
+        job_class = answer.get("class")  # type: ignore[union-attr]
+        if not job_id:
+            continue
+        if not isinstance(job_class, str) or not job_class:
+            skipped[job_id] = "the advisor gave it no class"
+            continue
+        try:
+            desc = JobDescription.from_wire(d.get("job") or {})
+        except (ValueError, TypeError) as exc:
+            skipped[job_id] = f"unreadable job description ({exc})"
+            continue
+        key = "|".join((desc.user, desc.name, desc.script_sha256 or ""))
+        jobs[job_id] = JobInfo(key, job_class)
+    return jobs, skipped
+
+
+def _gpu_ids_from_labels(path: Path) -> dict[tuple[str, int], str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {
+            (str(node), int(g["slurm_index"])): str(g["uuid"])
+            for node, gpus in data["nodes"].items()
+            for g in gpus
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CampaignError(
+            f"cannot read labels {path} (labels.json of 'slurm-pal site render'): {exc}"
+        ) from exc
+
+
+@app.command()
+def suggest(
+    ctx: typer.Context,
+    records: Path | None = typer.Option(
+        None,
+        "--records",
+        help="JSON lines of Prolog/Epilog records and advisor decisions (default: the store).",
+    ),
+    labels: Path | None = typer.Option(
+        None,
+        "--labels",
+        help="labels.json Slurm runs with, to map SLURM_JOB_GPUS to GPUs (default: "
+        "advisor.labels_file, else the campaign's own labels).",
+    ),
+    campaign: str | None = typer.Option(
+        None, "--campaign", help="Store campaign whose PM-scores are expected (default: active)."
+    ),
+    min_runs: int | None = typer.Option(
+        None,
+        "--min-runs",
+        min=1,
+        help="Production runs a GPU needs before it can be listed (default: "
+        "campaign.drift_min_runs, 5).",
+    ),
+    threshold: float | None = typer.Option(
+        None,
+        "--threshold",
+        min=0.0,
+        help="Median slowdown beyond which a GPU drifts, 0.05 = 5 % (default: "
+        "campaign.drift_threshold).",
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """GPUs that run slower in production than their PM-scores say: re-measure these.
+
+    Each job's runtime is compared with the same application's runs on other GPUs, scaled
+    by the PM-scores of the GPUs used (the slowest one sets the pace); a GPU whose runs are
+    consistently slower by more than the threshold is listed, with a targeted campaign plan.
+    """
+    st = state(ctx)
+    settings = site_campaign_settings(st)
+    with _errors(), st.store() as store:
+        campaign_id = store.resolve_campaign(campaign)
+        frame = store.gpu_scores(campaign_id)
+        scores: dict[str, dict[str, float]] = {}
+        where: dict[str, tuple[str, int | None]] = {}
+        for r in frame.itertuples(index=False):
+            scores.setdefault(str(r.uuid), {})[str(r.job_class)] = float(r.pm_score)
+            where[str(r.uuid)] = (str(r.node), None if pd.isna(r.gpu_index) else int(r.gpu_index))
+        labels_path = labels or (
+            Path(st.config.advisor.labels_file) if st.config.advisor.labels_file else None
+        )
+        if labels_path is not None:
+            gpu_ids = _gpu_ids_from_labels(labels_path)
+        else:
+            gpu_ids = {
+                (g.node, g.slurm_index): g.uuid for g in plan_from_store(store, campaign_id).gpus
+            }
+        if records is None:
+            fail(
+                "reading the Prolog/Epilog records from the store is not available yet; "
+                "export them as JSON lines and pass --records FILE"
+            )
+        hook_records, decisions = read_production_jsonl(records)
+        jobs, skipped = jobs_from_decisions(decisions)
+        runs, not_paired = runs_from_records(hook_records, jobs, gpu_ids)
+        skipped |= {j: why for j, why in not_paired.items() if j not in skipped}
+        runs = [
+            replace(r, gpus=tuple(store.canonical_uuid(campaign_id, g) for g in r.gpus))
+            for r in runs
+        ]
+        detector = DriftDetector(
+            threshold=settings.drift_threshold if threshold is None else threshold,
+            min_runs=min_runs or settings.drift_min_runs,
+        ).fit(runs, scores)
+    skipped |= detector.skipped_
+    found = detector.drifting_gpus()
+    targets = sorted(
+        {where[d.gpu] for d in found if d.gpu in where and where[d.gpu][1] is not None}
+    )
+    command = _targeted_plan(targets, frame, campaign_id) if targets else None
+    reasons: dict[str, int] = {}
+    for why in skipped.values():
+        reasons[why] = reasons.get(why, 0) + 1
+    if as_json:
+        print_json(
+            {
+                "campaign": campaign_id,
+                "threshold": detector.threshold,
+                "min_runs": detector.min_runs,
+                "jobs_used": len(runs) - len(detector.skipped_),
+                "jobs_skipped": reasons,
+                "drifting": [
+                    d.to_dict()
+                    | {
+                        "node": where.get(d.gpu, ("", None))[0],
+                        "gpu_index": where.get(d.gpu, ("", None))[1],
+                    }
+                    for d in found
+                ],
+                "gpus_judged": len(detector.gpus_),
+                "suggested_plan": command,
+            }
+        )
+        return
+    console.print(
+        f"campaign {campaign_id}: {len(runs) - len(detector.skipped_)} production job(s) "
+        f"compared, {len(detector.gpus_)} GPU(s) judged (threshold "
+        f"{detector.threshold:.1%}, at least {detector.min_runs} runs)"
+    )
+    for why, n in sorted(reasons.items(), key=lambda x: -x[1]):
+        console.print(f"  {n} job(s) left out: {why}", highlight=False)
+    if not found:
+        console.print("no GPU drifts: nothing to re-measure")
+        return
+    table = Table(
+        title=f"{len(found)} GPU(s) slower than their PM-scores say", title_justify="left"
+    )
+    for col in ("GPU", "node", "index", "runs", "apps", "slowdown", "runs slower", "expected s",
+                "observed s"):  # fmt: skip
+        table.add_column(col)
+    for d in found:
+        node, index = where.get(d.gpu, ("", None))
+        table.add_row(
+            d.gpu,
+            node,
+            _idx(index),
+            str(d.runs),
+            str(d.apps),
+            f"{d.median_residual:+.1%}",
+            f"{d.share_slower:.0%}",
+            f"{d.expected_s:.4g}",
+            f"{d.observed_s:.4g}",
+        )
+    console.print(table)
+    if command:
+        console.print(f"re-measure them: {command}", highlight=False, soft_wrap=True)
+
+
+def _targeted_plan(targets: list[tuple[str, int | None]], frame, campaign_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The ``campaign plan`` command that measures just these GPUs (whole nodes held)."""
+    nodes = sorted({n for n, _ in targets})
+    per_node = frame[frame["node"].isin(nodes)].groupby("node")["gpu_index"].nunique()
+    gpus = int(per_node.max()) if len(per_node) else 1
+    only = ",".join(f"{n}:{i}" for n, i in targets)
+    return (
+        f"slurm-pal campaign plan --nodes {compress_hostlist(nodes)} --gpus-per-node {gpus} "
+        f"--only {only} --id {campaign_id}-recheck"
+    )
