@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -519,6 +520,7 @@ def run_arm(
         timeout_s = max(j.submit for j in trace) + longest * sum(j.base for j in trace) + 60
     jobs: dict[str, int] = {}
     extra: dict[str, object] = {}
+    watcher = _GresWatcher()
     try:
         tb.start()
         arm.start(tb, prep, progress)
@@ -526,6 +528,7 @@ def run_arm(
         # has run means the trace's first jobs wait no longer than later ones.
         tb.wait_job(tb.submit("-J", "warm-up", "-o", "/dev/null", "--wrap", "true"), 30.0)
         progress(f"{arm.name}: Slurm up; submitting {len(trace)} jobs with plain sbatch")
+        watcher.start(tb)
         t0 = time.time()
         for job in sorted(trace, key=lambda j: j.submit):
             delay = t0 + job.submit - time.time()
@@ -543,12 +546,19 @@ def run_arm(
                     f"{arm.name}: {len(missing)} job(s) without a record after {timeout_s:.0f} "
                     f"s: {missing[:10]}; job output in {records}"
                 )
-            time.sleep(0.5)
+            time.sleep(1.0)
         progress(f"{arm.name}: all {len(trace)} jobs ended after {time.time() - t0:.0f} s")
+        watcher.stop()
         slurm_jobs = _squeue_jobs(tb, jobs)
+        for trace_id, job in slurm_jobs.items():  # ended jobs show no gres_detail any more
+            job["gres_detail"] = watcher.gres.get(jobs[trace_id], job.get("gres_detail"))
+        (prep.settings.work / f"slurm-jobs-{arm.name}.json").write_text(
+            json.dumps(slurm_jobs, indent=1) + "\n"
+        )
         if isinstance(arm, AdvisorArm):
             extra["advisor_stats"] = arm.stats(prep)
     finally:
+        watcher.stop()
         arm.stop()
         tb.stop()
     recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
@@ -564,6 +574,36 @@ def run_arm(
         errors.append((float(r["end"]) - float(r["sleep_start"])) / expected - 1.0)
     metrics = arm_metrics(arm.name, recs, prep.settings.gpus_per_node)
     return ArmResult(arm.name, recs, slurm_jobs, metrics, errors, extra)
+
+
+class _GresWatcher:
+    """Polls ``squeue --json`` while the trace runs: the GPUs (``gres_detail``) Slurm gave each
+    job are only shown while it runs."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.gres: dict[int, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, tb: LocalSlurm) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(tb,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, tb: LocalSlurm) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TestbedError, ValueError, KeyError):
+                out = tb.run(["squeue", "--json"], timeout_s=10, check=False).stdout
+                for job in json.loads(out).get("jobs", []):
+                    if job.get("job_state") == "RUNNING" and job.get("gres_detail"):
+                        self.gres[int(job["job_id"])] = list(job["gres_detail"])
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
 
 
 def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str, object]]:
