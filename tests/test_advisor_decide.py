@@ -126,20 +126,8 @@ def chosen_labels(decision: Decision, labels: LabelTable) -> dict[str, Counter[s
 
 def applied(fields: Mapping[str, object], decision: Decision) -> JobDescription:
     """The job as Slurm sees it after job_submit.lua applied ``set`` ("" clears a field)."""
-    wire = {"user": "alice", **fields}
-    for key, value in decision.set_fields.items():
-        assert key in SET_FIELDS
-        if value == "":
-            wire.pop(key, None)
-        else:
-            wire[key] = value
-    return JobDescription.from_wire(wire)
-
-
-def typed_per_node(job: JobDescription) -> Counter[str | None]:
-    return Counter(
-        {e.type: e.count for e in parse_tres(job.tres_per_node) if e.is_gpu}  # type: ignore[misc]
-    )
+    assert set(decision.set_fields) <= set(SET_FIELDS)
+    return JobDescription.from_wire({"user": "alice", **fields}).with_set(decision.set_fields)
 
 
 # --- LabelTable -------------------------------------------------------------------------------

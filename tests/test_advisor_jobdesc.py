@@ -236,3 +236,23 @@ def test_feature_set_plain_and() -> None:
 def test_feature_set_rejects_what_cannot_be_modelled(expression: str) -> None:
     with pytest.raises(JobDescError, match="features"):
         feature_set(expression)
+
+
+def test_with_set_applies_a_decide_answer() -> None:
+    desc = job(tres_per_job="gres:gpu:2", tres_per_node="gres:shard:1", min_nodes=1)
+    new = desc.with_set(
+        {
+            "req_nodes": "n01",
+            "tres_per_node": "gres:gpu:v100-a0:2,gres:shard:1",
+            "tres_per_job": "",
+            "min_nodes": 1,
+            "max_nodes": 1,
+            "admin_comment": "slurm-pal/1 route why=x",
+        }
+    )
+    assert new.req_nodes == "n01" and new.tres_per_job is None and new.max_nodes == 1
+    assert new.tres_per_node == "gres:gpu:v100-a0:2,gres:shard:1" and new.user == "alice"
+    with pytest.raises(JobDescError, match="valid: req_nodes"):
+        desc.with_set({"features": "rackA"})
+    with pytest.raises(JobDescError, match="'min_nodes'"):
+        desc.with_set({"min_nodes": "2"})

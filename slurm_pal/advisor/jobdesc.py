@@ -65,6 +65,14 @@ _OPT_STR_FIELDS = (
     "script",
     "array",
 )
+_SETTABLE = (
+    "req_nodes",
+    "tres_per_node",
+    "tres_per_job",
+    "tres_per_task",
+    "min_nodes",
+    "max_nodes",
+)
 _OPT_INT_FIELDS = ("uid", "min_nodes", "max_nodes", "num_tasks", "script_size", "job_id")
 
 
@@ -158,6 +166,22 @@ class JobDescription:
                 continue
             out[f.name] = value
         return out
+
+    def with_set(self, set_fields: Mapping[str, object]) -> JobDescription:
+        """The job as Slurm holds it after job_submit.lua applied a decide answer's ``set``
+        (``""`` clears a string field; ``admin_comment`` is not a job field here). What the
+        re-planner and the tests compare against; JobDescError for a value of the wrong type."""
+        wire = self.to_wire()
+        for key, value in set_fields.items():
+            if key == "admin_comment":
+                continue
+            if key not in _SETTABLE:
+                raise JobDescError(key, f"not a field decide sets; valid: {', '.join(_SETTABLE)}")
+            if value == "":
+                wire.pop(key, None)
+            else:
+                wire[key] = value
+        return JobDescription.from_wire(wire)
 
     @property
     def script_sha256(self) -> str | None:
