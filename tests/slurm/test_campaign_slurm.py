@@ -288,3 +288,18 @@ def test_drained_node_is_not_measured_and_a_failed_task_is_rerun(lab: CampaignLa
     assert len(rows) == 16 * 2 and not rows.duplicated(["uuid", "job_class"]).any()
     ran = [c["here"] for c in lab.calls() if c["here"].startswith("n02-3-A")]
     assert len(ran) >= 2  # failed, then rerun
+
+
+def test_targeted_recheck_measures_one_gpu_while_holding_its_node(lab: CampaignLab) -> None:
+    """What `campaign suggest` proposes: `plan --only`, one array task, the whole node held."""
+    lab.durations(base_table(set()))
+    before = len(lab.calls())
+    lab.plan("r1", "--only", "n02:3", repeats=1)
+    script = (lab.root / "r1" / "sbatch" / "n02.sbatch").read_text().splitlines()
+    assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --array=3" in script
+    sub = as_json(lab.cli("campaign", "submit", "r1", "--wait", "--poll", "0.5", "--json"))
+    assert [(s["node"], s["gpus"]) for s in sub["submitted"]] == [("n02", [3])]
+    assert sub["progress"]["done"] == 1
+    calls = lab.calls()[before:]
+    assert [c["here"] for c in calls] == ["n02-3-A", "n02-3-D"]
+    assert {c["gpus"] for c in calls} == {"0,1,2,3"} and {c["task"] for c in calls} == {"3"}
