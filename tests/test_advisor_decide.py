@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -661,23 +662,32 @@ def others(text: str | None) -> list[str]:
     return [e.text for e in parse_tres(text) if not e.is_gpu]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     site_=clusters(),
     job_=jobs(),
     policy_name=st.sampled_from(["pal", "pm-first"]),
     tolerance=st.sampled_from([0.0, 0.05]),
+    partition=st.one_of(
+        st.none(), st.none(), st.none(), st.sets(st.sampled_from(NODES), min_size=1)
+    ),
 )
 def test_decide_follows_the_policy_and_set_fields_describe_the_gpus(
     site_: tuple[Cluster, LabelTable],
     job_: tuple[dict[str, object], PlacementRequest],
     policy_name: str,
     tolerance: float,
+    partition: set[str] | None,
 ) -> None:
     cluster, labels = site_
     fields, request = job_
     policy = get_policy(policy_name, pack_tolerance=tolerance)
-    d = run(fields, cluster, labels, policy=policy, job_class=request.job_class)
+    extra: dict[str, object] = {}
+    if partition is not None:  # the job's default partition holds only these nodes
+        extra = {"partition_nodes": {"p": sorted(partition)}, "default_partition": "p"}
+        outside = frozenset(cluster.node_names) - partition
+        request = replace(request, excluded_nodes=request.excluded_nodes | outside)
+    d = run(fields, cluster, labels, policy=policy, job_class=request.job_class, **extra)
     expected = policy.place(request, cluster)
     why = d.reason.split(":")[0][:30] if d.action == "pass" else ""
     event(f"{d.action} encoding={d.encoding} {why}")
@@ -694,6 +704,7 @@ def test_decide_follows_the_policy_and_set_fields_describe_the_gpus(
     # the user's constraints are untouched and hold for the chosen nodes
     assert new.exc_nodes == fields.get("exc_nodes") and new.features == fields.get("features")
     assert not set(chosen) & node_set(new.exc_nodes, "exc_nodes")
+    assert partition is None or set(chosen) <= partition
     for node in chosen:
         assert feature_set(new.features) <= cluster.node_features[cluster.node_index[node]]
     # non-GPU gres kept in every field
