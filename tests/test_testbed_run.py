@@ -186,7 +186,9 @@ def test_traces() -> None:
     small = make_trace("mixed48", seed=1, nodes=2, gpus_per_node=2)
     assert max(j.gpus for j in small) <= 4 and all(j.gpus != 8 for j in small)
     assert len(make_trace("tiny")) == 6
-    with pytest.raises(EmulationError, match="valid: mixed48, tiny"):
+    demo = make_trace("demo16")
+    assert len(demo) == 16 and max(j.gpus for j in demo) <= 4 and demo[-1].submit < 20
+    with pytest.raises(EmulationError, match="valid: mixed48, demo16, tiny"):
         make_trace("philly")
     with pytest.raises(EmulationError, match="scale"):
         make_trace("tiny", scale=0)

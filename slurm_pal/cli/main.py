@@ -62,10 +62,16 @@ def version() -> None:
 @app.command()
 def demo(
     ctx: typer.Context,
-    nodes: int = typer.Option(16, help="Nodes of the example cluster."),
-    gpus_per_node: int = typer.Option(4, help="GPUs per node of the example cluster."),
+    nodes: int = typer.Option(4, help="Nodes of the example campaign (the local Slurm: 4)."),
+    gpus_per_node: int = typer.Option(4, help="GPUs per node of the example campaign."),
+    offline: bool = typer.Option(
+        False, "--offline", help="Only the campaign part: no local Slurm, no jobs."
+    ),
 ) -> None:
-    """Run the main job on embedded defaults: ingest the bundled example campaign, show bins.
+    """The one-command demo: ingest the bundled example campaign and show its bins and labels;
+    then (root, Slurm installed) start a local Slurm with fake GPUs and the advisor, submit a
+    small mixed workload with plain sbatch, show where each job went and why, and the measured
+    gain over stock Slurm. Stops everything it started.
 
     Uses a throw-away store unless --db (or SLURM_PAL_DB) names one.
     """
@@ -104,6 +110,22 @@ def demo(
             f"\n{len(labels)} PM signatures (future gres.conf Type= labels), e.g. "
             + ", ".join(str(r["label"]) for r in labels[:4])
         )
+    if offline:
+        console.print("live part skipped (--offline)")
+        return
+    from slurm_pal.testbed.demo import live_demo, missing_for_live_demo
+
+    missing = missing_for_live_demo()
+    if missing:
+        console.rule("live part not run")
+        console.print("The live demo (local Slurm + advisor + jobs) needs:", highlight=False)
+        for item in missing:
+            console.print(f"  - {item}", highlight=False, markup=False)
+        return
+    with reported_errors():
+        code = live_demo(console, cfg)
+    if code:
+        raise typer.Exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -263,6 +263,8 @@ def job_slowdown(
 TRACES: Mapping[str, str] = {
     "mixed48": "48 jobs, Poisson arrivals over ~120 s, 1/2/4/8 GPUs (50/20/20/10 %), classes "
     "A-D alike, 5-30 s on median GPUs (log-uniform): about 95 % load on 4 x 4 GPUs",
+    "demo16": "16 jobs in ~8 s, 1/2/4 GPUs (50/25/25 %), mostly compute-bound A and "
+    "memory-bound D (40/10/10/40 %), 3-10 s each: more work than the GPUs, so placement shows",
     "tiny": "6 jobs in 3 s: 1, 2, 4 and 8 GPUs of classes A-D, 2-4 s each (tests)",
 }
 
@@ -299,6 +301,17 @@ def make_trace(
         bases = np.exp(rng.uniform(math.log(5.0), math.log(30.0), size=n))
         jobs = [
             TraceJob(f"j{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
+            for i, b in enumerate(bases)
+        ]
+    elif name == "demo16":
+        rng = np.random.default_rng(seed)
+        n = 16
+        submits = np.concatenate([[0.0], np.cumsum(rng.exponential(8.0 / n, size=n - 1))])
+        sizes = rng.choice([1, 2, 4], size=n, p=[0.5, 0.25, 0.25])
+        classes = rng.choice(list(CLASSES), size=n, p=[0.4, 0.1, 0.1, 0.4])
+        bases = rng.uniform(3.0, 10.0, size=n)
+        jobs = [
+            TraceJob(f"d{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
             for i, b in enumerate(bases)
         ]
     else:
