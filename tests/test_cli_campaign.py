@@ -195,7 +195,9 @@ def test_plan_renders_one_pinned_array_per_node(run_cli: Callable, tmp_path: Pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nodes", "n1"], "--gpus-per-node"),
+        (["--nodes", "n1"], "cannot read the nodes from Slurm"),
+        (["--nodes", "n1"], "give them with --nodes HOSTLIST --gpus-per-node N"),
+        (["--gpus-per-node", "2"], "--gpus-per-node needs --nodes"),
         (["--nodes", "n1", "--gpus-per-node", "2", "--classes", "A,Q"], "unknown class(es) Q"),
         (["--nodes", "n1", "--gpus-per-node", "2", "--command", "A"], "CLASS=COMMAND"),
         (["--nodes", "n1", "--gpus-per-node", "2", "--classes", "A", "--command", "D=x"], "D"),
@@ -203,7 +205,14 @@ def test_plan_renders_one_pinned_array_per_node(run_cli: Callable, tmp_path: Pat
         (["--nodes", "n1", "--gpus-per-node", "2", "--id", "a/b"], "campaign id"),
     ],
 )
-def test_plan_errors_say_what_to_do(run_cli: Callable, args: list[str], message: str) -> None:
+def test_plan_errors_say_what_to_do(
+    run_cli: Callable,
+    args: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # no Slurm to ask
     result = run_cli("campaign", "plan", *args, ok=False)
     assert result.exit_code == 2
     assert message in result.output

@@ -280,7 +280,8 @@ def run_task(
     problem, allocated = "", []
     if slurm_check:
         here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        node_gpus = int(plan.get("gpus_per_node") or sum(1 for key in planned if key[0] == node))
+        counts = plan.get("node_gpu_counts") or {}
+        node_gpus = int(counts.get(node) or sum(1 for key in planned if key[0] == node))
         if here != node:
             problem = f"task runs on node {here!r}, but it measures {node!r}"
         else:

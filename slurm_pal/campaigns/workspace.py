@@ -77,9 +77,9 @@ class CampaignPlan:
     run_timeout_s: float = 1800.0
     python: str = "python3"
     sbatch_args: tuple[str, ...] = ()
-    gpus_per_node: int | None = None
-    """GPUs a node has, when the plan measures only some of them (``plan --only``): each task
-    still holds the whole node. None: the planned GPUs of a node are all it has."""
+    node_gpu_counts: Mapping[str, int] = field(default_factory=dict)
+    """GPUs each node has, where the plan measures only some of them (``plan --only``): each
+    task still holds the whole node. A node not listed has just its planned GPUs."""
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
@@ -91,7 +91,7 @@ class CampaignPlan:
 
     def node_gpu_count(self, node: str) -> int:
         """GPUs a task must hold on ``node``: all of the node's, measured or not."""
-        return self.gpus_per_node or len(self.node_gpus(node))
+        return int(self.node_gpu_counts.get(node) or len(self.node_gpus(node)))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -110,7 +110,7 @@ class CampaignPlan:
             "run_timeout_s": self.run_timeout_s,
             "python": self.python,
             "sbatch_args": list(self.sbatch_args),
-            "gpus_per_node": self.gpus_per_node,
+            "node_gpu_counts": dict(self.node_gpu_counts),
             "results_dir": RESULTS_DIR,
             "bench_dir": BENCH_DIR,
             "log_dir": LOG_DIR,
@@ -137,7 +137,10 @@ class CampaignPlan:
                 run_timeout_s=float(data.get("run_timeout_s") or 1800.0),  # type: ignore[arg-type]
                 python=str(data.get("python") or "python3"),
                 sbatch_args=tuple(data.get("sbatch_args") or ()),  # type: ignore[arg-type]
-                gpus_per_node=data.get("gpus_per_node"),  # type: ignore[arg-type]
+                node_gpu_counts={
+                    str(n): int(c)
+                    for n, c in (data.get("node_gpu_counts") or {}).items()  # type: ignore[attr-defined]
+                },
                 created_at=str(data.get("created_at") or ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

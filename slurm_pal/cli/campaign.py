@@ -20,6 +20,8 @@ import typer
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.slurm.parse import gpu_counts
+from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
 from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands, SlurmError
@@ -56,11 +58,13 @@ from slurm_pal.core.campaigns import (
     CampaignCheck,
     CampaignDiff,
     GpuKey,
+    PlannedGpu,
     TaskProgress,
     check_campaign,
     diff_campaigns,
     gpus_from_hostlist,
     measurement_rows,
+    node_unavailable,
     progress_counts,
     task_progress,
     waiting_for_unavailable_nodes,
@@ -117,10 +121,16 @@ def _root(st: AppState, root: Path | None) -> Path:
 def plan(
     ctx: typer.Context,
     nodes: str | None = typer.Option(
-        None, "--nodes", help="Nodes to measure, as a Slurm hostlist (e.g. gpu[01-16])."
+        None,
+        "--nodes",
+        help="Nodes to measure, as a Slurm hostlist (e.g. gpu[01-16]); default: every node "
+        "with GPUs (in --partition), as Slurm reports them.",
     ),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node (device minors 0..N-1 are measured)."
+        None,
+        "--gpus-per-node",
+        help="GPUs per node (device minors 0..N-1 are measured); default: each node's GPU "
+        "count from Slurm.",
     ),
     exclude: str | None = typer.Option(
         None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
@@ -180,18 +190,20 @@ def plan(
     with _errors():
         cfg = st.config
         settings = site_campaign_settings(st)
-        if nodes is None or gpus_per_node is None:
-            fail(
-                "give the GPUs to measure: --nodes HOSTLIST --gpus-per-node N (reading them "
-                "from Slurm comes with the Slurm state adapter)"
-            )
-        gpus = gpus_from_hostlist(nodes, gpus_per_node)
+        plan_partition = partition or settings.partition
+        notes: list[str] = []
+        if gpus_per_node is not None:
+            if nodes is None:
+                fail("--gpus-per-node needs --nodes HOSTLIST (or leave both out: ask Slurm)")
+            gpus = gpus_from_hostlist(nodes, gpus_per_node)
+        else:
+            gpus, notes = _gpus_from_slurm(nodes, plan_partition)
         if exclude:
             skip = set(expand_hostlist(exclude))
             gpus = [g for g in gpus if g.node not in skip]
             if not gpus:
-                fail(f"--exclude {exclude} leaves no node of --nodes {nodes} to measure")
-        subset = None
+                fail(f"--exclude {exclude} leaves no node to measure")
+        counts: dict[str, int] = {}
         if only:
             wanted = parse_gpu_list(only)
             known = {g.key for g in gpus}
@@ -199,10 +211,12 @@ def plan(
             if unknown:
                 fail(
                     f"--only names GPU(s) {', '.join(f'{n}:{i}' for n, i in unknown)} that "
-                    f"--nodes {nodes} --gpus-per-node {gpus_per_node} does not plan"
+                    "the planned nodes do not have"
                 )
+            for g in gpus:
+                counts[g.node] = counts.get(g.node, 0) + 1
             gpus = [g for g in gpus if g.key in wanted]
-            subset = gpus_per_node
+            counts = {n: c for n, c in counts.items() if any(g.node == n for g in gpus)}
         names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
         unknown = [c for c in names if c not in cfg.classes.names]
         if unknown or not names or "" in names:
@@ -223,16 +237,15 @@ def plan(
             benchmarks=benchmarks,
             gpus=tuple(gpus),
             gpu_model=gpu_model or cfg.profiling.gpu_model,
-            partition=partition or settings.partition,
+            partition=plan_partition,
             time_limit=time_limit or settings.time_limit,
             run_timeout_s=run_timeout or settings.run_timeout_s,
             python=python or settings.python,
             sbatch_args=(*settings.sbatch_args, *sbatch_arg),
-            gpus_per_node=subset,
+            node_gpu_counts=counts,
         )
         directory = create_campaign(_root(st, root), the_plan)
     shared = [b.name for b in benchmarks.values()]
-    notes = []
     if len(set(shared)) < len(shared):
         notes.append(
             "several classes run the same default benchmark, so they measure the same thing; "
@@ -416,6 +429,50 @@ def _node_states(slurm: CampaignSlurm, nodes: set[str]) -> dict[str, str] | None
     except SlurmError as exc:
         err_console.print(f"warning: node states unknown ({exc})", highlight=False)
         return None
+
+
+def _gpus_from_slurm(
+    nodes: str | None, partition: str | None
+) -> tuple[list[PlannedGpu], list[str]]:
+    """Each node's GPUs as Slurm reports them (device minors 0..N-1), and notes on nodes that
+    cannot run a task now (drained, down): their tasks would wait."""
+    wanted = set(expand_hostlist(nodes)) if nodes else None
+    try:
+        found = CliStateReader().nodes(wanted)
+    except SlurmQueryError as exc:
+        raise CampaignError(
+            f"cannot read the nodes from Slurm ({exc}); give them with --nodes HOSTLIST "
+            "--gpus-per-node N"
+        ) from exc
+    if partition:
+        found = [n for n in found if partition in n.partitions]
+    gpus: list[PlannedGpu] = []
+    notes: list[str] = []
+    for n in sorted(found, key=lambda n: n.name):
+        count = sum(gpu_counts(n.gres).values())
+        if count == 0:
+            continue
+        gpus += [PlannedGpu(n.name, i) for i in range(count)]
+        long_state = " ".join([n.state, *(f.lower() for f in n.flags)])
+        if node_unavailable(long_state):
+            notes.append(
+                f"node {n.name} is {long_state.strip()}"
+                + (f" ({n.reason})" if n.reason else "")
+                + ": its tasks wait until it is resumed (or plan with --exclude)"
+            )
+    missing = sorted(wanted - {n.name for n in found}) if wanted else []
+    if missing:
+        raise CampaignError(
+            f"Slurm does not know node(s) {', '.join(missing)}"
+            + (f" in partition {partition}" if partition else "")
+        )
+    if not gpus:
+        raise CampaignError(
+            "Slurm reports no nodes with GPUs"
+            + (f" in partition {partition}" if partition else "")
+            + (f" among {nodes}" if nodes else "")
+        )
+    return gpus, notes
 
 
 def parse_gpu_list(text: str) -> set[GpuKey]:

@@ -245,6 +245,14 @@ def test_drained_node_is_not_measured_and_a_failed_task_is_rerun(lab: CampaignLa
     lab.fail_once("n02-3-A")  # a GPU whose benchmark crashes once (an Xid, say)
     lab.tb.run(["scontrol", "update", "nodename=n04", "state=drain", "reason=test"])
     try:
+        # Without --nodes/--gpus-per-node the plan asks Slurm, and says which node is drained.
+        asked = as_json(lab.cli("campaign", "plan", "--id", "d0", "--partition", "debug",
+                                "--classes", "A", "--json"))  # fmt: skip
+        assert [(g["node"], g["gpu_index"]) for g in asked["plan"]["gpus"]] == [
+            (n, g) for n in NODES for g in range(GPUS)
+        ]
+        [note] = [n for n in asked["notes"] if "n04" in n]
+        assert "drain" in note and "(test)" in note and "--exclude" in note
         lab.plan("d1", repeats=1)
         out = lab.cli("campaign", "submit", "d1", "--wait", "--poll", "0.5")
         shown = text(out)
