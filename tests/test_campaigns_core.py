@@ -196,6 +196,12 @@ def test_task_progress_states() -> None:
     assert waiting_for_unavailable_nodes(tasks, {})  # sinfo does not know it: unavailable
     busy = {("n2", 0): ("PENDING", "Resources")}
     assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, busy))
+    # A task requeued from a node that died: reason None for a while, but the node is down*.
+    lost = task_progress(PLAN, ["A", "B"], 2, records, {("n2", 0): ("PENDING", "None")})
+    assert not waiting_for_unavailable_nodes(lost)
+    assert waiting_for_unavailable_nodes(lost, {"n2": "down*"})
+    running = task_progress(PLAN, ["A", "B"], 2, records, {("n2", 0): ("RUNNING", "None")})
+    assert not waiting_for_unavailable_nodes(running, {"n2": "draining"})
     assert not waiting_for_unavailable_nodes(task_progress(PLAN, ["A", "B"], 2, records, {}))
     counts = progress_counts(tasks)
     assert (counts["done"], counts["failed"], counts["pending"]) == (1, 1, 1)

@@ -382,7 +382,7 @@ def submit(
         tasks, problems = _progress(the_plan, directory, slurm)
         last = ""
         while wait and not dry_run and any(t.state in ("pending", "running") for t in tasks):
-            if waiting_for_unavailable_nodes(tasks) and waiting_for_unavailable_nodes(
+            if all(t.state != "running" for t in tasks) and waiting_for_unavailable_nodes(
                 tasks, _node_states(slurm, {t.node for t in tasks if t.state == "pending"})
             ):
                 nodes = sorted({t.node for t in tasks if t.state == "pending"})

@@ -474,16 +474,16 @@ def waiting_for_unavailable_nodes(
     """True when nothing runs and every queued task waits for a node that is drained or down.
 
     Waiting longer changes nothing then: an admin has to resume the nodes, or collect the rest.
-    ``node_states`` (sinfo's, when known) overrides the reasons: Slurm 22.05 keeps a pending
-    job's ``ReqNodeNotAvail`` reason after its node is resumed, until its next scheduling pass.
+    ``node_states`` (sinfo's, when known) decides over the queue's reasons, which lag in
+    Slurm 22.05: a pending job keeps ``ReqNodeNotAvail`` for a scheduling pass after its node
+    is resumed, and a job requeued from a node that died shows reason ``None`` for half a
+    minute after the node is ``down*``. Without it the reasons decide.
     """
     queued = [t for t in tasks if t.state in ("pending", "running")]
-    if not queued or not all(
-        t.state == "pending" and t.slurm_reason.startswith(UNAVAILABLE_REASONS) for t in queued
-    ):
+    if not queued or any(t.state != "pending" for t in queued):
         return False
     if node_states is None:
-        return True
+        return all(t.slurm_reason.startswith(UNAVAILABLE_REASONS) for t in queued)
     return all(node_unavailable(node_states.get(t.node, "unknown")) for t in queued)
 
 
