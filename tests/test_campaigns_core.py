@@ -292,3 +292,18 @@ def test_diff_of_a_campaign_with_itself_is_empty() -> None:
 )
 def test_node_unavailable(node_state: str, unavailable: bool) -> None:
     assert node_unavailable(node_state) is unavailable
+
+
+def test_gpus_without_an_nvml_uuid_are_flagged() -> None:
+    records = full({})
+    records = [
+        rec(r.node, r.gpu_index, r.job_class, r.repeat, uuid=f"{r.node}/gpu{r.gpu_index}",
+            uuid_source="assignment")
+        if r.key == ("n2", 0) else r
+        for r in records
+    ]  # fmt: skip
+    check = check_campaign(PLAN, ["A", "B"], 2, records)
+    assert check.complete
+    assert check.location_ids == (("n2", 0, "n2/gpu0"),)
+    assert check.to_dict()["location_ids"] == [{"node": "n2", "gpu_index": 0, "uuid": "n2/gpu0"}]
+    assert check_campaign(PLAN, ["A", "B"], 2, full({})).location_ids == ()

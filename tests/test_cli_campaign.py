@@ -244,6 +244,8 @@ def test_campaigns_to_bins_diff_and_activate(
     assert sub["progress"]["done"] == 8
     out = run_cli("campaign", "collect", "c1")
     assert "ingested 32 runs into store campaign c1 (now active)" in text(out)
+    # No NVML here: the GPUs are named by location, and collect says what that costs.
+    assert "8 GPU(s) have no NVML UUID" in text(out) and "n1/gpu0, n1/gpu1" in text(out)
     bins = as_json(run_cli("profile", "bins", "--campaign", "c1", "--json"))
     assert bins["A"]["k"] == 2
     assert [(round(b["score"], 6), b["gpus"]) for b in bins["A"]["bins"]] == [(1.0, 6), (1.1, 2)]
