@@ -1,0 +1,250 @@
+"""Submit latency: what asking the advisor from job_submit.lua adds to ``sbatch``.
+
+Setup (issue 4): the Slurm testbed (Debian Slurm 22.05 on loopback, 4 nodes x 4 fake GPUs,
+labels from ``site render`` of the example campaign), a real ``slurm-pal serve`` and held GPU
+jobs (``sbatch -H --gres=gpu:1 --wrap=true``, one process per submission, timed around the
+whole ``sbatch`` call). Three job_submit.lua variants, swapped in blocks (slurmctld re-reads the
+script when its mtime changes; the first submissions of a block are warm-up and not counted):
+
+- ``without``: a plain pass-through script (``return slurm.SUCCESS``), the baseline;
+- ``fail_open``: the rendered script pointing at a socket that does not exist (the fast
+  fail-open path when the advisor is down);
+- ``with_advisor``: the rendered script talking to the running advisor.
+
+Keys of ``--json``: ``median_ms_without``, ``p99_ms_without``, ``median_ms_fail_open``,
+``median_ms_with_advisor``, ``p99_ms_with_advisor``, ``added_median_ms`` (with advisor minus
+without), ``ratio_median`` (with / without), ``advisor_decide_ms_p50``/``p99`` (the service's
+own decision time), ``routed``/``passed`` (decisions during the run), ``fail_open_logged``
+(slurmctld log lines of the fail-open path: at least the fail_open submissions, warm-up
+included), ``n`` per variant. ``--no-advisor`` runs the first two variants only.
+
+Needs root and the Slurm packages (``bash scripts/install-slurm.sh``). About a minute for the
+default 150 submissions per variant on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from slurm_pal.cli.main import app
+from slurm_pal.example_campaign import generate_example_campaign
+from slurm_pal.hooks.spool import DeliveryError, request
+from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
+
+PASS_THROUGH = """
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
+VARIANTS = ("without", "fail_open", "with_advisor")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def render(root: Path, sock: Path, absent: Path) -> tuple[dict[str, str], list[NodeSpec], Path]:
+    """Store + example campaign + ``site render`` twice (real socket, absent socket)."""
+    work = root / "work"
+    work.mkdir()
+    db = work / "store.db"
+    csv = work / "example.csv"
+    generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
+    runner = CliRunner()
+    texts: dict[str, str] = {"without": PASS_THROUGH}
+    for name, path in (("with_advisor", sock), ("fail_open", absent)):
+        config = work / f"{name}.toml"
+        config.write_text(
+            f'[advisor]\nsocket = "{path}"\nreplan_s = 0\nreservation_ttl_s = 0.05\n'
+            f'refresh_s = 1.0\nlabels_file = "{work / name / "labels.json"}"\n'
+            f'[hooks]\nspool_dir = "{root / "spool"}"\n'
+        )
+        base = ["--db", str(db), "--config", str(config)]
+        steps = [
+            ["site", "render", "--out", str(work / name), "--device-pattern", "/dev/tty{index}"]
+        ]
+        if name == "with_advisor":
+            steps.insert(0, ["profile", "ingest", str(csv), "--campaign", "example"])
+        for args in steps:
+            result = runner.invoke(app, [*base, *args], env={"SLURM_PAL_CONFIG": None})
+            if result.exit_code != 0:
+                raise SystemExit(f"slurm-pal {' '.join(args)} failed:\n{result.output}")
+        texts[name] = (work / name / "job_submit.lua").read_text()
+    labels = json.loads((work / "with_advisor" / "labels.json").read_text())
+    nodes = []
+    for node, gpus in labels["nodes"].items():
+        by_index = {g["index"]: g["label"] for g in gpus}
+        nodes.append(NodeSpec(node, tuple(by_index[i] for i in sorted(by_index))))
+    return texts, nodes, work / "with_advisor.toml"
+
+
+def swap_script(tb: LocalSlurm, text: str) -> None:
+    """Install a job_submit.lua; a newer mtime makes slurmctld re-read it on the next job."""
+    path = tb.root / "etc" / "job_submit.lua"
+    path.write_text(text)
+    later = time.time() + 1
+    os.utime(path, (later, later))
+
+
+def submit_once(tb: LocalSlurm) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        ["sbatch", "-H", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap=true"],
+        env=tb.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"sbatch failed: {proc.stderr}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=150, help="submissions per variant")
+    parser.add_argument("--block", type=int, default=25, help="submissions per block")
+    parser.add_argument("--warmup", type=int, default=3, help="uncounted per block")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument(
+        "--no-advisor", action="store_true", help="only the without/fail_open variants"
+    )
+    args = parser.parse_args()
+    variants = VARIANTS[:2] if args.no_advisor else VARIANTS
+    missing = missing_binaries()
+    if missing or os.geteuid() != 0:
+        raise SystemExit(
+            f"needs root and Slurm ({', '.join(missing) or 'not root'}): "
+            "sudo bash scripts/install-slurm.sh"
+        )
+    root = Path(tempfile.mkdtemp(prefix="spal-bench-", dir="/tmp"))
+    root.chmod(0o755)
+    sock = root / "adv" / "advisor.sock"
+    texts, nodes, config = render(root, sock, root / "adv" / "absent.sock")
+    tb = LocalSlurm(root, nodes, job_submit_lua=PASS_THROUGH)
+    advisor = None
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    before: dict = {}
+    after: dict = {}
+    try:
+        log("starting the testbed")
+        tb.start()
+        if not args.no_advisor:
+            advisor, before = start_advisor(root, config, tb, sock)
+        rounds = -(-args.n // args.block)
+        for r in range(rounds):
+            for variant in variants:
+                swap_script(tb, texts[variant])
+                count = min(args.block, args.n - r * args.block)
+                for k in range(args.warmup + count):
+                    ms = submit_once(tb)
+                    if k >= args.warmup:
+                        times[variant].append(ms)
+            subprocess.run(["scancel", "-u", "root"], env=tb.env, check=False)
+            log(f"round {r + 1}/{rounds} done")
+        if advisor is not None:
+            after = request(str(sock), {"v": 1, "op": "stats"}, 5.0)
+        # proof that the fail-open variant ran the rendered script: one log line per job
+        ctld_log = (tb.log_dir / "slurmctld.log").read_text(errors="replace")
+        after["fail_open_logged"] = ctld_log.count("slurm-pal: job of uid")
+    finally:
+        if advisor is not None and advisor.poll() is None:
+            advisor.terminate()
+            try:
+                advisor.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                advisor.kill()
+        tb.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    report(times, before, after, args)
+
+
+def start_advisor(
+    root: Path, config: Path, tb: LocalSlurm, sock: Path
+) -> tuple[subprocess.Popen, dict]:
+    """``slurm-pal serve`` in the foreground, up when it answers health; its first stats."""
+    log("starting slurm-pal serve")
+    advisor = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "slurm_pal.cli.main"),
+            *("--db", str(root / "work" / "store.db"), "--config", str(config)),
+            *("serve", "--foreground"),
+        ],
+        env={**tb.env, "SLURM_PAL_CONFIG": ""},
+        stdout=(root / "log" / "advisor.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if request(str(sock), {"v": 1, "op": "health"}, 1.0).get("ok"):
+                break
+        except DeliveryError:
+            pass
+        if advisor.poll() is not None or time.monotonic() > deadline:
+            log((root / "log" / "advisor.log").read_text()[-2000:])
+            advisor.kill()
+            raise SystemExit("slurm-pal serve did not come up")
+        time.sleep(0.1)
+    return advisor, request(str(sock), {"v": 1, "op": "stats"}, 5.0)
+
+
+def report(
+    times: dict[str, list[float]], before: dict, after: dict, args: argparse.Namespace
+) -> None:
+    result: dict[str, float | int] = {}
+    for variant in times:
+        result[f"median_ms_{variant}"] = round(statistics.median(times[variant]), 2)
+        result[f"p99_ms_{variant}"] = round(percentile(times[variant], 0.99), 2)
+    other = "median_ms_with_advisor" if "with_advisor" in times else "median_ms_fail_open"
+    result["added_median_ms"] = round(result[other] - result["median_ms_without"], 2)
+    result["ratio_median"] = round(result[other] / result["median_ms_without"], 3)
+    result["advisor_decide_ms_p50"] = after.get("decide_ms_p50", float("nan"))
+    result["advisor_decide_ms_p99"] = after.get("decide_ms_p99", float("nan"))
+    result["routed"] = int(after.get("decide_route", 0)) - int(before.get("decide_route", 0))
+    result["passed"] = int(after.get("decide_pass", 0)) - int(before.get("decide_pass", 0))
+    result["fail_open_logged"] = int(after.get("fail_open_logged", 0))
+    result["n"] = args.n
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"sbatch -H --gres=gpu:1 --wrap=true, {args.n} submissions per variant")
+    for variant in times:
+        print(
+            f"  {variant:<13} median {result[f'median_ms_{variant}']:7.2f} ms"
+            f"   p99 {result[f'p99_ms_{variant}']:7.2f} ms"
+        )
+    print(
+        f"  added by the advisor: {result['added_median_ms']:+.2f} ms median "
+        f"(x{result['ratio_median']}); service decide p50 {result['advisor_decide_ms_p50']} ms, "
+        f"p99 {result['advisor_decide_ms_p99']} ms; {result['routed']} routed, "
+        f"{result['passed']} passed; {result['fail_open_logged']} fail-open log lines"
+    )
+
+
+if __name__ == "__main__":
+    main()
