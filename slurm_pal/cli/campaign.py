@@ -1,8 +1,9 @@
 """`slurm-pal campaign ...`: profiling campaigns through Slurm, from plan to active labels.
 
 plan -> submit (job arrays; progress) -> collect (checks, ingest into the store) -> diff ->
-activate. The campaign's files live in one directory per campaign (see
-:mod:`slurm_pal.campaigns.workspace`); the store only sees what ``collect`` ingests.
+activate; and suggest (GPUs drifting in production: a targeted re-measurement). The
+campaign's files live in one directory per campaign (see :mod:`slurm_pal.campaigns.workspace`);
+the store only sees what ``collect`` ingests.
 """
 
 from __future__ import annotations
