@@ -179,7 +179,7 @@ def test_traces() -> None:
     assert 40 <= len(a) <= 48
     assert [j.submit for j in a] == sorted(j.submit for j in a)
     assert {j.gpus for j in a} <= {1, 2, 4, 8} and {j.job_class for j in a} <= set(CLASSES)
-    assert all(5.0 <= j.base <= 30.0 for j in a)
+    assert all(3.0 <= j.base <= 15.0 for j in a)
     doubled = make_trace("mixed48", seed=1, scale=2.0)
     assert [j.base for j in doubled] == pytest.approx([2 * j.base for j in a], abs=2e-3)
     # sizes a 2 x 2 cluster cannot hold are left out

@@ -261,8 +261,8 @@ def job_slowdown(
 # --- traces -------------------------------------------------------------------------------------
 
 TRACES: Mapping[str, str] = {
-    "mixed48": "48 jobs, Poisson arrivals over ~120 s, 1/2/4/8 GPUs (50/20/20/10 %), classes "
-    "A-D alike, 5-30 s on median GPUs (log-uniform): about 95 % load on 4 x 4 GPUs",
+    "mixed48": "48 jobs, Poisson arrivals over ~90 s, 1/2/4/8 GPUs (50/20/20/10 %), classes "
+    "A-D alike, 3-15 s on median GPUs (log-uniform): ~3 min per arm on 4 x 4 GPUs",
     "demo16": "16 jobs in ~8 s, 1/2/4 GPUs (50/25/25 %), mostly compute-bound A and "
     "memory-bound D (40/10/10/40 %), 3-10 s each: more work than the GPUs, so placement shows",
     "tiny": "6 jobs in 3 s: 1, 2, 4 and 8 GPUs of classes A-D, 2-4 s each (tests)",
@@ -294,11 +294,11 @@ def make_trace(
     elif name == "mixed48":
         rng = np.random.default_rng(seed)
         n = 48
-        gaps = rng.exponential(120.0 / n, size=n)
+        gaps = rng.exponential(90.0 / n, size=n)
         submits = np.concatenate([[0.0], np.cumsum(gaps[1:])])
         sizes = rng.choice([1, 2, 4, 8], size=n, p=[0.5, 0.2, 0.2, 0.1])
         classes = rng.choice(list(CLASSES), size=n)
-        bases = np.exp(rng.uniform(math.log(5.0), math.log(30.0), size=n))
+        bases = np.exp(rng.uniform(math.log(3.0), math.log(15.0), size=n))
         jobs = [
             TraceJob(f"j{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
             for i, b in enumerate(bases)

@@ -359,6 +359,12 @@ class AdvisorArm(Arm):
             prep.settings.policy,
         ]
         env = dict(tb.env)
+        # PROTOCOL.md: serve may detach unless told --foreground; we own the process we start.
+        helptext = subprocess.run(
+            [*cmd[:3], "serve", "--help"], env=env, capture_output=True, text=True, check=False
+        ).stdout
+        if "--foreground" in helptext:
+            cmd.append("--foreground")
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 cmd,

@@ -1,0 +1,96 @@
+"""The advisor's measured gain over stock Slurm on the real-Slurm testbed, against the simulator.
+
+Runs `slurm-pal testbed run` (both arms on the same emulated cluster and trace) ``--repeats``
+times and prints, per run and over the runs, the measured ratios advisor / stock and the
+simulator's prediction for the same trace, cluster, profile and penalty (issue 8). Needs root
+and Slurm (scripts/install-slurm.sh); each run takes a few minutes.
+
+    nice python benchmarks/testbed_gain.py --repeats 3
+    nice python benchmarks/testbed_gain.py --repeats 3 --profile longhorn --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
+
+KEYS = ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trace", default="mixed48")
+    parser.add_argument("--trace-seed", type=int, default=0)
+    parser.add_argument("--profile", default="example")
+    parser.add_argument("--profile-seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--dir", type=Path, default=None, help="testbed folder (default: temp)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="spal-gain-", dir="/tmp"))
+    runs = []
+    for i in range(args.repeats):
+        t0 = time.monotonic()
+        settings = RunSettings(
+            root=root,
+            trace=args.trace,
+            trace_seed=args.trace_seed,
+            profile=args.profile,
+            profile_seed=args.profile_seed,
+            scale=args.scale,
+        )
+        report = public_report(run_testbed(settings, say))
+        report["wall_s"] = round(time.monotonic() - t0, 1)
+        runs.append(report)
+        say(
+            f"run {i + 1}/{args.repeats}: "
+            + ", ".join(f"{k} {report[k]}" for k in (*KEYS, "sim_predicted_avg_jct_ratio"))
+        )
+    summary: dict[str, object] = {
+        "trace": args.trace,
+        "profile": args.profile,
+        "repeats": args.repeats,
+        "sim_predicted_avg_jct_ratio": runs[0]["sim_predicted_avg_jct_ratio"],
+        "sim_predicted_p99_jct_ratio": runs[0]["sim_predicted_p99_jct_ratio"],
+        "sim_predicted_makespan_ratio": runs[0]["sim_predicted_makespan_ratio"],
+    }
+    for key in KEYS:
+        values = [float(r[key]) for r in runs if r.get(key) is not None]
+        summary[key] = values
+        summary[f"{key}_mean"] = round(statistics.fmean(values), 4) if values else None
+    mean = summary["avg_jct_ratio_mean"]
+    if mean:
+        predicted = float(summary["sim_predicted_avg_jct_ratio"])  # type: ignore[arg-type]
+        summary["prediction_error_mean"] = round(predicted / float(mean) - 1.0, 4)  # type: ignore[arg-type]
+    summary["runs"] = [
+        {
+            k: r.get(k)
+            for k in (*KEYS, "sim_predicted_avg_jct_ratio", "prediction_error", "wall_s", "arms")
+        }
+        for r in runs
+    ]
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for key in KEYS:
+            print(f"{key}: runs {summary[key]}, mean {summary[f'{key}_mean']}")
+        print(f"simulator: avg_jct_ratio {summary['sim_predicted_avg_jct_ratio']}")
+        if "prediction_error_mean" in summary:
+            print(f"simulator vs measured mean: {100 * summary['prediction_error_mean']:+.1f} %")  # type: ignore[operator]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
