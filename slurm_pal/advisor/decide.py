@@ -421,9 +421,9 @@ def _pass(
     job_class: str | None,
     version: str,
     request: PlacementRequest | None = None,
-    translate: bool = True,
 ) -> Decision:
-    fields: dict[str, str | int] = dict(_translations(job, labels)) if translate else {}
+    """Accept the job as written, but with model types translated and the reason noted."""
+    fields: dict[str, str | int] = dict(_translations(job, labels))
     fields["admin_comment"] = format_admin_comment(
         version=version, action="pass", job_class=job_class, why=reason
     )
