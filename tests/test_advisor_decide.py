@@ -462,6 +462,35 @@ def test_translate_model_types(tres: str, expected: str) -> None:
     assert translate_model_types(tres, labels) == expected
 
 
+tres_items = st.one_of(
+    st.builds(
+        lambda t, n: f"gres:gpu:{t}:{n}" if t else f"gres:gpu:{n}",
+        st.sampled_from([None, "v100", "V100", A0, A1, "a100"]),
+        st.integers(0, 8),
+    ),
+    st.sampled_from(["gres:shard:1", "gres:gpu:bad:x:1", "cpu:2", "gres/gpu:v100:1", "gres:gpu"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(tres_items, max_size=5))
+def test_translation_keeps_counts_and_everything_but_model_types(items: list[str]) -> None:
+    _, labels = site(LAYOUT)
+    tres = ",".join(items)
+    out = translate_model_types(tres, labels)
+    readable = [i for i in items if i != "gres:gpu:bad:x:1"]
+    before = parse_tres(",".join(readable))
+    after = parse_tres(",".join(i for i in out.split(",") if i != "gres:gpu:bad:x:1"))
+    assert sum(e.count for e in before if e.is_gpu) == sum(e.count for e in after if e.is_gpu)
+    assert not any(e.is_gpu and e.type and labels.is_model(e.type) for e in after)
+    assert [e.text for e in before if not e.is_gpu] == [e.text for e in after if not e.is_gpu]
+    kept = [e.text for e in before if e.is_gpu and e.type and not labels.is_model(e.type)]
+    assert kept == [e.text for e in after if e.is_gpu and e.type]
+    assert out.count("gres:gpu:bad:x:1") == tres.count("gres:gpu:bad:x:1")
+    if not any(e.is_gpu and e.type and labels.is_model(e.type) for e in before):
+        assert sum(1 for e in before if e.is_gpu and e.type is None) > 1 or out == tres
+
+
 # --- admin comment --------------------------------------------------------------------------------
 
 
