@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
-from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.adapters.config import SiteConfig, load_config
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.placement import PALPolicy, PMFirstPolicy, get_policy
 from slurm_pal.core.workload import SimJob
@@ -192,7 +192,7 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
         plan = plan_from_store(store, campaign, device_pattern=settings.device_pattern)
         site_dir = work / "site"
         hooks = HookSettings.from_config(
-            _loaded(config_path, cfg), labels_path=str(site_dir / "labels.json")
+            load_config(config_path), labels_path=str(site_dir / "labels.json")
         )
         files = render_files(
             plan,
@@ -231,15 +231,6 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
         job_script,
         socket_path,
     )
-
-
-def _loaded(path: Path, fallback: SiteConfig) -> SiteConfig:
-    from slurm_pal.adapters.config import ConfigError, load_config
-
-    try:
-        return load_config(path)
-    except ConfigError:
-        return fallback
 
 
 def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> str:
