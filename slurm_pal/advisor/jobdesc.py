@@ -28,6 +28,7 @@ from slurm_pal.core.resolve import JobRequest
 __all__ = [
     "NO_VAL",
     "NO_VAL16",
+    "TRES_FIELDS",
     "GpuAsk",
     "JobDescError",
     "JobDescription",
