@@ -103,6 +103,13 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
     assert all(pid is None for pid in LocalSlurm.attach(testbed_root).running().values())
     if "advisor" in report["arms"]:
         assert report["avg_jct_ratio"] > 0 and report["prediction_error"] is not None
+        # every job went through job_submit.lua and the advisor, which says so in admin_comment
+        from slurm_pal.advisor.decide import parse_admin_comment
+
+        slurm = json.loads((work / "slurm-jobs-advisor.json").read_text())
+        for trace_id, job in slurm.items():
+            parsed = parse_admin_comment(job["admin_comment"] or "")
+            assert parsed is not None and parsed["action"] in ("route", "pass"), (trace_id, job)
     else:
         assert report["avg_jct_ratio"] is None
         pytest.skip("advisor arm not run here (slurm-pal serve not installed); stock arm checked")
