@@ -67,13 +67,13 @@ def run_lua(script: Path, code: str) -> list[object]:
     """Run ``code`` after loading the script; every ``emit(v)`` is one JSON value back."""
     proc = subprocess.run(
         [str(LUA), "-"],
-        input=MOCK % lua_string(str(script)) + code,
+        input=(MOCK % lua_string(str(script)) + code).encode(),
         capture_output=True,
-        text=True,
         timeout=30,
     )
-    assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    out = proc.stdout.decode("utf-8", "surrogateescape")
+    return [json.loads(line) for line in out.splitlines()]
 
 
 class Server:
@@ -103,7 +103,7 @@ class Server:
                 if not chunk:
                     break
                 data += chunk
-            self.requests.append(json.loads(data))
+            self.requests.append(json.loads(data.decode("utf-8", "surrogateescape")))
             reply = self.respond(data)
             if reply is None:
                 self.held.append(conn)
@@ -510,3 +510,35 @@ def test_missing_lua_socket_fails_open(short_dir: Path) -> None:
     out = json.loads(proc.stdout)
     _failed_open(out)
     assert "lua-socket" in out["logs"][0]
+
+
+def test_request_passes_the_advisors_own_parser_and_hashes_the_script_as_sent(
+    short_dir: Path,
+) -> None:
+    """What Lua sends is what slurm_pal.advisor.protocol/jobdesc read: a script with bytes
+    that are not UTF-8 hashes like the file (sha256), a cut one hashes prefix + size."""
+    import hashlib
+
+    from slurm_pal.advisor.jobdesc import JobDescription
+    from slurm_pal.advisor.protocol import parse_request
+
+    lines: list[bytes] = []
+    srv = Server(short_dir / "advisor.sock", lambda line: lines.append(line) or b"x\n")
+    try:
+        script = _render(short_dir, str(srv.path))
+        body = b"#!/bin/sh\n# caf\xe9 \xff\xfe\n" + b"srun x\n"
+        lua_body = "".join(f"\\{b}" for b in body)
+        long = b"#!/bin/sh\n" + b"\xc3\xa9" * 9000  # 18,010 bytes: cut inside a character
+        lua_long = '"#!/bin/sh\\n" .. string.rep("\\195\\169", 9000)'
+        submit(script, f'{{tres_per_node = "gres:gpu:1", script = "{lua_body}"}}')
+        submit(script, f'{{tres_per_job = "gres:gpu:2", num_tasks = 2, script = {lua_long}}}')
+    finally:
+        srv.close()
+    first, second = (parse_request(line) for line in lines)
+    assert first.op == second.op == "decide"
+    job = JobDescription.from_wire(first.body["job"])
+    assert job.script_sha256 == hashlib.sha256(body).hexdigest()
+    job = JobDescription.from_wire(second.body["job"])
+    assert job.script_size == len(long) and job.num_tasks == 2
+    expected = hashlib.sha256(long[:16384] + f"\0size={len(long)}".encode()).hexdigest()
+    assert job.script_sha256 == expected
