@@ -165,6 +165,29 @@ MIGRATIONS: tuple[str, ...] = (
         recorded_at TEXT NOT NULL
     );
     """,
+    # 3: the advisor service's decisions (token -> the user's original request) and the
+    # Prolog/Epilog records it received (applied at most once per record_id).
+    """
+    CREATE TABLE advisor_decisions (
+        token TEXT PRIMARY KEY,
+        job_id INTEGER,
+        created TEXT NOT NULL,
+        job TEXT NOT NULL,
+        answer TEXT NOT NULL,
+        state TEXT NOT NULL
+    );
+    CREATE INDEX advisor_decisions_by_job ON advisor_decisions(job_id);
+    CREATE TABLE job_records (
+        record_id TEXT PRIMARY KEY,
+        job_id INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        time REAL,
+        payload TEXT NOT NULL,
+        received TEXT NOT NULL
+    );
+    CREATE INDEX job_records_by_job ON job_records(job_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 DERIVED_TABLES = ("class_bins", "gpu_scores", "labels", "gpu_labels", "gpu_aliases")
@@ -725,6 +748,122 @@ class Store:
             history=summarize_history(self.history_rows(history_per_key)),
             contradicted=contradicted_claims(mismatches, class_names),
         )
+
+    # -- the advisor service -----------------------------------------------------------------
+    def save_decision(
+        self,
+        token: str,
+        job: dict[str, object],
+        answer: dict[str, object],
+        *,
+        state: str = "reserved",
+        job_id: int | None = None,
+    ) -> None:
+        """Keep a decide answer and the request it answered (the re-planner and the job records
+        need the user's original request after a restart). A token is written once."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO advisor_decisions (token, job_id, created, job, answer, "
+                "state) VALUES (?,?,?,?,?,?)",
+                (token, job_id, _now(), json.dumps(job), json.dumps(answer), state),
+            )
+
+    def update_decision(
+        self,
+        token: str,
+        *,
+        job_id: int | None = None,
+        state: str | None = None,
+        answer: dict[str, object] | None = None,
+    ) -> bool:
+        """Bind a decision to its Slurm job id, change its state or its answer (re-planned).
+        False when the token is unknown."""
+        sets: list[str] = []
+        params: list[object] = []
+        for column, value in (("job_id", job_id), ("state", state)):
+            if value is not None:
+                sets.append(f"{column} = ?")
+                params.append(value)
+        if answer is not None:
+            sets.append("answer = ?")
+            params.append(json.dumps(answer))
+        if not sets:
+            return self.decision(token) is not None
+        with self._write() as db:
+            changed = db.execute(
+                f"UPDATE advisor_decisions SET {', '.join(sets)} WHERE token = ?",
+                (*params, token),
+            ).rowcount
+        return bool(changed)
+
+    def decision(self, token: str) -> dict[str, object] | None:
+        """One stored decision (token, job_id, created, job, answer, state) or None."""
+        rows = self._decision_rows("WHERE token = ?", (token,))
+        return rows[0] if rows else None
+
+    def decision_for_job(self, job_id: int) -> dict[str, object] | None:
+        """The latest decision bound to a Slurm job id, or None."""
+        rows = self._decision_rows("WHERE job_id = ? ORDER BY rowid DESC LIMIT 1", (job_id,))
+        return rows[0] if rows else None
+
+    def decisions(self, state: str | None = None) -> list[dict[str, object]]:
+        """Stored decisions, oldest first (all, or those in ``state``)."""
+        if state is None:
+            return self._decision_rows("ORDER BY rowid", ())
+        return self._decision_rows("WHERE state = ? ORDER BY rowid", (state,))
+
+    def _decision_rows(self, where: str, params: tuple[object, ...]) -> list[dict[str, object]]:
+        rows = self._db.execute(
+            f"SELECT token, job_id, created, job, answer, state FROM advisor_decisions {where}",
+            params,
+        ).fetchall()
+        return [
+            {
+                "token": r[0],
+                "job_id": r[1],
+                "created": r[2],
+                "job": json.loads(r[3]),
+                "answer": json.loads(r[4]),
+                "state": r[5],
+            }
+            for r in rows
+        ]
+
+    def add_job_record(self, record: dict[str, object]) -> bool:
+        """Keep a Prolog/Epilog record; False when its ``record_id`` was already kept (a record
+        is applied at most once, whichever way it arrived: socket or spool sweep)."""
+        try:
+            record_id = str(record["record_id"])
+            job_id = int(record["job_id"])  # type: ignore[call-overload]
+            node = str(record["node"])
+            kind = str(record["kind"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"job record lacks record_id/job_id/node/kind: {exc}") from None
+        when = record.get("time")
+        with self._write() as db:
+            added = db.execute(
+                "INSERT OR IGNORE INTO job_records (record_id, job_id, node, kind, time, payload, "
+                "received) VALUES (?,?,?,?,?,?,?)",
+                (
+                    record_id,
+                    job_id,
+                    node,
+                    kind,
+                    float(when) if isinstance(when, int | float) else None,
+                    json.dumps(record),
+                    _now(),
+                ),
+            ).rowcount
+        return bool(added)
+
+    def job_records(self, job_id: int | None = None) -> list[dict[str, object]]:
+        """Kept records (their payloads), in arrival order; all or one job's."""
+        query = "SELECT payload FROM job_records"
+        params: tuple[object, ...] = ()
+        if job_id is not None:
+            query += " WHERE job_id = ?"
+            params = (job_id,)
+        return [json.loads(r[0]) for r in self._db.execute(query + " ORDER BY rowid", params)]
 
     # -- internals -----------------------------------------------------------------------------
     def _require_campaign(self, campaign_id: str) -> None:
