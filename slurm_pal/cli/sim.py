@@ -25,7 +25,7 @@ from slurm_pal.core.workload import (
     SimJob,
     poisson_workload,
 )
-from slurm_pal.sim.engine import MODES, PLACEMENTS, SCHEDULERS, SimConfig
+from slurm_pal.sim.engine import ALL_PLACEMENTS, MODES, PLACEMENTS, SCHEDULERS, SimConfig
 from slurm_pal.sim.experiments import BASELINE, improvement, run_grid
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
@@ -115,7 +115,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("placement", no_wrap=True)
     table.add_column("sched", no_wrap=True)
-    for column in ("JCT h", "gain", "p99 h", "mksp h", "wait h", "util", "pre", "mig"):
+    for column in ("JCT h", "gain", "p99 h", "mksp h", "wait h", "FTF", "util", "pre", "mig"):
         table.add_column(column, justify="right", no_wrap=True)
     for row in summaries:
         gain = row.get("gain_vs_baseline", math.nan)
@@ -127,6 +127,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
             hours(row["p99_jct"]),
             hours(row["makespan"]),
             hours(row["avg_wait"]),
+            "-" if not math.isfinite(row["avg_ftf"]) else f"{row['avg_ftf']:.2f}",
             "-" if not math.isfinite(row["utilization"]) else f"{row['utilization']:.0%}",
             str(row["preemptions"]),
             str(row["migrations"]),
@@ -225,7 +226,11 @@ def run(
         "variability-sensitive class first (none: no variability).",
     ),
     placement: str = typer.Option(
-        ",".join(PLACEMENTS), "--placement", help="Comma-separated placements."
+        ",".join(PLACEMENTS),
+        "--placement",
+        help="Comma-separated placements; peers (scheduler and placement at once): "
+        + ", ".join(ALL_PLACEMENTS[len(PLACEMENTS) :])
+        + ".",
     ),
     scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las, srtf (or a list)."),
     cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
@@ -249,6 +254,15 @@ def run(
     default_class: str = typer.Option(
         PAL_DEFAULT_CLASS, "--default-class", help="Class of jobs the map does not know."
     ),
+    migration_seconds: float = typer.Option(
+        30.0, "--migration-seconds", help="fft-pm/pal-fft: cost of moving or resuming a job (s)."
+    ),
+    xi: float | None = typer.Option(
+        None,
+        "--xi",
+        help="Sharing peers: one interference factor for every pair (>= 1).",
+        show_default=False,
+    ),
     workers: int = typer.Option(1, "--workers", help="Worker processes."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
     timeline: bool = typer.Option(
@@ -259,7 +273,7 @@ def run(
     ),
 ) -> None:
     """Simulate a trace under each placement x scheduler and compare them."""
-    placements = split_names(placement, list(PLACEMENTS), "placement")
+    placements = split_names(placement, list(ALL_PLACEMENTS), "placement")
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
@@ -309,6 +323,8 @@ def run(
                     locality_penalty=locality_penalty,
                     seed=seed if seed is not None else 0,
                     pal_artifact=pal_artifact,
+                    migration_seconds=migration_seconds,
+                    xi=xi,
                 )
                 for s in schedulers
                 for p in placements

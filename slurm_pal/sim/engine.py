@@ -66,9 +66,11 @@ from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim.metrics import JobOutcome, SimResult
+from slurm_pal.sim.peers import PEERS, simulate_peer
 from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
+    "ALL_PLACEMENTS",
     "MODES",
     "PLACEMENTS",
     "SCHEDULERS",
@@ -87,6 +89,11 @@ PLACEMENTS: dict[str, tuple[str, bool]] = {
 """Simulator placement name -> (core policy name, sticky). PAL and PM-First are non-sticky in
 PAL's paper and code; Tiresias = packed-sticky, Gandiva = packed-nonsticky."""
 
+ALL_PLACEMENTS: tuple[str, ...] = (*PLACEMENTS, *PEERS)
+"""Every name ``SimConfig.placement`` takes: the engine's placements, then the peers
+(:mod:`slurm_pal.sim.peers`: scheduler and placement at once, their own clock; ``mode`` does
+not apply to them, ``scheduler`` only orders ``gimbal`` and ``pal-share``)."""
+
 SCHEDULERS = ("fifo", "las", "srtf")
 MODES = ("rounds", "slurm")
 _EPSILON = 1e-9
@@ -104,7 +111,11 @@ class SimConfig:
     only what PAL's L x V matrix assumes); ``advised_classes`` maps a job's true class to the
     class the advisor places it as (fewer classes: merged ones), progress still uses the true
     class's slowdowns; ``default_class`` is the class the advisor gives jobs it could not
-    identify (``SimJob.known`` False; None: their trace class)."""
+    identify (``SimJob.known`` False; None: their trace class).
+
+    Peers only: ``migration_seconds`` is what moving or resuming a job costs FFT-PM and
+    ``pal-fft`` (state restore, in progress and in FFT's switching penalty); ``xi`` overrides
+    every pair's interference factor of the sharing peers (SJF-BSBF's global xi sweep)."""
 
     placement: str = "pal"
     scheduler: str = "fifo"
@@ -120,11 +131,13 @@ class SimConfig:
     advised_classes: tuple[tuple[str, str], ...] = ()
     default_class: str | None = None
     max_time: float = 10 * 365 * 86400.0
+    migration_seconds: float = 30.0
+    xi: float | None = None
 
     def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
+        if self.placement not in ALL_PLACEMENTS:
             raise ValueError(
-                f"unknown placement {self.placement!r}; valid: {', '.join(PLACEMENTS)}"
+                f"unknown placement {self.placement!r}; valid: {', '.join(ALL_PLACEMENTS)}"
             )
         if self.scheduler not in SCHEDULERS:
             raise ValueError(
@@ -499,6 +512,19 @@ def simulate(jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> SimRes
     asking for more GPUs than the cluster has never run; they are listed in
     ``SimResult.unplaceable`` and left out of the metrics.
     """
+    if config.placement in PEERS:
+        return simulate_peer(
+            jobs,
+            gpus,
+            config.placement,
+            scheduler=config.scheduler,
+            round_seconds=config.round_seconds,
+            locality_penalty=config.locality_penalty,
+            migration_seconds=config.migration_seconds,
+            xi=config.xi,
+            class_order=config.class_order,
+            max_time=config.max_time,
+        )
     simulation = _Simulation(jobs, gpus, config)
     if config.mode == "slurm":
         return simulation.run_slurm()

@@ -12,17 +12,25 @@ Definitions (PAL's artifact where it has one, ``blox_manager.update_metrics``):
   running job moved to other GPUs between rounds), over all jobs;
 - ``spread_jobs``: tracked jobs that fit in one node but ran across nodes at some point (they
   paid the locality penalty for nothing but a placement choice or fragmentation);
-- per-class and per-size (GPU count buckets) averages.
+- per-class and per-size (GPU count buckets) averages;
+- finish-time fairness (Themis, reported by FFT): ``FTF_j = JCT_j / T_id_j`` where ``T_id`` is
+  the job's run time on an exclusive ``1/N`` share of the cluster, ``N`` the time-averaged
+  number of jobs in the system (submitted, unfinished) over the job's life:
+  ``T_id = work x max(1, N x gpus / cluster GPUs)`` (a job cannot run faster than its own GPU
+  count allows; work is its median-GPU, one-node time). ``avg_ftf``, ``max_ftf`` and
+  ``ftf_over_1`` (share of jobs treated worse than their fair share) over the tracked jobs
+  that finished; every job, tracked or not, counts in ``N``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SIZE_BUCKETS", "JobOutcome", "SimResult", "size_bucket"]
+__all__ = ["SIZE_BUCKETS", "JobOutcome", "SimResult", "finish_time_fairness", "size_bucket"]
 
 SIZE_BUCKETS: tuple[tuple[str, int, int], ...] = (
     ("1", 1, 1),
@@ -78,6 +86,41 @@ def _p99(values: list[float]) -> float:
     return float(ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)])
 
 
+def finish_time_fairness(jobs: Sequence[JobOutcome], n_gpus: int) -> dict[str, float]:
+    """Per finished job, ``JCT / T_id`` (see the module docstring), keyed by job id.
+
+    ``N`` over ``[submit, end]`` is the integral of the jobs-in-system count over that window
+    divided by its length, from a step function over every job's submit and end (a job that
+    never ended stays in the system to the last event)."""
+    events: list[tuple[float, int]] = []
+    last = max([j.end for j in jobs if j.end is not None] + [j.submit for j in jobs], default=0.0)
+    for job in jobs:
+        events.append((job.submit, 1))
+        events.append((job.end if job.end is not None else last, -1))
+    events.sort()
+    times = np.array([t for t, _ in events])
+    counts = np.cumsum([d for _, d in events])
+    # area[k] = integral of the count from times[0] to times[k]
+    widths = np.diff(times, prepend=times[0] if len(times) else 0.0)
+    area = np.concatenate(([0.0], np.cumsum(counts[:-1] * widths[1:]))) if len(times) else times
+
+    def integral(t: float) -> float:
+        k = int(np.searchsorted(times, t, side="right")) - 1
+        if k < 0:
+            return 0.0
+        return float(area[k] + counts[k] * (t - times[k]))
+
+    ftf: dict[str, float] = {}
+    for job in jobs:
+        if job.end is None:
+            continue
+        span = job.end - job.submit
+        n_avg = (integral(job.end) - integral(job.submit)) / span if span > 0 else 1.0
+        ideal = job.work * max(1.0, n_avg * job.gpus / n_gpus)
+        ftf[job.job_id] = span / ideal
+    return ftf
+
+
 @dataclass(frozen=True)
 class SimResult:
     """A run's outcomes plus the GPUs-in-use curve (``(time, GPUs in use from then on)``)."""
@@ -127,6 +170,8 @@ class SimResult:
             utilization = used / (self.n_gpus * makespan) if makespan > 0 else math.nan
         else:
             makespan = utilization = math.nan
+        fairness = finish_time_fairness(self.jobs, self.n_gpus)
+        ftf = [fairness[job.job_id] for job in finished if job.job_id in fairness]
         classes = sorted({job.job_class for job in tracked})
         sizes = [name for name, _, _ in SIZE_BUCKETS]
         return {
@@ -140,6 +185,9 @@ class SimResult:
             "makespan": makespan,
             "avg_wait": _mean(waits),
             "utilization": utilization,
+            "avg_ftf": _mean(ftf),
+            "max_ftf": max(ftf) if ftf else math.nan,
+            "ftf_over_1": (sum(1 for v in ftf if v > 1.0) / len(ftf)) if ftf else math.nan,
             "preemptions": sum(job.preemptions for job in self.jobs),
             "migrations": sum(job.migrations for job in self.jobs),
             "spread_jobs": sum(
