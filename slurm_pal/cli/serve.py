@@ -1,7 +1,205 @@
-"""`slurm-pal serve`: being built this session (see slurm_pal/advisor/PROTOCOL.md)."""
+"""`slurm-pal serve`: run the advisor service, and ask a running one (health, stats, replan).
+
+The service runs in the foreground (systemd or the testbed own the process; `--foreground`
+is accepted for scripts written against PROTOCOL.md). Defaults come from the site config's
+``[advisor]`` table; the global ``--db``/``--config`` select the store and the config.
+"""
 
 from __future__ import annotations
 
-import typer
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
 
-app = typer.Typer(help="Being built; see slurm_pal/advisor/PROTOCOL.md.", no_args_is_help=True)
+import typer
+from rich.table import Table
+
+from slurm_pal.cli.common import AppState, console, fail, print_json, reported_errors, state
+
+app = typer.Typer(
+    help="The advisor service on the controller (PROTOCOL.md): run it, or ask a running one.",
+    invoke_without_command=True,
+)
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def _socket(app_state: AppState, socket: Path | None) -> Path:
+    return socket if socket is not None else Path(app_state.config.advisor.socket)
+
+
+@app.callback()
+def serve(
+    ctx: typer.Context,
+    socket: Path | None = typer.Option(
+        None, "--socket", help="Unix socket (default: advisor.socket).", show_default=False
+    ),
+    policy: str | None = typer.Option(
+        None,
+        "--policy",
+        help="pal, pm-first, packed or random (default: advisor.policy).",
+        show_default=False,
+    ),
+    labels: Path | None = typer.Option(
+        None,
+        "--labels",
+        help="labels.json of `site render` (default: advisor.labels_file, "
+        "else the active campaign's labels).",
+        show_default=False,
+    ),
+    refresh_s: float | None = typer.Option(
+        None,
+        "--refresh-s",
+        help="Seconds between Slurm reads (default: advisor.refresh_s).",
+        show_default=False,
+    ),
+    replan_s: float | None = typer.Option(
+        None,
+        "--replan-s",
+        help="Seconds between re-planning rounds, 0 = off (default: advisor.replan_s).",
+        show_default=False,
+    ),
+    pidfile: Path | None = typer.Option(None, "--pidfile", help="Write our pid here."),
+    foreground: bool = typer.Option(
+        True,
+        "--foreground/--no-foreground",
+        help="Accepted for compatibility; always runs in the foreground.",
+        hidden=True,
+    ),
+) -> None:
+    """Run the advisor service in the foreground until SIGTERM/SIGINT."""
+    app_state = state(ctx)
+    ctx.obj = app_state
+    ctx.meta["socket"] = socket
+    if ctx.invoked_subcommand is not None:
+        return
+    with reported_errors():
+        _run(app_state, socket, policy, labels, refresh_s, replan_s, pidfile)
+
+
+def _run(
+    app_state: AppState,
+    socket: Path | None,
+    policy: str | None,
+    labels: Path | None,
+    refresh_s: float | None,
+    replan_s: float | None,
+    pidfile: Path | None,
+) -> None:
+    from slurm_pal.adapters.config import ADVISOR_POLICIES
+    from slurm_pal.adapters.slurm.state import CliStateReader
+    from slurm_pal.advisor.server import AdvisorServer
+    from slurm_pal.advisor.state import AdvisorState
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    config = app_state.config
+    if policy is not None and policy not in ADVISOR_POLICIES:
+        fail(f"unknown policy {policy!r}; valid: {', '.join(ADVISOR_POLICIES)}")
+    for name, value in (("--refresh-s", refresh_s), ("--replan-s", replan_s)):
+        if value is not None and value < 0:
+            fail(f"{name} must be >= 0, got {value}")
+    if refresh_s is not None and refresh_s == 0:
+        fail("--refresh-s must be > 0")
+    advisor_state = AdvisorState(
+        config,
+        app_state.db_path,
+        CliStateReader(),
+        policy=policy,
+        labels_file=None if labels is None else str(labels),
+    )
+    server = AdvisorServer(
+        advisor_state,
+        _socket(app_state, socket),
+        refresh_s=refresh_s,
+        replan_s=replan_s,
+    )
+    done = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        logging.getLogger("slurm_pal.advisor").info("signal %d: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.start()
+    except Exception as exc:
+        advisor_state.writer.close()
+        fail(f"cannot start the advisor: {exc}")
+    if pidfile is not None:
+        pidfile.write_text(f"{os.getpid()}\n")
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        server.stop()
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)
+
+
+def _ask(ctx: typer.Context, op: str, timeout_s: float) -> dict:
+    from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
+
+    app_state = state(ctx)
+    with reported_errors():
+        path = _socket(app_state, ctx.meta.get("socket"))  # meta is shared with the group
+    try:
+        answer = AdvisorClient(str(path)).request({"v": 1, "op": op}, timeout_s)
+    except AdvisorUnavailable as exc:
+        fail(str(exc), code=1)
+    if not answer.get("ok"):
+        fail(f"the advisor answered: {answer.get('error')}", code=1)
+    return answer
+
+
+@app.command()
+def health(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+) -> None:
+    """Is the advisor up, and what does it serve (campaign, policy, GPUs, free GPUs)."""
+    answer = _ask(ctx, "health", 5.0)
+    if as_json:
+        print_json(answer)
+        return
+    _table("advisor health", answer)
+
+
+@app.command()
+def stats(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the counters as JSON."),
+) -> None:
+    """The running advisor's counters (decides, records, re-plans, latency p50/p99)."""
+    answer = _ask(ctx, "stats", 5.0)
+    if as_json:
+        print_json(answer)
+        return
+    _table("advisor stats", answer)
+
+
+@app.command()
+def replan(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Run one re-planning round now and show what it changed."""
+    answer = _ask(ctx, "replan", 120.0)
+    if as_json:
+        print_json(answer)
+        return
+    _table("re-planning round", answer)
+
+
+def _table(title: str, answer: dict) -> None:
+    table = Table(title=title)
+    table.add_column("key")
+    table.add_column("value")
+    for key, value in answer.items():
+        if key in ("v", "ok"):
+            continue
+        table.add_row(key, "-" if value is None else str(value))
+    console.print(table)

@@ -140,6 +140,17 @@ class CliStateReader:
             and (us is None or j.user in us)
         ]
 
+    def default_partition(self) -> str | None:
+        """The partition a job without ``-p`` goes to (``Default=YES``), None when none is.
+
+        ``sinfo --json`` in 22.05 does not say which partition is the default."""
+        text = self._runner(["scontrol", "show", "partition", "-o"])
+        for line in text.splitlines():
+            kv = parse_key_values(line)
+            if kv.get("Default", "").upper() == "YES" and kv.get("PartitionName"):
+                return kv["PartitionName"]
+        return None
+
     def _run(self, args: Sequence[str]) -> str:
         conf = self.env.get("SLURM_CONF")
         if conf and not os.path.isfile(conf):

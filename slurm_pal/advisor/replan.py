@@ -1,0 +1,260 @@
+"""Re-planning pending GPU jobs: PAL's queue rule over the jobs the advisor steered.
+
+Why: the GPUs chosen at submit time may be taken before the job starts, and a job passed at
+submit because nothing was free waits as an untyped request that Slurm will place anywhere.
+Every ``advisor.replan_s`` the pending jobs this advisor routed (or passed for lack of free
+GPUs) and the user did not pin get PAL's queue cut and class order against the free GPUs
+(:func:`plan_replan`, pure); a job whose GPUs changed is updated with ``scontrol update``
+(:class:`ScontrolApplier`). Running jobs are never touched.
+
+Equal to :func:`slurm_pal.core.queue.plan_round` with ``on_misfit="stop"``: the requests are
+put in :func:`~slurm_pal.core.queue.placement_order`, then each is placed by ``decide`` (the
+same policy ``plan_round`` calls) on a cluster that takes every earlier allocation, which also
+encodes the answer the way submit-time routing does.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from slurm_pal.advisor.decide import Decision, LabelTable, decide, parse_gpus_field
+from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.placement import PlacementPolicy
+from slurm_pal.core.queue import placement_order
+
+__all__ = [
+    "SKIP_REASONS",
+    "PendingJob",
+    "ReplanResult",
+    "ScontrolApplier",
+    "Update",
+    "plan_replan",
+    "scontrol_steps",
+]
+
+log = logging.getLogger("slurm_pal.advisor")
+
+#: Pending reasons of jobs the scheduler will not start anyway (held, waiting on others,
+#: not yet looked at): re-planning them would only churn.
+SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime", "None", "")
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """One pending job the advisor steered: its original request and what it holds now."""
+
+    job_id: int
+    token: str
+    job: JobDescription  # the user's request as submitted (advisor_decisions)
+    job_class: str
+    class_reason: str
+    current: Mapping[str, tuple[str, ...]] | None  # node -> labels now; None: passed untyped
+    tres_per_node: str = ""  # as Slurm holds them now
+    tres_per_job: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Update:
+    """A pending job's new placement."""
+
+    job_id: int
+    token: str
+    decision: Decision
+    chosen: Mapping[str, tuple[str, ...]]
+    before: Mapping[str, tuple[str, ...]] | None
+    pending: PendingJob
+
+
+@dataclass
+class ReplanResult:
+    """What one round did: updates planned (and applied), jobs left as they are, notes."""
+
+    considered: int = 0
+    updates: list[Update] = field(default_factory=list)
+    unchanged: list[int] = field(default_factory=list)
+    not_placed: list[int] = field(default_factory=list)
+    applied: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "considered": self.considered,
+            "updates": [u.job_id for u in self.updates],
+            "unchanged": self.unchanged,
+            "not_placed": self.not_placed,
+            "applied": self.applied,
+            "failed": {str(k): v for k, v in self.failed.items()},
+        }
+
+
+def current_gpus(admin_comment: Mapping[str, str]) -> dict[str, tuple[str, ...]] | None:
+    """The labels per node an admin comment's ``gpus=`` names (None when it names none)."""
+    value = admin_comment.get("gpus")
+    if not value:
+        return None
+    try:
+        return {n: tuple(sorted(labels)) for n, labels in parse_gpus_field(value).items()}
+    except ValueError:
+        return None
+
+
+def _chosen(decision: Decision, labels: LabelTable) -> dict[str, tuple[str, ...]]:
+    allocation = decision.allocation
+    assert allocation is not None
+    out: dict[str, list[str]] = {}
+    for node, index in zip(allocation.nodes, allocation.local_indices, strict=True):
+        out.setdefault(node, []).append(labels.label(node, index))
+    return {n: tuple(sorted(v)) for n, v in out.items()}
+
+
+def plan_replan(
+    pending: Sequence[PendingJob],
+    cluster: Cluster,
+    *,
+    labels: LabelTable,
+    policy: PlacementPolicy,
+    version: str,
+    class_order: Sequence[str] | None = None,
+    partition_nodes: Mapping[str, Sequence[str]] | None = None,
+    default_partition: str | None = None,
+) -> ReplanResult:
+    """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
+    GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
+
+    A job whose chosen labels per node equal what it holds gets no update; the round stops at
+    the first job that does not fit (PAL: the head of the queue is never overtaken)."""
+    result = ReplanResult(considered=len(pending))
+    common = {
+        "labels": labels,
+        "policy": policy,
+        "version": version,
+        "partition_nodes": partition_nodes,
+        "default_partition": default_partition,
+    }
+    jobs: dict[str, PendingJob] = {}
+    requests = []
+    for p in pending:
+        job = replace(p.job, job_id=p.job_id)
+        probe = decide(
+            job,
+            job_class=p.job_class,
+            class_reason=p.class_reason,
+            cluster=cluster,
+            token=p.token,
+            **common,  # type: ignore[arg-type]
+        )
+        if probe.request is None:
+            result.not_placed.append(p.job_id)
+            continue
+        jobs[probe.request.job_id] = replace(p, job=job)
+        requests.append(probe.request)
+    state = cluster.copy()
+    order = placement_order(
+        requests, state.n_free, class_order if class_order is not None else state.class_order
+    )
+    for position, request in enumerate(order):
+        p = jobs[request.job_id]
+        decision = decide(
+            p.job,
+            job_class=p.job_class,
+            class_reason=p.class_reason,
+            cluster=state,
+            token=p.token,
+            **common,  # type: ignore[arg-type]
+        )
+        if decision.action != "route" or decision.allocation is None:
+            result.not_placed.extend(jobs[r.job_id].job_id for r in order[position:])
+            break
+        state.allocate(decision.allocation)
+        chosen = _chosen(decision, labels)
+        if p.current is not None and dict(p.current) == chosen:
+            result.unchanged.append(p.job_id)
+            continue
+        result.updates.append(Update(p.job_id, p.token, decision, chosen, p.current, p))
+    return result
+
+
+# -- applying ---------------------------------------------------------------------------------
+_KEYS = {
+    "req_nodes": "ReqNodeList",
+    "tres_per_node": "TresPerNode",
+    "tres_per_job": "TresPerJob",
+    "admin_comment": "AdminComment",
+}
+
+
+def _is_gpu_typed(tres: str) -> bool:
+    """Does a Slurm tres string name a GPU type (``gres:gpu:T:n``)?"""
+    for item in tres.split(","):
+        parts = item.strip().removeprefix("gres:").removeprefix("gres/").split(":")
+        if parts[0] == "gpu" and len(parts) == 3:
+            return True
+    return False
+
+
+def scontrol_steps(update: Update) -> list[list[str]]:
+    """The ``scontrol update`` argument lists for one update, in order (testbed findings in
+    PROTOCOL.md "Reservations and re-planning"): Slurm 22.05 refuses to turn an untyped GPU
+    request into a typed one in one update ("Invalid GRES specification (with and without type
+    identification)"), so such a job first moves its GPU count to an untyped per-job request
+    (the count is never dropped, so the job can not start without GPUs), then gets the typed one.
+    """
+    fields = update.decision.set_fields
+    head = ["update", f"JobId={update.job_id}"]
+    final: list[str] = []
+    for key, name in _KEYS.items():
+        if key in fields:
+            final.append(f"{name}={fields[key]}")
+    low, high = fields.get("min_nodes"), fields.get("max_nodes")
+    if low is not None:
+        final.append(f"NumNodes={low}-{high}" if high not in (None, low) else f"NumNodes={low}")
+    steps: list[list[str]] = []
+    now = update.pending.tres_per_node or update.pending.tres_per_job
+    new_typed = any(
+        _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
+    )
+    if new_typed and now and not _is_gpu_typed(now):
+        count = update.decision.allocation.n_gpus if update.decision.allocation else 1
+        steps.append([*head, "TresPerNode=", f"TresPerJob=gres:gpu:{count}"])
+        if "tres_per_job" not in fields:
+            final.insert(0, "TresPerJob=")
+    steps.append([*head, *final])
+    return steps
+
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+class ScontrolApplier:
+    """Applies updates with ``scontrol`` (SLURM_CONF from ``env``); one failed job does not
+    stop the others."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> None:
+        self.env = None if env is None else dict(env)
+        self.timeout_s = timeout_s
+
+    def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["scontrol", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s,
+            check=False,
+        )
+
+    def apply(self, update: Update) -> str | None:
+        """Run the steps; None on success, else the error text."""
+        for step in scontrol_steps(update):
+            try:
+                proc = self.run(step)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"scontrol {' '.join(step)}: {exc}"
+            if proc.returncode != 0:
+                return f"scontrol {' '.join(step)}: {proc.stderr.strip() or proc.returncode}"
+        return None

@@ -1,0 +1,561 @@
+"""``slurm-pal serve``: the advisor on a Unix socket (PROTOCOL.md), with its background work.
+
+Why threads and the stdlib: every sbatch opens one short connection from slurmctld's
+job_submit.lua, which waits (with slurmctld's job-write lock held) for one answer line, so
+the decide path must be short and never wait for Slurm or SQLite; a thread per connection
+keeps a slow or hostile peer from delaying the others. Three background threads do the slow
+work: the Slurm refresh (plus the spool sweep and reservation expiry), the re-planning round,
+and the store writer (:class:`~slurm_pal.advisor.state.StoreWriter`).
+
+A malformed request gets an error answer and is counted (``bad_requests``); nothing a peer
+sends stops the service. Peers are checked with ``SO_PEERCRED``: root, the service's own user
+and ``advisor.allowed_users`` are served, others get ``permission denied``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_pal.advisor import protocol
+from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
+from slurm_pal.advisor.replan import (
+    SKIP_REASONS,
+    PendingJob,
+    ReplanResult,
+    ScontrolApplier,
+    current_gpus,
+    plan_replan,
+)
+from slurm_pal.advisor.state import AdvisorState
+
+__all__ = ["AdvisorServer", "Counters", "peer_uid", "sweep_spool"]
+
+log = logging.getLogger("slurm_pal.advisor")
+LATENCY_WINDOW = 2048
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class Counters:
+    """PROTOCOL.md's ``stats`` counters; decide latency percentiles over the last requests."""
+
+    NAMES = (
+        "decide_total",
+        "decide_route",
+        "decide_pass",
+        "decide_errors",
+        "records_total",
+        "records_duplicate",
+        "replans",
+        "replan_updates",
+        "refresh_errors",
+        "peer_refused",
+        "bad_requests",
+        "spool_applied",
+        "spool_bad",
+    )
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.NAMES, 0)
+        self._latency: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self._clock = clock
+        self._started = clock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+
+    def decide_ms(self, ms: float) -> None:
+        with self._lock:
+            self._latency.append(ms)
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            out: dict[str, object] = dict(self._values)
+            window = sorted(self._latency)
+        out["decide_ms_p50"] = _percentile(window, 0.50)
+        out["decide_ms_p99"] = _percentile(window, 0.99)
+        out["decide_window"] = len(window)
+        out["uptime_s"] = round(self._clock() - self._started, 3)
+        return out
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of sorted ``values`` (None when empty)."""
+    if not values:
+        return None
+    rank = max(1, min(len(values), int(-(-q * len(values) // 1))))
+    return round(values[rank - 1], 4)
+
+
+def allowed_uids(users: Iterable[str]) -> frozenset[int]:
+    """Root, this process's user and the named users that exist here."""
+    uids = {0, os.geteuid()}
+    for user in users:
+        with contextlib.suppress(KeyError):
+            uids.add(pwd.getpwnam(user).pw_uid)
+    return frozenset(uids)
+
+
+def sweep_spool(
+    spool_dir: Path,
+    apply: Callable[[Mapping[str, object]], bool],
+    counters: Counters | None = None,
+) -> tuple[int, int]:
+    """Deliver the hooks' spooled records (``*.json``, not ``.``-files): each is applied like
+    a ``record`` op and deleted; a file that is not a valid record is renamed ``*.bad`` with a
+    log line. Returns (applied, bad). A store failure leaves the file for the next sweep."""
+    applied = bad = 0
+    try:
+        names = sorted(p for p in spool_dir.glob("*.json") if not p.name.startswith("."))
+    except OSError:
+        return 0, 0
+    for path in names:
+        if not path.is_file():
+            continue
+        try:
+            line = path.read_bytes()
+            request = protocol.parse_request(
+                b'{"v":1,"op":"record","record":' + line.strip() + b"}"
+            )
+        except OSError as exc:
+            log.warning("spool %s unreadable: %s", path, exc)
+            continue
+        except protocol.ProtocolError as exc:
+            bad += 1
+            log.warning("spool %s is not a valid record (%s): moved to %s.bad", path, exc, path)
+            with contextlib.suppress(OSError):
+                path.rename(path.with_name(path.name + ".bad"))
+            continue
+        try:
+            duplicate = not apply(request.body["record"])  # type: ignore[arg-type]
+        except Exception as exc:  # the store is busy or broken: try again next sweep
+            log.warning("spool %s not applied: %s", path, exc)
+            continue
+        applied += 1
+        if counters is not None:
+            counters.add("records_total")
+            if duplicate:
+                counters.add("records_duplicate")
+        with contextlib.suppress(OSError):
+            path.unlink()
+    if counters is not None:
+        counters.add("spool_applied", applied)
+        counters.add("spool_bad", bad)
+    return applied, bad
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _UnixServer
+
+    def handle(self) -> None:
+        self.server.advisor.handle_connection(self.request)
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+    request_queue_size = 128
+
+    def __init__(self, path: str, advisor: AdvisorServer) -> None:
+        self.advisor = advisor
+        super().__init__(path, _Handler)
+
+
+class AdvisorServer:
+    """The service: socket, ops, counters and background threads around an AdvisorState."""
+
+    def __init__(
+        self,
+        state: AdvisorState,
+        socket_path: Path,
+        *,
+        allowed: Iterable[str] | None = None,
+        socket_group: str | None = None,
+        refresh_s: float | None = None,
+        replan_s: float | None = None,
+        spool_dir: Path | None = None,
+        applier: ScontrolApplier | None = None,
+        reload_config: Callable[[], None] | None = None,
+        io_timeout_s: float = 10.0,
+    ) -> None:
+        cfg = state.config
+        self.state = state
+        self.socket_path = Path(socket_path)
+        self.allowed = allowed_uids(cfg.advisor.allowed_users if allowed is None else allowed)
+        self.socket_group = cfg.advisor.socket_group if socket_group is None else socket_group
+        self.refresh_s = cfg.advisor.refresh_s if refresh_s is None else refresh_s
+        self.replan_s = cfg.advisor.replan_s if replan_s is None else replan_s
+        self.spool_dir = Path(cfg.hooks.spool_dir if spool_dir is None else spool_dir)
+        self.applier = applier or ScontrolApplier(getattr(state.reader, "env", None))
+        self.reload_config = reload_config
+        self.io_timeout_s = io_timeout_s
+        self.counters = Counters()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._server: _UnixServer | None = None
+        self._replan_lock = threading.Lock()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the store, read Slurm once, bind the socket, start the threads."""
+        self.state.reload()
+        self._refresh_once()
+        self._bind()
+        assert self._server is not None
+        self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
+        self._spawn("refresh", self._refresh_loop)
+        if self.replan_s > 0:
+            self._spawn("replan", self._replan_loop)
+        log.info(
+            "serving on %s (policy %s, refresh %gs, replan %gs, spool %s)",
+            self.socket_path,
+            self.state.policy_name,
+            self.refresh_s,
+            self.replan_s,
+            self.spool_dir,
+        )
+
+    def stop(self) -> None:
+        """Stop the threads, close and remove the socket, flush the store writer."""
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        for thread in self._threads:
+            thread.join(timeout=15)
+        self._threads.clear()
+        self.state.writer.close()
+        log.info("stopped; socket %s removed", self.socket_path)
+
+    def __enter__(self) -> AdvisorServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _bind(self) -> None:
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # stale socket of a dead service
+            else:
+                raise RuntimeError(f"another advisor already listens on {path}")
+            finally:
+                probe.close()
+        old = os.umask(0o117)
+        try:
+            self._server = _UnixServer(str(path), self)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o660)
+        try:
+            gid = grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            log.warning(
+                "socket group %r does not exist: socket left in our group", self.socket_group
+            )
+        else:
+            with contextlib.suppress(PermissionError):
+                os.chown(path, -1, gid)
+
+    # -- background work ------------------------------------------------------------------------
+    def _refresh_once(self) -> None:
+        try:
+            self.state.refresh()
+        except Exception as exc:
+            self.counters.add("refresh_errors")
+            log.warning("refresh failed (old view kept): %s", exc)
+
+    def _refresh_loop(self) -> None:
+        rounds = 0
+        while not self._stop.wait(self.refresh_s):
+            self._refresh_once()
+            rounds += 1
+            if rounds % 6 == 0:
+                with contextlib.suppress(Exception):
+                    self.state.refresh_store_view()
+            self.state.expire()
+            if self.spool_dir.is_dir():
+                sweep_spool(self.spool_dir, self.state.apply_record, self.counters)
+
+    def _replan_loop(self) -> None:
+        while not self._stop.wait(self.replan_s):
+            try:
+                self.replan()
+            except Exception as exc:
+                log.warning("re-planning round failed: %s", exc)
+
+    def replan(self, refresh: bool = True) -> ReplanResult:
+        """One re-planning round now (the ``replan`` op and the background loop)."""
+        with self._replan_lock:
+            if refresh:
+                self._refresh_once()
+            result = self._replan_round()
+            self.counters.add("replans")
+            self.counters.add("replan_updates", len(result.applied))
+            return result
+
+    def _replan_round(self) -> ReplanResult:
+        state = self.state
+        view = state.view
+        if view is None:
+            return ReplanResult()
+        reservations = state.reservations()
+        steered: list[tuple[Any, dict[str, str]]] = []
+        for job in view.jobs:
+            if job.state != "PENDING" or not job.admin_comment:
+                continue
+            if job.reason.startswith(SKIP_REASONS) if job.reason else True:
+                continue
+            parsed = parse_admin_comment(job.admin_comment)
+            if parsed is None or not parsed.get("r"):
+                continue
+            steered.append((job, parsed))
+        if not steered:
+            return ReplanResult()
+        rows = state.writer.call(
+            lambda s: {p["r"]: s.decision(p["r"]) for _, p in steered}, timeout_s=30
+        )
+        pending: list[PendingJob] = []
+        for job, parsed in steered:
+            row = rows.get(parsed["r"])
+            if row is None:
+                continue
+            try:
+                original = JobDescription.from_wire(row["job"])
+            except JobDescError:
+                continue
+            answer = row["answer"]
+            resolution_class = answer.get("class") if isinstance(answer, dict) else None
+            if not resolution_class:
+                continue
+            pending.append(
+                PendingJob(
+                    job_id=job.job_id,
+                    token=parsed["r"],
+                    job=original,
+                    job_class=str(resolution_class),
+                    class_reason=f"re-planned; class {resolution_class} at submit",
+                    current=current_gpus(parsed) if parsed["action"] == "route" else None,
+                    tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
+                    tres_per_job=",".join(f"gres:{g}" for g in job.tres_per_job),
+                    priority=job.priority,
+                )
+            )
+        pending.sort(key=lambda p: (-p.priority, p.job_id))
+        tokens = {p.token for p in pending}
+        cluster = view.base.copy()
+        for token, res in reservations.items():
+            if token in tokens:
+                continue
+            ids = [
+                cluster.uuid_index[u]
+                for u in res.uuids
+                if u in cluster.uuid_index and cluster.free[cluster.uuid_index[u]]
+            ]
+            if ids:
+                cluster.allocate(ids)
+        result = plan_replan(
+            pending,
+            cluster,
+            labels=view.static.labels,
+            policy=state.policy,
+            version=state.version,
+            class_order=view.static.class_order,
+            partition_nodes=view.partition_nodes,
+            default_partition=view.default_partition,
+        )
+        for update in result.updates:
+            error = self.applier.apply(update)
+            if error is not None:
+                result.failed[update.job_id] = error
+                log.warning("re-plan of job %d failed: %s", update.job_id, error)
+                continue
+            result.applied.append(update.job_id)
+            allocation = update.decision.allocation
+            assert allocation is not None
+            state.reserve(update.token, allocation.uuids, update.job_id)
+            answer = update.decision.to_wire()
+            state.writer.submit(
+                lambda s, t=update.token, a=answer: s.update_decision(
+                    t, state="replanned", answer=a
+                )
+            )
+            log.info(
+                "re-planned job %d: %s -> %s (lv %.4f)",
+                update.job_id,
+                _gpus_text(update.before),
+                _gpus_text(update.chosen),
+                allocation.lv_product,
+            )
+        return result
+
+    # -- connections ----------------------------------------------------------------------------
+    def handle_connection(self, conn: socket.socket) -> None:
+        try:
+            uid = peer_uid(conn)
+        except OSError:
+            uid = -1
+        if uid not in self.allowed:
+            self.counters.add("peer_refused")
+            log.warning("refused peer uid %d", uid)
+            with contextlib.suppress(OSError):
+                conn.sendall(protocol.encode(protocol.error_answer("permission denied")))
+            return
+        conn.settimeout(self.io_timeout_s)
+        reader = conn.makefile("rb")
+        try:
+            while not self._stop.is_set():
+                try:
+                    line = reader.readline(protocol.MAX_LINE + 2)
+                except (OSError, TimeoutError):
+                    return
+                if not line:
+                    return
+                if not line.endswith(b"\n"):
+                    self.counters.add("bad_requests")
+                    if len(line) > protocol.MAX_LINE:
+                        message = f"request line longer than {protocol.MAX_LINE} bytes"
+                        if self._send(conn, protocol.error_answer(message)):
+                            _drain(conn, reader)
+                    else:
+                        log.info("connection closed mid-request (%d bytes)", len(line))
+                    return
+                answer = self.answer(line)
+                if not self._send(conn, answer):
+                    return
+        finally:
+            reader.close()
+
+    def _send(self, conn: socket.socket, answer: Mapping[str, object]) -> bool:
+        try:
+            conn.sendall(protocol.encode(answer))
+            return True
+        except (OSError, ValueError) as exc:
+            log.info("answer not sent: %s", exc)
+            return False
+
+    def answer(self, line: bytes) -> dict[str, object]:
+        """The answer to one request line (never raises)."""
+        start = time.perf_counter()
+        try:
+            request = protocol.parse_request(line)
+        except protocol.ProtocolError as exc:
+            self.counters.add("bad_requests")
+            return exc.answer()
+        try:
+            if request.op == "decide":
+                return self._decide(request.body, start)
+            if request.op == "record":
+                return self._record(request.body)
+            if request.op == "health":
+                return {"v": 1, "ok": True, **self.state.health()}
+            if request.op == "stats":
+                return {"v": 1, "ok": True, **self.counters.snapshot()}
+            if request.op == "replan":
+                return {"v": 1, "ok": True, **self.replan().summary()}
+            if request.op == "reload":
+                if self.reload_config is not None:
+                    self.reload_config()
+                self.state.reload()
+                self._refresh_once()
+                return {"v": 1, "ok": True, **self.state.health()}
+        except Exception as exc:  # a bug or a broken store must not end the service
+            log.exception("op %s failed", request.op)
+            if request.op == "decide":
+                self.counters.add("decide_errors")
+            return protocol.error_answer(f"{request.op} failed: {exc}")
+        return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
+
+    def _decide(self, body: Mapping[str, object], start: float) -> dict[str, object]:
+        wire = body["job"]
+        assert isinstance(wire, dict)
+        try:
+            job = JobDescription.from_wire(wire)
+        except JobDescError as exc:
+            self.counters.add("decide_errors")
+            return protocol.error_answer(str(exc))
+        decision = self.state.decide(job, wire)
+        answer = decision.to_wire()
+        self.counters.add("decide_total")
+        self.counters.add("decide_route" if decision.action == "route" else "decide_pass")
+        self.counters.decide_ms((time.perf_counter() - start) * 1000)
+        log.info(
+            "decide %s user=%s name=%s class=%s token=%s: %s",
+            decision.action,
+            job.user,
+            job.name,
+            decision.job_class,
+            decision.token,
+            decision.reason,
+        )
+        return answer
+
+    def _record(self, body: Mapping[str, object]) -> dict[str, object]:
+        record = body["record"]
+        assert isinstance(record, dict)
+        added = self.state.apply_record(record)
+        self.counters.add("records_total")
+        if not added:
+            self.counters.add("records_duplicate")
+        return {"v": 1, "ok": True, "duplicate": not added}
+
+
+def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:
+    """After answering an over-long line: close our side and read (a bounded amount of) what
+    the peer still sends, so closing does not reset the connection before it reads the error."""
+    with contextlib.suppress(OSError, ValueError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(2.0)
+        while limit > 0:
+            chunk = reader.read1(65536)
+            if not chunk:
+                return
+            limit -= len(chunk)
+
+
+def _gpus_text(gpus: Mapping[str, Iterable[str]] | None) -> str:
+    if not gpus:
+        return "(untyped)"
+    return ";".join(f"{n}:{'+'.join(labels)}" for n, labels in gpus.items())
+
+
+def format_stats(stats: Mapping[str, object]) -> str:
+    """One log line of the counters (for the periodic journal line)."""
+    return json.dumps({k: v for k, v in stats.items() if k not in ("v", "ok")}, sort_keys=True)

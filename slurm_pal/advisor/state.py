@@ -1,0 +1,629 @@
+"""The advisor's view of the cluster: PM-scores and labels from the store, free GPUs from Slurm,
+and the GPUs it handed out itself (reservations).
+
+Why it is shaped like this: ``decide`` runs while slurmctld holds its job-write lock, so the
+decide path only touches memory (a :class:`Cluster` whose busy GPUs are already marked). Slurm
+and the store are read by the refresh thread, which builds the next view *off* the lock and
+swaps it in; the swap then re-applies the reservations still open, so a GPU handed out between
+the Slurm read and the swap is never handed out twice. Decisions are written to the store by one
+writer thread (:class:`StoreWriter`), after the answer.
+
+Reservations (PROTOCOL.md "Reservations and re-planning"): a route holds its GPUs under its
+token until Slurm shows the job (``r=<token>`` in its admin comment) running or gone, or until
+``advisor.reservation_ttl_s`` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from slurm_pal import __version__
+from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.adapters.site_topology import topology_from_config
+from slurm_pal.adapters.slurm.state import JobState, NodeState, SlurmStateReader
+from slurm_pal.adapters.store import Store
+from slurm_pal.advisor.decide import (
+    Decision,
+    LabelTable,
+    decide,
+    format_admin_comment,
+    parse_admin_comment,
+)
+from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.placement import PlacementPolicy, get_policy
+from slurm_pal.core.resolve import JobRecord, StoreView, claimed_app, resolve
+from slurm_pal.site.render import compare_gres, plan_from_store
+
+__all__ = [
+    "UNAVAILABLE_FLAGS",
+    "UNAVAILABLE_STATES",
+    "AdvisorState",
+    "Reservation",
+    "StoreWriter",
+    "View",
+    "make_policy",
+    "node_unavailable",
+]
+
+log = logging.getLogger("slurm_pal.advisor")
+
+UNAVAILABLE_STATES = frozenset({"down", "drained", "drain", "fail", "future", "unknown"})
+UNAVAILABLE_FLAGS = frozenset(
+    {"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "FAIL", "POWERED_DOWN", "MAINTENANCE"}
+)
+NO_FIT = "no free GPUs fit now"
+T = TypeVar("T")
+
+
+def node_unavailable(node: NodeState) -> str | None:
+    """Why a node's GPUs cannot be given out now (down, drained, ...), or None."""
+    if node.state in UNAVAILABLE_STATES:
+        return f"state {node.state}"
+    bad = sorted(set(node.flags) & UNAVAILABLE_FLAGS)
+    return f"state {node.state}+{'+'.join(bad)}" if bad else None
+
+
+def make_policy(name: str, pack_tolerance: float) -> PlacementPolicy:
+    """The configured policy; only pal/pm-first take a packing tolerance."""
+    if name in ("pal", "pm-first"):
+        return get_policy(name, pack_tolerance=pack_tolerance)
+    return get_policy(name)
+
+
+@dataclass
+class Reservation:
+    """GPUs handed to a routed job that Slurm does not run yet."""
+
+    token: str
+    uuids: tuple[str, ...]
+    expires: float  # on the state's clock
+    job_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Static:
+    """What changes only on reload: campaign, labels, scores (the cluster with every GPU free)."""
+
+    campaign: str
+    labels: LabelTable
+    specs: tuple[GpuSpec, ...]
+    class_order: tuple[str, ...]
+    features: Mapping[str, frozenset[str]]
+    cluster: Cluster
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class View:
+    """One refresh: the static part plus what Slurm said (``base``: Slurm's busy GPUs marked,
+    no reservations)."""
+
+    static: Static
+    base: Cluster
+    taken: float  # clock time of the Slurm read
+    excluded: Mapping[str, str]  # node -> why its GPUs are not routed to
+    partition_nodes: Mapping[str, tuple[str, ...]] | None
+    default_partition: str | None
+    jobs: tuple[JobState, ...]
+    busy: frozenset[str] = frozenset()
+
+
+class StoreWriter:
+    """One thread that owns a store connection and runs writes in order (SQLite connections are
+    per thread; decisions are written after the answer, records are waited for)."""
+
+    def __init__(self, store_path: Path) -> None:
+        self.store_path = store_path
+        self._queue: queue.Queue[tuple[Callable[[Store], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[Store], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put((fn, future))
+        return future
+
+    def call(self, fn: Callable[[Store], T], timeout_s: float = 30.0) -> T:
+        return self.submit(fn).result(timeout=timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        store = Store(self.store_path)
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                fn, future = item
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn(store))
+                except BaseException as exc:  # handed to the waiter, or logged below
+                    future.set_exception(exc)
+                    log.warning("store write failed: %s", exc)
+        finally:
+            store.close()
+
+
+def _labels_from(config: SiteConfig, store: Store, labels_file: str | None) -> LabelTable:
+    path = labels_file if labels_file is not None else config.advisor.labels_file
+    if path:
+        return LabelTable.from_labels_json(json.loads(Path(path).read_text()))
+    return LabelTable.from_labels_json(plan_from_store(store).to_dict())
+
+
+def build_specs(campaign: str, store: Store, labels: LabelTable) -> tuple[list[GpuSpec], list[str]]:
+    """One GpuSpec per GPU that has scores and a label (same node, index and UUID), and the
+    GPUs left out, with the reason."""
+    scores = store.gpu_scores(campaign)
+    per_gpu: dict[str, dict[str, Any]] = {}
+    for row in scores.itertuples(index=False):
+        entry = per_gpu.setdefault(
+            row.uuid,
+            {"node": row.node, "index": row.gpu_index, "model": row.gpu_model, "scores": {}},
+        )
+        entry["scores"][row.job_class] = float(row.pm_score)
+    specs: list[GpuSpec] = []
+    skipped: list[str] = []
+    for uuid, g in per_gpu.items():
+        node, index = str(g["node"] or ""), g["index"]
+        if not node or index is None or (isinstance(index, float) and math.isnan(index)):
+            skipped.append(f"{uuid}: no node/index in campaign {campaign}")
+            continue
+        try:
+            labelled = labels.uuid(node, int(index))
+        except KeyError as exc:
+            skipped.append(f"{uuid}: {exc.args[0]}")
+            continue
+        if labelled != uuid:
+            skipped.append(f"{uuid}: labels.json has {labelled} at {node} index {index}")
+            continue
+        specs.append(GpuSpec(uuid, node, int(index), str(g["model"]), dict(g["scores"])))
+    return specs, skipped
+
+
+class AdvisorState:
+    """The cluster view, the class-resolution snapshot and the reservations (thread-safe)."""
+
+    def __init__(
+        self,
+        config: SiteConfig,
+        store_path: Path,
+        reader: SlurmStateReader,
+        *,
+        policy: str | None = None,
+        labels_file: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        writer: StoreWriter | None = None,
+    ) -> None:
+        self.config = config
+        self.store_path = Path(store_path)
+        self.reader = reader
+        self.policy_name = policy or config.advisor.policy
+        self.policy = make_policy(self.policy_name, config.advisor.pack_tolerance)
+        self.labels_file = labels_file
+        self.clock = clock
+        self.topology = topology_from_config(config.locality, source=config.source)
+        self.resolve_config = config.resolve_config()
+        self.writer = writer or StoreWriter(self.store_path)
+        self.version = __version__
+        self._lock = threading.Lock()
+        self._static: Static | None = None
+        self._view: View | None = None
+        self._cluster: Cluster | None = None  # the view's base plus the reservations
+        self._reservations: dict[str, Reservation] = {}
+        self._store_view = StoreView()
+        self._classifier: Any = None
+        self._campaign: str | None = None
+        self._problem = "not loaded yet"
+        self._gres_diffs: tuple[str, ...] = ()
+
+    # -- loading ----------------------------------------------------------------------------
+    def reload(self) -> None:
+        """Re-read the store (active campaign, scores, labels, applications, classifier)."""
+        with Store(self.store_path) as store:
+            store_view = store.store_view(
+                self.config.classification.history_window, self.config.classes.names
+            )
+            model = store.active_classifier()
+            campaign = store.active_campaign_id()
+            static: Static | None = None
+            problem = ""
+            if campaign is None:
+                problem = "no active campaign"
+            else:
+                labels = _labels_from(self.config, store, self.labels_file)
+                specs, skipped = build_specs(campaign, store, labels)
+                if skipped:
+                    log.warning("%d GPU(s) not routed to: %s", len(skipped), "; ".join(skipped))
+                if specs:
+                    static = self._static_from(campaign, labels, specs, skipped, {})
+                else:
+                    problem = f"campaign {campaign}: no GPU has both scores and a label"
+        classifier = None
+        if model is not None:
+            from slurm_pal.core.classifier import JobClassifier
+
+            try:
+                classifier = JobClassifier.from_dict(model.model)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("active classifier %s unusable: %s", model.id, exc)
+        with self._lock:
+            self._store_view = store_view
+            self._classifier = classifier
+            self._campaign = campaign
+            self._problem = problem
+            self._static = static
+            if static is None:
+                self._view = None
+                self._cluster = None
+        if problem:
+            log.warning("advisor passes every GPU job: %s", problem)
+        else:
+            log.info("loaded campaign %s: %d GPUs", campaign, len(static.specs))  # type: ignore[union-attr]
+
+    def refresh_store_view(self) -> None:
+        """Only the class-resolution snapshot (history, applications): cheap, done often."""
+        with Store(self.store_path) as store:
+            view = store.store_view(
+                self.config.classification.history_window, self.config.classes.names
+            )
+        with self._lock:
+            self._store_view = view
+
+    def _static_from(
+        self,
+        campaign: str,
+        labels: LabelTable,
+        specs: Iterable[GpuSpec],
+        skipped: Iterable[str],
+        features: Mapping[str, frozenset[str]],
+    ) -> Static:
+        specs = tuple(replace(s, node_features=features.get(s.node, frozenset())) for s in specs)
+        classes = {c for s in specs for c in s.scores}
+        names = self.config.classes.names
+        order = tuple(c for c in names if c in classes) + tuple(sorted(classes - set(names)))
+        cluster = Cluster.from_gpus(specs, self.topology, class_order=order)
+        return Static(
+            campaign,
+            labels,
+            specs,
+            order,
+            MappingProxyType(dict(features)),
+            cluster,
+            tuple(skipped),
+        )
+
+    # -- refresh ----------------------------------------------------------------------------
+    def refresh(self) -> View | None:
+        """Read Slurm, build the next view off the lock, swap it in. Raises the reader's error
+        (the caller counts it; the old view stays)."""
+        static = self._static
+        if static is None:
+            return None
+        nodes = self.reader.nodes()
+        jobs = self.reader.jobs()
+        default_partition = None
+        get_default = getattr(self.reader, "default_partition", None)
+        if callable(get_default):
+            default_partition = get_default()
+        taken = self.clock()
+        features = {
+            n.name: frozenset(n.features) for n in nodes if n.name in static.cluster.node_index
+        }
+        known = {n: static.features.get(n, frozenset()) for n in features}
+        if features != known:
+            static = self._static_from(
+                static.campaign, static.labels, static.specs, static.skipped, features
+            )
+        view = self._view_from(static, nodes, jobs, taken, default_partition)
+        with self._lock:
+            if self._static is not None and self._static.campaign != static.campaign:
+                return None  # a reload raced us; the next refresh uses the new campaign
+            self._static = static
+            self._view = view
+            bound = self._reconcile(view)
+            self._cluster = self._with_reservations(view.base)
+        for token, job_id in bound:
+            self.writer.submit(
+                lambda s, t=token, j=job_id: s.update_decision(t, job_id=j, state="bound")
+            )
+        return view
+
+    def _view_from(
+        self,
+        static: Static,
+        nodes: list[NodeState],
+        jobs: list[JobState],
+        taken: float,
+        default_partition: str | None,
+    ) -> View:
+        cluster = static.cluster
+        labels = static.labels
+        excluded: dict[str, str] = {}
+        live = {n.name: n for n in nodes}
+        expected: dict[str, dict[str, int]] = {}
+        for e in labels.entries:
+            if e.node in cluster.node_index:
+                counts = expected.setdefault(e.node, {})
+                counts[e.label] = counts.get(e.label, 0) + 1
+        _, diffs = compare_gres(expected, {n: live[n].gpu_types() for n in live})
+        for d in diffs:
+            excluded[d.node] = (
+                "unknown to Slurm" if d.live is None else f"gres {d.live} != labels {d.expected}"
+            )
+        diff_text = tuple(f"{n}: {why}" for n, why in sorted(excluded.items()))
+        if diff_text != self._gres_diffs:
+            self._gres_diffs = diff_text
+            for line in diff_text:
+                log.warning("node %s left out of routing (labels.json vs sinfo)", line)
+        for name, node in live.items():
+            why = node_unavailable(node)
+            if why is not None and name in cluster.node_index:
+                excluded.setdefault(name, why)
+        busy: set[str] = set()
+        for name, node in live.items():
+            if name not in cluster.node_index or name in excluded:
+                continue
+            for _type, indices in node.used_gpu_indices().items():
+                for slurm_index in indices:
+                    try:
+                        device = labels.device_index(name, slurm_index)
+                        busy.add(labels.uuid(name, device))
+                    except KeyError as exc:
+                        log.warning("busy GPU not in labels.json: %s", exc.args[0])
+        for name in excluded:
+            for gpu in cluster.node_gpus[cluster.node_index[name]]:
+                if gpu >= 0:
+                    busy.add(cluster.uuids[gpu])
+        base = cluster.copy()
+        ids = sorted(cluster.uuid_index[u] for u in busy if u in cluster.uuid_index)
+        if ids:
+            base.allocate(ids)
+        partitions: dict[str, list[str]] = {}
+        for node in nodes:
+            for p in node.partitions:
+                partitions.setdefault(p, []).append(node.name)
+        return View(
+            static=static,
+            base=base,
+            taken=taken,
+            excluded=MappingProxyType(excluded),
+            partition_nodes=MappingProxyType({p: tuple(v) for p, v in partitions.items()})
+            if partitions
+            else None,
+            default_partition=default_partition,
+            jobs=tuple(jobs),
+            busy=frozenset(busy),
+        )
+
+    def _reconcile(self, view: View) -> list[tuple[str, int]]:
+        """Bind reservations to the jobs Slurm shows; drop those running, gone or expired.
+        Returns the (token, job id) pairs newly bound. Called with the lock held."""
+        now = self.clock()
+        seen: dict[str, JobState] = {}
+        for job in view.jobs:
+            parsed = parse_admin_comment(job.admin_comment) if job.admin_comment else None
+            if parsed and parsed.get("r"):
+                seen[parsed["r"]] = job
+        bound: list[tuple[str, int]] = []
+        for token, res in list(self._reservations.items()):
+            job = seen.get(token)
+            if job is not None:
+                if job.state != "PENDING":
+                    del self._reservations[token]  # running: Slurm counts it; ended: free
+                    log.info("reservation %s released: job %d %s", token, job.job_id, job.state)
+                    continue
+                if res.job_id != job.job_id:
+                    res.job_id = job.job_id
+                    bound.append((token, job.job_id))
+            elif res.job_id is not None:
+                del self._reservations[token]  # the job left squeue
+                continue
+            if now >= res.expires:
+                del self._reservations[token]
+                log.info("reservation %s expired (job %s)", token, res.job_id)
+        return bound
+
+    def _with_reservations(self, base: Cluster) -> Cluster:
+        cluster = base.copy()
+        for res in self._reservations.values():
+            ids = [
+                cluster.uuid_index[u]
+                for u in res.uuids
+                if u in cluster.uuid_index and cluster.free[cluster.uuid_index[u]]
+            ]
+            if ids:
+                cluster.allocate(ids)
+        return cluster
+
+    def expire(self) -> int:
+        """Drop reservations past their TTL now (without a Slurm read); how many."""
+        with self._lock:
+            now = self.clock()
+            gone = [t for t, r in self._reservations.items() if now >= r.expires]
+            for token in gone:
+                del self._reservations[token]
+                log.info("reservation %s expired", token)
+            if gone and self._view is not None:
+                self._cluster = self._with_reservations(self._view.base)
+        return len(gone)
+
+    # -- the decide path ---------------------------------------------------------------------
+    def decide(self, job: JobDescription, wire: Mapping[str, object]) -> Decision:
+        """Resolve the class, decide, reserve on route; the decision is stored afterwards by
+        the writer thread. No Slurm call, no store read."""
+        token = secrets.token_hex(6)
+        with self._lock:
+            resolution = resolve(job.job_request(), self._store_view, self.resolve_config)
+            view, cluster = self._view, self._cluster
+            if view is None or cluster is None:
+                why = self._problem if self._view is None and self._problem else "no Slurm view yet"
+                return self._plain_pass(why, resolution.job_class)
+            decision = decide(
+                job,
+                job_class=resolution.job_class,
+                class_reason=resolution.reason,
+                cluster=cluster,
+                labels=view.static.labels,
+                policy=self.policy,
+                version=self.version,
+                token=token,
+                partition_nodes=view.partition_nodes,
+                default_partition=view.default_partition,
+            )
+            if decision.action == "route" and decision.allocation is not None:
+                cluster.allocate(decision.allocation)
+                self._reservations[token] = Reservation(
+                    token,
+                    decision.allocation.uuids,
+                    self.clock() + self.config.advisor.reservation_ttl_s,
+                )
+                state = "reserved"
+            elif decision.request is not None and decision.reason.startswith(NO_FIT):
+                decision = self._waiting(decision, token)
+                state = "waiting"
+            else:
+                return decision
+        answer = decision.to_wire()
+        self.writer.submit(lambda s: s.save_decision(token, dict(wire), answer, state=state))
+        return decision
+
+    def _waiting(self, decision: Decision, token: str) -> Decision:
+        """A pass because nothing fits now: its admin comment carries ``r=<token>`` so the
+        re-planner finds the original request when GPUs free up (PROTOCOL.md deviation)."""
+        fields = dict(decision.set_fields)
+        fields["admin_comment"] = format_admin_comment(
+            version=self.version,
+            action="pass",
+            token=token,
+            job_class=decision.job_class,
+            why=decision.reason,
+        )
+        return replace(decision, set_fields=MappingProxyType(fields), token=token)
+
+    def _plain_pass(self, why: str, job_class: str | None) -> Decision:
+        fields = {
+            "admin_comment": format_admin_comment(version=self.version, action="pass", why=why)
+        }
+        return Decision("pass", MappingProxyType(fields), job_class, why)
+
+    # -- records -----------------------------------------------------------------------------
+    def apply_record(self, record: Mapping[str, object], timeout_s: float = 30.0) -> bool:
+        """Keep a Prolog/Epilog record (at most once); an epilog with telemetry also feeds the
+        job history. True when the record was new."""
+        classifier = self._classifier
+        return self.writer.call(lambda s: _apply_record(s, dict(record), classifier), timeout_s)
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def view(self) -> View | None:
+        return self._view
+
+    def cluster_snapshot(self) -> Cluster | None:
+        """A copy of the current cluster (reservations applied), for the re-planner/tests."""
+        with self._lock:
+            return None if self._cluster is None else self._cluster.copy()
+
+    def reservations(self) -> dict[str, Reservation]:
+        with self._lock:
+            return {t: replace(r) for t, r in self._reservations.items()}
+
+    def release_reservation(self, token: str) -> None:
+        """Forget a reservation (its job was re-planned; the new one replaces it)."""
+        with self._lock:
+            if self._reservations.pop(token, None) is not None and self._view is not None:
+                self._cluster = self._with_reservations(self._view.base)
+
+    def reserve(self, token: str, uuids: Iterable[str], job_id: int | None) -> None:
+        """Hold GPUs for a re-planned job (same TTL as a route)."""
+        with self._lock:
+            self._reservations[token] = Reservation(
+                token,
+                tuple(uuids),
+                self.clock() + self.config.advisor.reservation_ttl_s,
+                job_id,
+            )
+            if self._view is not None:
+                self._cluster = self._with_reservations(self._view.base)
+
+    @property
+    def store_view(self) -> StoreView:
+        return self._store_view
+
+    def health(self) -> dict[str, object]:
+        with self._lock:
+            view, cluster = self._view, self._cluster
+            age = None if view is None else round(self.clock() - view.taken, 3)
+            return {
+                "version": self.version,
+                "campaign": self._campaign,
+                "policy": self.policy_name,
+                "gpus": 0 if cluster is None else cluster.n_gpus,
+                "free": 0 if cluster is None else cluster.n_free,
+                "state_age_s": age,
+                "reservations": len(self._reservations),
+                "excluded_nodes": {} if view is None else dict(view.excluded),
+                "problem": self._problem or None,
+            }
+
+
+def _apply_record(store: Store, record: dict[str, object], classifier: Any) -> bool:
+    added = store.add_job_record(record)
+    telemetry = record.get("telemetry")
+    if not added or record.get("kind") != "epilog" or not isinstance(telemetry, dict):
+        return added
+    job_id = int(record["job_id"])  # type: ignore[call-overload]
+    row = store.decision_for_job(job_id)
+    if row is None:
+        log.info("epilog of job %d: no advisor decision for it, history not updated", job_id)
+        return added
+    try:
+        dram = float(telemetry["dram_util"])
+        fu = float(telemetry["fu_util"])
+        job = JobDescription.from_wire(row["job"])  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("epilog of job %d: telemetry unusable: %s", job_id, exc)
+        return added
+    request = job.job_request()
+    app, _ = claimed_app(request)
+    claimed_class = None
+    if app is not None:
+        known = store.application(app)
+        claimed_class = None if known is None else known.job_class
+    measured = None
+    if classifier is not None:
+        measured = str(classifier.predict([[dram, fu]])[0])
+    store.record_job(
+        JobRecord(
+            job_id=str(job_id),
+            user=request.user,
+            job_name=request.job_name,
+            script_sha256=request.script_sha256 or "",
+            claimed_app=app,
+            claimed_class=claimed_class,
+            measured_class=measured,
+            dram_util=dram,
+            fu_util=fu,
+            source=str(telemetry.get("source")) if telemetry.get("source") else None,
+        )
+    )
+    log.info("job %d measured class %s (dram %.1f, fu %.1f)", job_id, measured, dram, fu)
+    return added

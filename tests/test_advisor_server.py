@@ -1,0 +1,268 @@
+"""The advisor service on a real Unix socket with a real store (Slurm fed from captured JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.adapters.store import Store
+from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
+from slurm_pal.advisor.decide import decide
+from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.advisor.server import AdvisorServer, sweep_spool
+from slurm_pal.core.resolve import resolve
+from tests.test_advisor_state import Env, FakeJob, make_env
+
+JOB = {
+    "user": "alice",
+    "uid": 1000,
+    "name": "train",
+    "comment": "pal:app=resnet",
+    "tres_per_node": "gres:gpu:2",
+    "script": "#!/bin/sh\n#PAL app=resnet\nsleep 1\n",
+    "script_size": 33,
+}
+
+
+@pytest.fixture
+def adv_env() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="spal-adv-", dir="/tmp"))  # short socket paths
+    root.chmod(0o755)
+    the_env = make_env(root)
+    yield the_env
+    the_env.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def served(adv_env: Env) -> Iterator[tuple[Env, AdvisorServer, AdvisorClient]]:
+    env = adv_env
+    state = env.state()
+    server = AdvisorServer(state, env.root / "adv.sock", refresh_s=3600, replan_s=0)
+    server.start()
+    try:
+        yield env, server, AdvisorClient(str(env.root / "adv.sock"))
+    finally:
+        server.stop()
+
+
+def _raw(path: Path, payload: bytes, *, close_write: bool = True) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        s.sendall(payload)
+        if close_write:
+            s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        return data
+
+
+def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
+    env, server, client = served
+    for wire in (JOB, {**JOB, "tres_per_node": "gres:gpu:1"}, {**JOB, "comment": ""}):
+        expected_cluster = server.state.cluster_snapshot()
+        view = server.state.view
+        job = JobDescription.from_wire(wire)
+        resolution = resolve(
+            job.job_request(), server.state.store_view, server.state.resolve_config
+        )
+        answer = client.request({"op": "decide", "job": wire})
+        assert answer["ok"] is True and answer["action"] == "route"
+        expected = decide(
+            job,
+            job_class=resolution.job_class,
+            class_reason=resolution.reason,
+            cluster=expected_cluster,
+            labels=view.static.labels,
+            policy=server.state.policy,
+            version=server.state.version,
+            token=answer["token"],
+            partition_nodes=view.partition_nodes,
+            default_partition=view.default_partition,
+        ).to_wire()
+        assert answer == expected
+    assert answer["class"] == "A"  # the default class, without pal:app
+    stats = client.request({"op": "stats"})
+    assert stats["decide_total"] == 3 and stats["decide_route"] == 3
+    assert stats["decide_ms_p50"] is not None and stats["decide_ms_p99"] >= stats["decide_ms_p50"]
+    server.state.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        row = store.decision(answer["token"])
+    assert row is not None and row["job"] == {**JOB, "comment": ""} and row["answer"] == answer
+
+
+def test_cpu_jobs_pass_untouched(served) -> None:
+    _env, _server, client = served
+    answer = client.request({"op": "decide", "job": {"user": "bob", "name": "cpu"}})
+    assert answer["action"] == "pass" and answer["set"] == {} and answer["token"] is None
+
+
+def test_malformed_requests_get_errors_and_the_service_keeps_answering(served) -> None:
+    env, _server, client = served
+    path = env.root / "adv.sock"
+    not_json = json.loads(_raw(path, b"this is not json\n"))
+    assert not_json["ok"] is False and "not JSON" in not_json["error"]
+    unknown = json.loads(_raw(path, b'{"v":1,"op":"dance"}\n'))
+    assert unknown["ok"] is False and "decide" in unknown["valid"]
+    bad_job = json.loads(_raw(path, b'{"v":1,"op":"decide","job":{"min_nodes":"two"}}\n'))
+    assert bad_job["ok"] is False and "min_nodes" in bad_job["error"]
+    huge = _raw(path, b"x" * (2 << 20) + b"\n")
+    assert b"longer than" in huge
+    assert _raw(path, b'{"v":1,"op":"hea') == b""  # half a line, then the peer closes
+    # several requests on one connection, answered in order
+    two = _raw(path, b'{"v":1,"op":"health"}\n{"v":1,"op":"stats"}\n').splitlines()
+    assert [json.loads(x)["ok"] for x in two] == [True, True] and b"uptime_s" in two[1]
+    stats = client.request({"op": "stats"})
+    assert stats["bad_requests"] == 4 and stats["decide_errors"] == 1
+    assert client.request({"op": "health"})["gpus"] == 16
+
+
+def test_an_unprivileged_peer_is_refused(served) -> None:
+    env, _server, client = served
+    path = env.root / "adv.sock"
+    assert os.stat(path).st_mode & 0o777 == 0o660
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    os.chmod(path, 0o666)  # let nobody connect, so the SO_PEERCRED check is what refuses
+    nobody = pwd.getpwnam("nobody").pw_uid
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, ask for health
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(nobody)
+            answer = AdvisorClient(str(path)).request({"op": "health"}, 5)
+            os.write(write, json.dumps(answer).encode())
+        except BaseException as exc:
+            os.write(write, repr(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        out = fh.read()
+    os.waitpid(pid, 0)
+    assert json.loads(out) == {"v": 1, "ok": False, "error": "permission denied"}
+    assert client.request({"op": "stats"})["peer_refused"] == 1
+
+
+def test_records_are_applied_once(served) -> None:
+    env, _server, client = served
+    record = {"record_id": "9:n01:prolog", "kind": "prolog", "job_id": 9, "node": "n01"}
+    first = client.request({"op": "record", "record": record})
+    again = client.request({"op": "record", "record": record})
+    assert first == {"v": 1, "ok": True, "duplicate": False}
+    assert again == {"v": 1, "ok": True, "duplicate": True}
+    bad = client.request({"op": "record", "record": {**record, "kind": "lunch"}})
+    assert bad["ok"] is False and bad["valid"] == ["prolog", "epilog"]
+    stats = client.request({"op": "stats"})
+    assert stats["records_total"] == 2 and stats["records_duplicate"] == 1
+    with Store(env.db) as store:
+        assert store.job_records(9) == [record]
+
+
+def test_an_epilog_with_telemetry_feeds_the_job_history(served) -> None:
+    env, server, client = served
+    answer = client.request({"op": "decide", "job": JOB})
+    env.slurm.jobs.append(FakeJob(77, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    server.state.refresh()
+    server.state.writer.call(lambda s: None)
+    telemetry = {"dram_util": 60.0, "fu_util": 10.0, "source": "nvml", "samples": 3}
+    record = {
+        "record_id": "77:n01:epilog",
+        "kind": "epilog",
+        "job_id": 77,
+        "node": "n01",
+        "telemetry": telemetry,
+    }
+    assert client.request({"op": "record", "record": record})["duplicate"] is False
+    with Store(env.db) as store:
+        rows = store.history_rows()
+    assert len(rows) == 1
+    job = JobDescription.from_wire(JOB)
+    assert rows[0].key == ("alice", "train", job.script_sha256)
+    assert rows[0].app == "resnet"
+
+
+def test_spool_sweep_applies_files_and_sets_broken_ones_aside(served) -> None:
+    env, server, client = served
+    spool = env.root / "spool"
+    spool.mkdir()
+    good = {"record_id": "5:n02:epilog", "kind": "epilog", "job_id": 5, "node": "n02"}
+    (spool / "5.n02.epilog.json").write_text(json.dumps(good) + "\n")
+    (spool / "6.n02.prolog.json").write_text('{"record_id": "6:n02:prolog", "kind": ')
+    (spool / ".7.n02.prolog.json.123.tmp").write_text("{}")  # a hook still writing
+    (spool / "8.n02.prolog.json").write_text(json.dumps({**good, "record_id": "5:n02:epilog"}))
+    applied, bad = sweep_spool(spool, server.state.apply_record, server.counters)
+    assert (applied, bad) == (2, 1)
+    assert sorted(p.name for p in spool.iterdir()) == [
+        ".7.n02.prolog.json.123.tmp",
+        "6.n02.prolog.json.bad",
+    ]
+    with Store(env.db) as store:
+        assert store.job_records(5) == [good]
+    stats = client.request({"op": "stats"})
+    assert stats["records_duplicate"] == 1 and stats["spool_bad"] == 1
+
+
+def test_client_reports_an_absent_service(tmp_path: Path) -> None:
+    with pytest.raises(AdvisorUnavailable, match="cannot reach"):
+        AdvisorClient(str(tmp_path / "none.sock")).request({"op": "health"}, 0.5)
+
+
+def test_sigterm_stops_the_service_and_removes_the_socket(adv_env: Env) -> None:
+    env = adv_env
+    sock = env.root / "cli.sock"
+    config = env.root / "site.toml"
+    config.write_text(
+        f'[advisor]\nsocket = "{sock}"\nrefresh_s = 0.5\nreplan_s = 0\n'
+        f'labels_file = "{env.labels_path}"\n[hooks]\nspool_dir = "{env.root / "spool"}"\n'
+    )
+    log = (env.root / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "slurm_pal.cli.main", "--db", str(env.db)),
+            *("--config", str(config), "serve", "--foreground"),
+            *("--pidfile", str(env.root / "pid")),
+        ],
+        env={**os.environ, "SLURM_CONF": str(env.root / "missing.conf"), "SLURM_PAL_CONFIG": ""},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        client = AdvisorClient(str(sock))
+        deadline = time.monotonic() + 60
+        health = None
+        while time.monotonic() < deadline and health is None:
+            try:
+                health = client.request({"op": "health"}, 1)
+            except AdvisorUnavailable:
+                assert proc.poll() is None, (env.root / "serve.log").read_text()
+                time.sleep(0.1)
+        assert health is not None and health["ok"] and health["campaign"] == "example"
+        # no Slurm here: the refresh fails and is counted, jobs pass, the service stays up
+        assert client.request({"op": "stats"})["refresh_errors"] >= 1
+        assert (env.root / "pid").read_text().strip() == str(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not sock.exists() and not (env.root / "pid").exists()
+        text = (env.root / "serve.log").read_text()
+        assert "socket" in text and "removed" in text and "\x1b[" not in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
