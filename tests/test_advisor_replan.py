@@ -1,0 +1,153 @@
+"""Re-planning pending jobs: PAL's queue round over the jobs the advisor steered (pure plan)
+and the ``scontrol update`` steps that carry it out."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.advisor.decide import LabelTable
+from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.advisor.replan import (
+    PendingJob,
+    ScontrolApplier,
+    current_gpus,
+    plan_replan,
+    scontrol_steps,
+)
+from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.queue import plan_round
+from slurm_pal.core.request import PlacementRequest
+from tests.test_advisor_state import Env, make_env
+
+
+@pytest.fixture
+def st(tmp_path: Path) -> Iterator[tuple[AdvisorState, LabelTable]]:
+    env: Env = make_env(tmp_path)
+    state = env.state()
+    yield state, env.table
+    env.close()
+
+
+def _pending(job_id: int, n: int, job_class: str, **kw: object) -> PendingJob:
+    job = JobDescription.from_wire(
+        {"user": "u", "name": f"j{job_id}", "tres_per_node": f"gres:gpu:{n}"}
+    )
+    return PendingJob(
+        job_id=job_id,
+        token=f"t{job_id}",
+        job=job,
+        job_class=job_class,
+        class_reason="test",
+        current=kw.get("current"),  # type: ignore[arg-type]
+        tres_per_node=str(kw.get("tres", "gres:gpu:1")),
+        priority=int(kw.get("priority", 0)),  # type: ignore[call-overload]
+    )
+
+
+def _cluster(st: tuple[AdvisorState, LabelTable], busy_nodes: Sequence[str] = ()) -> Cluster:
+    state, _ = st
+    cluster = state.cluster_snapshot()
+    assert cluster is not None
+    ids = [g for n in busy_nodes for g in cluster.node_gpus[cluster.node_index[n]] if g >= 0]
+    if ids:
+        cluster.allocate(ids)
+    return cluster
+
+
+def test_the_round_equals_plan_round_of_the_placement_core(st) -> None:
+    state, labels = st
+    cluster = _cluster(st, ["n02", "n03"])
+    pending = [_pending(1, 2, "D"), _pending(2, 1, "A"), _pending(3, 4, "B"), _pending(4, 4, "A")]
+    result = plan_replan(
+        pending,
+        cluster,
+        labels=labels,
+        policy=state.policy,
+        version="t",
+        class_order=cluster.class_order,
+    )
+    requests = [
+        PlacementRequest(str(p.job_id), p.job_class, n, gpus_per_node=n)
+        for p, n in zip(pending, (2, 1, 4, 4), strict=True)
+    ]
+    expected = plan_round(requests, cluster, state.policy, on_misfit="stop")
+    placed = {r.request.job_id: r.allocation.uuids for r in expected if r.allocation is not None}
+    got = {str(u.job_id): u.decision.allocation.uuids for u in result.updates}  # type: ignore[union-attr]
+    assert got == placed and len(got) == 3  # the cut: 2+1+4 of 8 free GPUs; then 1 is left
+    assert result.not_placed == [4]
+    # class A first within the cut (PAL's order), whatever the priority order said
+    assert [u.job_id for u in result.updates] == [2, 3, 1]  # A, B, D
+    assert cluster.n_free == 8  # the caller's cluster is untouched
+
+
+def test_a_job_already_on_its_choice_is_left_alone(st) -> None:
+    state, labels = st
+    cluster = _cluster(st)
+    first = plan_replan([_pending(1, 2, "A")], cluster, labels=labels, policy=state.policy,
+                        version="t")  # fmt: skip
+    (update,) = first.updates
+    again = plan_replan(
+        [_pending(1, 2, "A", current=update.chosen)],
+        cluster,
+        labels=labels,
+        policy=state.policy,
+        version="t",
+    )
+    assert again.updates == [] and again.unchanged == [1]
+
+
+def test_nothing_free_means_no_update(st) -> None:
+    state, labels = st
+    cluster = _cluster(st, ["n01", "n02", "n03", "n04"])
+    result = plan_replan([_pending(1, 1, "A")], cluster, labels=labels, policy=state.policy,
+                         version="t")  # fmt: skip
+    assert result.updates == [] and result.not_placed == [1]
+
+
+def test_current_gpus_reads_the_admin_comment() -> None:
+    assert current_gpus({"gpus": "n01:b+a;n02:c*2"}) == {"n01": ("a", "b"), "n02": ("c", "c")}
+    assert current_gpus({}) is None
+    assert current_gpus({"gpus": "garbage"}) is None
+
+
+def test_untyped_jobs_move_through_an_untyped_per_job_request(st) -> None:
+    """22.05 refuses untyped -> typed in one update (testbed finding in PROTOCOL.md)."""
+    state, labels = st
+    cluster = _cluster(st)
+    (update,) = plan_replan(
+        [_pending(7, 2, "A", tres="gres:gpu:2")], cluster, labels=labels, policy=state.policy,
+        version="t",
+    ).updates  # fmt: skip
+    steps = scontrol_steps(update)
+    assert steps[0] == ["update", "JobId=7", "TresPerNode=", "TresPerJob=gres:gpu:2"]
+    final = steps[1]
+    assert final[:2] == ["update", "JobId=7"] and "TresPerJob=" in final
+    fields = update.decision.set_fields
+    assert f"TresPerNode={fields['tres_per_node']}" in final
+    assert f"ReqNodeList={fields['req_nodes']}" in final and "NumNodes=1" in final
+    assert any(a.startswith("AdminComment=slurm-pal/") for a in final)
+    typed = PendingJob(**{**update.pending.__dict__, "tres_per_node": "gres:gpu:v100-x:2"})
+    steps = scontrol_steps(type(update)(**{**update.__dict__, "pending": typed}))
+    assert len(steps) == 1
+
+
+def test_the_applier_reports_the_failing_step(st) -> None:
+    state, labels = st
+    (update,) = plan_replan(
+        [_pending(7, 1, "A")], _cluster(st), labels=labels, policy=state.policy, version="t"
+    ).updates
+    calls: list[Sequence[str]] = []
+
+    class Fake(ScontrolApplier):
+        def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+            calls.append(list(args))
+            code = 1 if len(calls) == 2 else 0
+            return subprocess.CompletedProcess(args, code, "", "Invalid GRES specification")
+
+    error = Fake().apply(update)
+    assert error is not None and "Invalid GRES" in error and len(calls) == 2
