@@ -10,16 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.hooks.records import spool_name
-
-MAX_LINE = 1 << 20
 
 
 def warn(message: str) -> None:
@@ -75,43 +72,11 @@ class RecordRefused(DeliveryError):
 
 
 def request(socket_path: str, message: Mapping[str, object], timeout_s: float) -> dict:
-    """One request line, one answer line, all within ``timeout_s`` (a tiny inline client: the
-    hooks must not import more than the stdlib)."""
-    deadline = time.monotonic() + timeout_s
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """One request, one answer object, within ``timeout_s`` (the advisor's stdlib client)."""
     try:
-
-        def remaining() -> float:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DeliveryError(f"no answer from {socket_path} within {timeout_s:g} s")
-            return left
-
-        try:
-            sock.settimeout(remaining())
-            sock.connect(socket_path)
-            sock.settimeout(remaining())
-            sock.sendall((json.dumps(message) + "\n").encode())
-            data = b""
-            while not data.endswith(b"\n"):
-                sock.settimeout(remaining())
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise DeliveryError(f"{socket_path} closed the connection without an answer")
-                data += chunk
-                if len(data) > MAX_LINE:
-                    raise DeliveryError(f"answer from {socket_path} longer than {MAX_LINE} bytes")
-        except (OSError, TimeoutError) as exc:
-            raise DeliveryError(f"{socket_path}: {exc}") from exc
-    finally:
-        sock.close()
-    try:
-        answer = json.loads(data)
-    except ValueError as exc:
-        raise DeliveryError(f"answer from {socket_path} is not JSON: {exc}") from exc
-    if not isinstance(answer, dict):
-        raise DeliveryError(f"answer from {socket_path} is not a JSON object")
-    return answer
+        return AdvisorClient(socket_path).request(message, timeout_s)
+    except AdvisorUnavailable as exc:
+        raise DeliveryError(str(exc)) from None
 
 
 def send_record(socket_path: str, record: Mapping[str, object], timeout_s: float) -> bool:
