@@ -151,3 +151,11 @@ def test_the_applier_reports_the_failing_step(st) -> None:
 
     error = Fake().apply(update)
     assert error is not None and "Invalid GRES" in error and len(calls) == 2
+
+
+def test_only_jobs_the_scheduler_would_start_are_replanned() -> None:
+    from slurm_pal.advisor.replan import replannable
+
+    assert replannable("Resources") and replannable("Priority") and replannable("PartitionDown")
+    for reason in ("", "None", "JobHeldUser", "JobHeldAdmin", "Dependency", "BeginTime"):
+        assert not replannable(reason), reason

@@ -33,6 +33,7 @@ __all__ = [
     "ScontrolApplier",
     "Update",
     "plan_replan",
+    "replannable",
     "scontrol_steps",
 ]
 
@@ -40,7 +41,12 @@ log = logging.getLogger("slurm_pal.advisor")
 
 #: Pending reasons of jobs the scheduler will not start anyway (held, waiting on others,
 #: not yet looked at): re-planning them would only churn.
-SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime", "None", "")
+SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime", "None")
+
+
+def replannable(reason: str) -> bool:
+    """Is a pending job with this Slurm reason one the scheduler would start if it fit?"""
+    return bool(reason) and not reason.startswith(SKIP_REASONS)
 
 
 @dataclass(frozen=True)

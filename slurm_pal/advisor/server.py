@@ -34,12 +34,12 @@ from slurm_pal.advisor import protocol
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.replan import (
-    SKIP_REASONS,
     PendingJob,
     ReplanResult,
     ScontrolApplier,
     current_gpus,
     plan_replan,
+    replannable,
 )
 from slurm_pal.advisor.state import AdvisorState
 
@@ -341,7 +341,7 @@ class AdvisorServer:
         for job in view.jobs:
             if job.state != "PENDING" or not job.admin_comment:
                 continue
-            if job.reason.startswith(SKIP_REASONS) if job.reason else True:
+            if not replannable(job.reason):
                 continue
             parsed = parse_admin_comment(job.admin_comment)
             if parsed is None or not parsed.get("r"):
