@@ -185,16 +185,20 @@ class FftPm(PeerRun):
         self.last_type: dict[int, int] = {}
         self.last_gpus: dict[int, tuple[int, ...]] = {}
         self.solver_seconds = 0.0
+        self._theta: dict[tuple[str, int, bool], float] = {}
 
     # --- FFT's quantities ---------------------------------------------------------------------
 
     def theta(self, job: PeerJob, kind: int) -> float:
         """Work-rounds per round on a type (believed scores, L when larger than a node)."""
-        values = self.scores[job.job_class]
-        gpus = range(self.n_gpus) if kind == ANY else self.types[kind]
-        worst = max(values[g] for g in gpus)
         spans = job.spec.gpus > self.per_node
-        return 1.0 / (worst * (self.penalty if spans else 1.0))
+        key = (job.job_class, kind, spans)
+        if key not in self._theta:
+            values = self.scores[job.job_class]
+            gpus = range(self.n_gpus) if kind == ANY else self.types[kind]
+            worst = max(values[g] for g in gpus)
+            self._theta[key] = 1.0 / (worst * (self.penalty if spans else 1.0))
+        return self._theta[key]
 
     def allowed(self, job: PeerJob) -> list[int]:
         kinds = [i for i, t in enumerate(self.types) if len(t) >= job.spec.gpus]
