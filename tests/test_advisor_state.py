@@ -323,6 +323,22 @@ def test_reservation_binds_to_its_job_and_ends_when_it_runs(env: Env) -> None:
     st.refresh()
     assert st.reservations() == {}
     assert d.allocation.uuids[0] not in _free_uuids(st)  # type: ignore[union-attr]
+    # a job that runs before any refresh saw it pending is bound all the same
+    quick = st.decide(job(1), {"name": "quick"})
+    node, index = quick.allocation.nodes[0], quick.allocation.local_indices[0]  # type: ignore[union-attr]
+    env.slurm.jobs.append(
+        FakeJob(
+            43,
+            "RUNNING",
+            admin_comment=str(quick.set_fields["admin_comment"]),
+            gpus={node: [env.table.slurm_index(node, index)]},
+        )
+    )
+    st.refresh()
+    st.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        row = store.decision_for_job(43)
+    assert row is not None and row["job"] == {"name": "quick"} and st.reservations() == {}
 
 
 def test_no_fit_pass_carries_a_token_for_the_replanner(env: Env) -> None:

@@ -234,10 +234,16 @@ class AdvisorState:
         self._campaign: str | None = None
         self._problem = "not loaded yet"
         self._gres_diffs: tuple[str, ...] = ()
+        self._bound: dict[str, int] = {}
+        self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
     def reload(self) -> None:
         """Re-read the store (active campaign, scores, labels, applications, classifier)."""
+        with self._refresh_lock:
+            self._reload()
+
+    def _reload(self) -> None:
         with Store(self.store_path) as store:
             store_view = store.store_view(
                 self.config.classification.history_window, self.config.classes.names
@@ -315,6 +321,10 @@ class AdvisorState:
     def refresh(self) -> View | None:
         """Read Slurm, build the next view off the lock, swap it in. Raises the reader's error
         (the caller counts it; the old view stays)."""
+        with self._refresh_lock:
+            return self._refresh()
+
+    def _refresh(self) -> View | None:
         static = self._static
         if static is None:
             return None
@@ -342,9 +352,7 @@ class AdvisorState:
             bound = self._reconcile(view)
             self._cluster = self._with_reservations(view.base)
         for token, job_id in bound:
-            self.writer.submit(
-                lambda s, t=token, j=job_id: s.update_decision(t, job_id=j, state="bound")
-            )
+            self.writer.submit(lambda s, t=token, j=job_id: _bind(s, t, j))
         return view
 
     def _view_from(
@@ -423,7 +431,10 @@ class AdvisorState:
             parsed = parse_admin_comment(job.admin_comment) if job.admin_comment else None
             if parsed and parsed.get("r"):
                 seen[parsed["r"]] = job
-        bound: list[tuple[str, int]] = []
+        # Every job carrying one of our tokens is bound once (also jobs that already run, and
+        # after a restart): the Epilog's record finds the decision through the job id.
+        bound = [(t, j.job_id) for t, j in seen.items() if self._bound.get(t) != j.job_id]
+        self._bound = {t: j.job_id for t, j in seen.items()}
         for token, res in list(self._reservations.items()):
             job = seen.get(token)
             if job is not None:
@@ -431,9 +442,7 @@ class AdvisorState:
                     del self._reservations[token]  # running: Slurm counts it; ended: free
                     log.info("reservation %s released: job %d %s", token, job.job_id, job.state)
                     continue
-                if res.job_id != job.job_id:
-                    res.job_id = job.job_id
-                    bound.append((token, job.job_id))
+                res.job_id = job.job_id
             elif res.job_id is not None:
                 del self._reservations[token]  # the job left squeue
                 continue
@@ -583,6 +592,14 @@ class AdvisorState:
                 "excluded_nodes": {} if view is None else dict(view.excluded),
                 "problem": self._problem or None,
             }
+
+
+def _bind(store: Store, token: str, job_id: int) -> None:
+    """Note a decision's Slurm job id (state ``bound`` unless it was re-planned already)."""
+    row = store.decision(token)
+    if row is not None:
+        fresh = row["state"] in ("reserved", "waiting")
+        store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
 
 
 def _apply_record(store: Store, record: dict[str, object], classifier: Any) -> bool:
