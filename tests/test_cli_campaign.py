@@ -617,7 +617,12 @@ def production_jsonl(path: Path, gpus: list, drifted: str, jobs: int, seed: int 
                     "answer": {"ok": True, "action": "route", "class": job_class}}  # fmt: skip
         lines += [json.dumps(x) for x in (decision, prolog, epilog)]
     lines.append(json.dumps({"kind": "decision", "job_id": "1", "job": {}, "answer": {}}))
-    lines.append(json.dumps({"kind": "prolog", "job_id": "2", "node": "n01", "time": 1.0}))
+    lines.append(
+        json.dumps(
+            {"record_id": "2:n01:prolog", "kind": "prolog", "job_id": "2", "node": "n01",
+             "time": 1.0}
+        )
+    )  # fmt: skip
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -658,6 +663,23 @@ def test_suggest_lists_the_drifting_gpu_and_plans_its_recheck(
     shown = text(run_cli("campaign", "suggest", "--records", records))
     assert "1 GPU(s) slower than their PM-scores say" in shown
     assert f"{d['median_residual']:+.1%}" in shown and "1200 production job(s) compared" in shown
+
+    # Records as the advisor service keeps them in the store: the same answer as from a file.
+    small = tmp_path / "small.jsonl"
+    production_jsonl(small, gpus, drifted["uuid"], 400, seed=1)
+    with Store(os.environ["SLURM_PAL_DB"]) as store:
+        for line in small.read_text().splitlines():
+            item = json.loads(line)
+            if item["kind"] == "decision":
+                store.save_decision(
+                    item.get("token", "t-none"), item["job"], item["answer"],
+                    job_id=int(item["job_id"]),
+                )  # fmt: skip
+            else:
+                assert store.add_job_record(item)
+    from_store = as_json(run_cli("campaign", "suggest", "--json"))
+    assert from_store == as_json(run_cli("campaign", "suggest", "--records", small, "--json"))
+    assert [d["gpu"] for d in from_store["drifting"]] == [drifted["uuid"]]
 
     # Too few runs: nothing listed; the same GPU shows up with the evidence asked for.
     none = as_json(

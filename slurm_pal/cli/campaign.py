@@ -965,7 +965,8 @@ def suggest(
     records: Path | None = typer.Option(
         None,
         "--records",
-        help="JSON lines of Prolog/Epilog records and advisor decisions (default: the store).",
+        help="JSON lines of Prolog/Epilog records and advisor decisions, e.g. from another "
+        "store (default: what the advisor service kept in the store).",
     ),
     labels: Path | None = typer.Option(
         None,
@@ -1017,12 +1018,11 @@ def suggest(
             gpu_ids = {
                 (g.node, g.slurm_index): g.uuid for g in plan_from_store(store, campaign_id).gpus
             }
-        if records is None:
-            fail(
-                "reading the Prolog/Epilog records from the store is not available yet; "
-                "export them as JSON lines and pass --records FILE"
-            )
-        hook_records, decisions = read_production_jsonl(records)
+        if records is None:  # what the advisor service kept (tables job_records and
+            hook_records = store.job_records()  # advisor_decisions)
+            decisions = [d for d in store.decisions() if d.get("job_id") is not None]
+        else:
+            hook_records, decisions = read_production_jsonl(records)
         jobs, skipped = jobs_from_decisions(decisions)
         runs, not_paired = runs_from_records(hook_records, jobs, gpu_ids)
         skipped |= {j: why for j, why in not_paired.items() if j not in skipped}
