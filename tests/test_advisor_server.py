@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,15 @@ def test_sigterm_stops_the_service_and_removes_the_socket(adv_env: Env) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_reload_takes_a_new_config_and_the_store_again(served) -> None:
+    env, server, client = served
+    new = replace(env.config, advisor=replace(env.config.advisor, policy="packed"))
+    server.reload_config = lambda: server.state.set_config(new)
+    with Store(env.db) as store:
+        store.set_application_class("newapp", "B")
+    answer = client.request({"op": "reload"})
+    assert answer["ok"] and answer["policy"] == "packed" and answer["gpus"] == 16
+    decided = client.request({"op": "decide", "job": {**JOB, "comment": "pal:app=newapp"}})
+    assert decided["class"] == "B"

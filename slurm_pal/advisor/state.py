@@ -238,6 +238,18 @@ class AdvisorState:
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
+    def set_config(self, config: SiteConfig, *, policy: str | None = None) -> None:
+        """Take a re-read site config (the ``reload`` op): policy, tolerance, topology, TTL,
+        class rules. The cluster is rebuilt by the :meth:`reload` that follows."""
+        name = policy or config.advisor.policy
+        new_policy = make_policy(name, config.advisor.pack_tolerance)
+        topology = topology_from_config(config.locality, source=config.source)
+        with self._lock:
+            self.config = config
+            self.policy_name, self.policy = name, new_policy
+            self.topology = topology
+            self.resolve_config = config.resolve_config()
+
     def reload(self) -> None:
         """Re-read the store (active campaign, scores, labels, applications, classifier)."""
         with self._refresh_lock:

@@ -110,11 +110,18 @@ def _run(
         policy=policy,
         labels_file=None if labels is None else str(labels),
     )
+
+    def reload_config() -> None:
+        from slurm_pal.adapters.config import load_config
+
+        advisor_state.set_config(load_config(app_state.config_path), policy=policy)
+
     server = AdvisorServer(
         advisor_state,
         _socket(app_state, socket),
         refresh_s=refresh_s,
         replan_s=replan_s,
+        reload_config=reload_config,
     )
     done = threading.Event()
 
