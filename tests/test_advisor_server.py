@@ -279,3 +279,23 @@ def test_reload_takes_a_new_config_and_the_store_again(served) -> None:
     assert answer["ok"] and answer["policy"] == "packed" and answer["gpus"] == 16
     decided = client.request({"op": "decide", "job": {**JOB, "comment": "pal:app=newapp"}})
     assert decided["class"] == "B"
+
+
+def test_cli_health_stats_replan_ask_the_running_service(served) -> None:
+    from typer.testing import CliRunner
+
+    from slurm_pal.cli.main import app
+
+    env, _server, _client = served
+    runner = CliRunner()
+    base = ["--db", str(env.db), "serve", "--socket", str(env.root / "adv.sock")]
+    out = runner.invoke(app, [*base, "stats", "--json"], env={"SLURM_PAL_CONFIG": None})
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["decide_total"] == 0
+    out = runner.invoke(app, [*base, "health"], env={"SLURM_PAL_CONFIG": None})
+    assert out.exit_code == 0 and "example" in out.output and "pal" in out.output
+    out = runner.invoke(app, [*base, "replan", "--json"], env={"SLURM_PAL_CONFIG": None})
+    assert out.exit_code == 0 and json.loads(out.output)["considered"] == 0
+    gone = ["--db", str(env.db), "serve", "--socket", str(env.root / "none.sock"), "health"]
+    out = runner.invoke(app, gone, env={"SLURM_PAL_CONFIG": None})
+    assert out.exit_code == 1 and "cannot reach" in out.output
