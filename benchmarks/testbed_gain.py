@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         report = public_report(run_testbed(settings, say))
         report["wall_s"] = round(time.monotonic() - t0, 1)
+        kept = root / f"run-{i + 1}"  # the next run wipes the emulation folder
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(settings.work, kept)
         runs.append(report)
         say(
             f"run {i + 1}/{args.repeats}: "
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_predicted_avg_jct_ratio": runs[0]["sim_predicted_avg_jct_ratio"],
         "sim_predicted_p99_jct_ratio": runs[0]["sim_predicted_p99_jct_ratio"],
         "sim_predicted_makespan_ratio": runs[0]["sim_predicted_makespan_ratio"],
+        "sim_at_submit_avg_jct_ratio": runs[0].get("sim_at_submit_avg_jct_ratio"),
     }
     for key in KEYS:
         values = [float(r[key]) for r in runs if r.get(key) is not None]
@@ -75,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         predicted = float(summary["sim_predicted_avg_jct_ratio"])  # type: ignore[arg-type]
         summary["prediction_error_mean"] = round(predicted / float(mean) - 1.0, 4)  # type: ignore[arg-type]
     summary["runs"] = [
-        {
-            k: r.get(k)
-            for k in (*KEYS, "sim_predicted_avg_jct_ratio", "prediction_error", "wall_s", "arms")
-        }
-        for r in runs
+        {k: r.get(k) for k in (*KEYS, "prediction_error", "wall_s", "arms")} for r in runs
     ]
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in KEYS:
             print(f"{key}: runs {summary[key]}, mean {summary[f'{key}_mean']}")
         print(f"simulator: avg_jct_ratio {summary['sim_predicted_avg_jct_ratio']}")
+        print(f"simulator, decisions at submit: {summary['sim_at_submit_avg_jct_ratio']}")
         if "prediction_error_mean" in summary:
             print(f"simulator vs measured mean: {100 * summary['prediction_error_mean']:+.1f} %")  # type: ignore[operator]
     return 0

@@ -242,3 +242,21 @@ def test_report_math() -> None:
     assert p99(list(range(1, 101))) == 100 and p99([3.0]) == 3.0 and math.isnan(p99([]))
     with pytest.raises(EmulationError, match="no job records"):
         arm_metrics("stock", [], 4)
+
+
+def test_simulator_prediction(tmp_path: Path) -> None:
+    """Both arms simulated on the emulated GPUs; when no job ever waits, deciding at submit is
+    deciding at start, so the two advisor models agree."""
+    from slurm_pal.testbed.run import prepare, simulate_prediction
+
+    prep = prepare(RunSettings(tmp_path / "tb"))
+    assert prep.table["across_nodes"] == 1.7 and len(prep.specs) == 4
+    quiet = [TraceJob(f"q{i}", 20.0 * i, 1 + i % 4, "ABCD"[i % 4], 5.0) for i in range(6)]
+    p = simulate_prediction(prep, quiet)
+    assert p["stock"]["avg_wait"] == 0 and p["advisor"]["avg_wait"] == 0
+    assert p["at_submit_avg_jct_ratio"] == p["avg_jct_ratio"]
+    # the advisor keeps class A off the slow GPUs stock packing hands out
+    busy = simulate_prediction(prep, make_trace("mixed48"))
+    for key in ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio", "at_submit_avg_jct_ratio"):
+        assert 0.3 < busy[key] < 2.0
+    assert busy["stock"]["placement"] == "packed-sticky" and busy["pack_tolerance"] == 0.05

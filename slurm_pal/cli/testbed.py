@@ -194,6 +194,12 @@ def print_report(report: dict) -> None:
             f"{key} (advisor / stock): measured "
             f"{'-' if measured is None else f'{measured:.3f}'}, simulator {predicted:.3f}"
         )
+    late = report.get("sim_at_submit_avg_jct_ratio")
+    if late is not None:
+        console.print(
+            f"simulator with the advisor deciding at submit only (queued jobs placed by Slurm): "
+            f"avg_jct_ratio {late:.3f}"
+        )
     if report.get("prediction_error") is not None:
         console.print(
             f"simulator vs measured avg-JCT ratio: {100 * report['prediction_error']:+.1f} %"
