@@ -258,6 +258,8 @@ def test_refresh_maps_slurm_indices_through_labels(env: Env) -> None:
     busy = {u for u in st.view.static.cluster.uuids} - _free_uuids(st)  # type: ignore[union-attr]
     assert busy == {env.table.uuid("n01", 2)}
     assert st.health()["free"] == 15 and st.health()["gpus"] == 16
+    assert st.view.default_partition == "debug"  # type: ignore[union-attr]
+    assert st.view.partition_nodes == {"debug": ("n01", "n02", "n03", "n04")}  # type: ignore[union-attr]
     env.slurm.jobs.clear()
     st.refresh()
     assert len(_free_uuids(st)) == 16

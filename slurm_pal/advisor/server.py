@@ -307,6 +307,8 @@ class AdvisorServer:
         while not self._stop.wait(self.refresh_s):
             self._refresh_once()
             rounds += 1
+            if rounds % max(1, round(300 / max(self.refresh_s, 0.001))) == 0:
+                log.info("stats %s", format_stats(self.counters.snapshot()))
             if rounds % 6 == 0:
                 with contextlib.suppress(Exception):
                     self.state.refresh_store_view()

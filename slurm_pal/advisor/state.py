@@ -345,7 +345,10 @@ class AdvisorState:
         default_partition = None
         get_default = getattr(self.reader, "default_partition", None)
         if callable(get_default):
-            default_partition = get_default()
+            try:
+                default_partition = get_default()
+            except Exception as exc:  # without it, jobs naming no partition are not restricted
+                log.warning("cannot read the default partition: %s", exc)
         taken = self.clock()
         features = {
             n.name: frozenset(n.features) for n in nodes if n.name in static.cluster.node_index
