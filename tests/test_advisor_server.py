@@ -299,3 +299,29 @@ def test_cli_health_stats_replan_ask_the_running_service(served) -> None:
     gone = ["--db", str(env.db), "serve", "--socket", str(env.root / "none.sock"), "health"]
     out = runner.invoke(app, gone, env={"SLURM_PAL_CONFIG": None})
     assert out.exit_code == 1 and "cannot reach" in out.output
+
+
+def test_an_epilog_is_classified_by_the_active_model_and_a_false_claim_logged(served) -> None:
+    import numpy as np
+
+    from slurm_pal.core.classifier import JobClassifier
+
+    env, server, client = served
+    points = np.array([[10.0, 90.0], [12.0, 85.0], [80.0, 20.0], [85.0, 15.0]])
+    model = JobClassifier(n_classes=2, class_names=["A", "B"]).fit(points)
+    with Store(env.db) as store:
+        store.save_classifier(model.to_dict(), {}, n_apps=4)
+    client.request({"op": "reload"})
+    answer = client.request({"op": "decide", "job": JOB})  # claims resnet (class A)
+    env.slurm.jobs.append(FakeJob(88, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    server.state.refresh()
+    telemetry = {"dram_util": 82.0, "fu_util": 18.0, "source": "nvml"}  # memory-bound: B
+    record = {"record_id": "88:n01:epilog", "kind": "epilog", "job_id": 88, "node": "n01"}
+    client.request({"op": "record", "record": {**record, "telemetry": telemetry}})
+    with Store(env.db) as store:
+        (row,) = store.history_rows()
+        mismatches = store.class_mismatches()
+    assert row.measured_class == "B" and row.app == "resnet"
+    assert [(m["job_id"], m["claimed_class"], m["measured_class"]) for m in mismatches] == [
+        ("88", "A", "B")
+    ]
