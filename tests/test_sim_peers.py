@@ -317,3 +317,61 @@ def test_cli_accepts_the_peers_and_lists_valid_names(
     bad = run_cli("sim", "run", "--trace", trace, "--placement", "sjf-bsfb", ok=False)
     assert bad.exit_code != 0
     assert "sjf-bsbf" in bad.output and "fft-pm" in bad.output and "gimbal" in bad.output
+
+
+class _PinnedPolicy:
+    """Starts each job on GPUs fixed in advance (to test the engine, not a policy)."""
+
+    name = "pinned"
+    scheduler = "fifo"
+
+    def __init__(self, combine: str, gpus: dict[str, tuple[int, ...]], xi: float) -> None:
+        self.combine = combine
+        self.gpus = gpus
+        self.xi = xi
+
+    def schedule(self, run, pending, now) -> None:
+        for job in pending:
+            run.start(job, self.gpus[job.spec.job_id], now, lambda a, b: (self.xi, self.xi))
+
+
+@pytest.mark.parametrize(("combine", "host_end"), [("max", 200.0 + 50.0), ("liss", None)])
+def test_a_partly_shared_host_runs_at_its_slowest_worker_or_at_the_mean_with_liss(
+    combine: str, host_end: float | None
+) -> None:
+    # Host H (2 GPUs, 200 s) from 0; guest G (1 GPU, 50 s) joins GPU 0 at 0, xi 2.
+    # max: H runs at 1/2 while G is there; G's 50 s take 100 s; H did 50, then 150 alone: 250.
+    # liss: H runs at the mean of its workers' speeds (1/2 and 1): xi_eff = 2 / (1/2 + 1) = 4/3;
+    #       after 100 s H did 75, then 125 alone: 225.
+    from slurm_pal.sim.peers.sharing import SharingRun
+
+    gpus = uniform_gpus(["A"], 1, 2)
+    trace = [job("H", 0, 2, 200.0), job("G", 0, 1, 50.0)]
+    policy = _PinnedPolicy(combine, {"H": (0, 1), "G": (0,)}, 2.0)
+    result = SharingRun(trace, gpus, policy, locality_penalty=1.7).run()
+    expected = host_end if host_end is not None else 100.0 + (200.0 - 100.0 * 3 / 4)
+    assert ends(result) == pytest.approx({"H": expected, "G": 100.0})
+
+
+def test_pm_aware_sharing_puts_memory_bound_jobs_on_gpus_slow_for_compute() -> None:
+    # 1 node x 2 GPUs; GPU 1 is slow for class A (compute-bound), both alike for D. Two A jobs
+    # hold both GPUs; a D job arrives: it may share, and picks the A job on the slow GPU.
+    # A third job, class A, finds no free GPU and may not share: it waits.
+    scores = {"A": np.array([1.0, 1.4]), "D": np.array([1.0, 1.0])}
+    gpus = SimGpus(1, 2, scores, scores)
+    trace = [
+        job("fast", 0, 1, 1000.0, "A"),
+        job("slow", 0, 1, 1000.0, "A"),
+        job("mem", 10, 1, 50.0, "D"),
+        job("compute", 20, 1, 50.0, "A"),
+    ]
+    result = simulate(trace, gpus, SimConfig(placement="pal-share"))
+    by_id = {j.job_id: j for j in result.jobs}
+    assert by_id["mem"].start == 10.0
+    assert by_id["compute"].start == pytest.approx(by_id["fast"].end)
+    # mem shared GPU 1 (slow for A) with "slow": both at xi 1.25 (A with D). mem's 50 s take
+    # 62.5 s (ends 72.5); "slow" (1.4x alone) lost 62.5 x (1 - 1/1.25) = 12.5 s: ends 1412.5,
+    # while "fast" on GPU 0 was never touched: 1000.
+    assert by_id["fast"].end == pytest.approx(1000.0)
+    assert by_id["mem"].end == pytest.approx(72.5)
+    assert by_id["slow"].end == pytest.approx(1412.5)
