@@ -9,17 +9,23 @@ script when its mtime changes; the first submissions of a block are warm-up and 
 - ``without``: a plain pass-through script (``return slurm.SUCCESS``), the baseline;
 - ``fail_open``: the rendered script pointing at a socket that does not exist (the fast
   fail-open path when the advisor is down);
+- ``instant_answer``: the rendered script talking to a stand-in that answers every request at
+  once with a fixed route (the cost of Lua, lua-socket and the JSON round trip alone);
 - ``with_advisor``: the rendered script talking to the running advisor.
 
 Keys of ``--json``: ``median_ms_without``, ``p99_ms_without``, ``median_ms_fail_open``,
+``median_ms_instant_answer``,
 ``median_ms_with_advisor``, ``p99_ms_with_advisor``, ``added_median_ms`` (with advisor minus
 without), ``ratio_median`` (with / without), ``advisor_decide_ms_p50``/``p99`` (the service's
 own decision time), ``routed``/``passed`` (decisions during the run), ``fail_open_logged``
 (slurmctld log lines of the fail-open path: at least the fail_open submissions, warm-up
-included), ``n`` per variant. ``--no-advisor`` runs the first two variants only.
+included), ``n`` per variant. ``--no-advisor`` runs the first three variants only.
 
-Needs root and the Slurm packages (``bash scripts/install-slurm.sh``). About a minute for the
-default 150 submissions per variant on 2 cores.
+Held jobs keep the GPUs the advisor reserved for them, so a round has at most 16 submissions
+per variant (12 counted + 2 warm-up by default); after each round every job is cancelled and the
+run waits until the advisor has released its reservations. Pass decisions (and why) are printed
+on stderr. Needs root and the Slurm packages (``bash scripts/install-slurm.sh``). About two
+minutes for the default 150 submissions per variant on 2 cores.
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from slurm_pal.adapters.slurm.state import CliStateReader
+from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.hooks.spool import DeliveryError, request
@@ -50,7 +60,12 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   return slurm.SUCCESS
 end
 """
-VARIANTS = ("without", "fail_open", "with_advisor")
+VARIANTS = ("without", "fail_open", "instant_answer", "with_advisor")
+INSTANT = (
+    b'{"v":1,"ok":true,"action":"route","set":{"req_nodes":"n01","tres_per_node":"gres:gpu:1",'
+    b'"min_nodes":1,"max_nodes":1,"admin_comment":"slurm-pal/bench route"},"class":"A",'
+    b'"reason":"fixed","lv":1.0,"token":"t"}\n'
+)
 
 
 def log(message: str) -> None:
@@ -65,8 +80,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def render(root: Path, sock: Path, absent: Path) -> tuple[dict[str, str], list[NodeSpec], Path]:
-    """Store + example campaign + ``site render`` twice (real socket, absent socket)."""
+def render(
+    root: Path, sock: Path, absent: Path, instant: Path
+) -> tuple[dict[str, str], list[NodeSpec], Path]:
+    """Store + example campaign + ``site render`` per socket (advisor, absent, instant)."""
     work = root / "work"
     work.mkdir()
     db = work / "store.db"
@@ -74,7 +91,7 @@ def render(root: Path, sock: Path, absent: Path) -> tuple[dict[str, str], list[N
     generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
     runner = CliRunner()
     texts: dict[str, str] = {"without": PASS_THROUGH}
-    for name, path in (("with_advisor", sock), ("fail_open", absent)):
+    for name, path in (("with_advisor", sock), ("fail_open", absent), ("instant_answer", instant)):
         config = work / f"{name}.toml"
         config.write_text(
             f'[advisor]\nsocket = "{path}"\nreplan_s = 0\nreservation_ttl_s = 0.05\n'
@@ -100,11 +117,39 @@ def render(root: Path, sock: Path, absent: Path) -> tuple[dict[str, str], list[N
     return texts, nodes, work / "with_advisor.toml"
 
 
+_SWAPS = [0]
+
+
+def instant_server(path: Path) -> None:
+    """A stand-in that answers every request at once with a fixed route: what job_submit.lua,
+    lua-socket and the JSON round trip cost by themselves, without the service."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(64)
+
+    def loop() -> None:
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                conn.sendall(INSTANT)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def swap_script(tb: LocalSlurm, text: str) -> None:
-    """Install a job_submit.lua; a newer mtime makes slurmctld re-read it on the next job."""
+    """Install a job_submit.lua. slurmctld re-reads it when its mtime (whole seconds) is newer
+    than the one it loaded, so every swap gets a strictly later mtime (in the future)."""
     path = tb.root / "etc" / "job_submit.lua"
     path.write_text(text)
-    later = time.time() + 1
+    _SWAPS[0] += 1
+    later = int(time.time()) + 10 + _SWAPS[0]
     os.utime(path, (later, later))
 
 
@@ -126,14 +171,16 @@ def submit_once(tb: LocalSlurm) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=150, help="submissions per variant")
-    parser.add_argument("--block", type=int, default=25, help="submissions per block")
-    parser.add_argument("--warmup", type=int, default=3, help="uncounted per block")
+    parser.add_argument(
+        "--block", type=int, default=12, help="submissions per block (<= 16 - warmup: routed)"
+    )
+    parser.add_argument("--warmup", type=int, default=2, help="uncounted per block")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument(
         "--no-advisor", action="store_true", help="only the without/fail_open variants"
     )
     args = parser.parse_args()
-    variants = VARIANTS[:2] if args.no_advisor else VARIANTS
+    variants = VARIANTS[:3] if args.no_advisor else VARIANTS
     missing = missing_binaries()
     if missing or os.geteuid() != 0:
         raise SystemExit(
@@ -143,12 +190,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="spal-bench-", dir="/tmp"))
     root.chmod(0o755)
     sock = root / "adv" / "advisor.sock"
-    texts, nodes, config = render(root, sock, root / "adv" / "absent.sock")
+    instant = root / "adv" / "instant.sock"
+    texts, nodes, config = render(root, sock, root / "adv" / "absent.sock", instant)
+    if "instant_answer" in variants:
+        instant_server(instant)
     tb = LocalSlurm(root, nodes, job_submit_lua=PASS_THROUGH)
     advisor = None
     times: dict[str, list[float]] = {v: [] for v in variants}
     before: dict = {}
     after: dict = {}
+    reasons: dict[str, int] = {}
     try:
         log("starting the testbed")
         tb.start()
@@ -163,7 +214,14 @@ def main() -> None:
                     ms = submit_once(tb)
                     if k >= args.warmup:
                         times[variant].append(ms)
+            for job in CliStateReader(tb.env).jobs():
+                parsed = parse_admin_comment(job.admin_comment) or {}
+                why = parsed.get("why", "") if parsed.get("action") == "pass" else ""
+                if why:
+                    reasons[why] = reasons.get(why, 0) + 1
             subprocess.run(["scancel", "-u", "root"], env=tb.env, check=False)
+            if advisor is not None:
+                wait_released(sock)
             log(f"round {r + 1}/{rounds} done")
         if advisor is not None:
             after = request(str(sock), {"v": 1, "op": "stats"}, 5.0)
@@ -180,6 +238,8 @@ def main() -> None:
         tb.stop()
         shutil.rmtree(root, ignore_errors=True)
     report(times, before, after, args)
+    if reasons:
+        log(f"pass reasons: {reasons}")
 
 
 def start_advisor(
@@ -211,6 +271,21 @@ def start_advisor(
             raise SystemExit("slurm-pal serve did not come up")
         time.sleep(0.1)
     return advisor, request(str(sock), {"v": 1, "op": "stats"}, 5.0)
+
+
+def wait_released(sock: Path, timeout_s: float = 20.0) -> None:
+    """Wait until the advisor holds no reservation (it sees the cancelled jobs at its next
+    refresh), so every round starts with all GPUs free and the held jobs can be routed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            health = request(str(sock), {"v": 1, "op": "health"}, 2.0)
+            if health.get("reservations") == 0 and health.get("free") == health.get("gpus"):
+                return
+        except DeliveryError:
+            pass
+        time.sleep(0.2)
+    log("advisor still holds reservations; the next round may pass more jobs")
 
 
 def report(
