@@ -159,3 +159,22 @@ def test_only_jobs_the_scheduler_would_start_are_replanned() -> None:
     assert replannable("Resources") and replannable("Priority") and replannable("PartitionDown")
     for reason in ("", "None", "JobHeldUser", "JobHeldAdmin", "Dependency", "BeginTime"):
         assert not replannable(reason), reason
+
+
+def test_changes_slurm_refuses_are_not_sent(st) -> None:
+    from slurm_pal.advisor.replan import transition_problem
+
+    state, labels = st
+    (update,) = plan_replan(
+        [_pending(7, 1, "A", tres="gres:gpu:1")], _cluster(st), labels=labels,
+        policy=state.policy, version="t",
+    ).updates  # fmt: skip
+    assert transition_problem(update) is None  # untyped -> typed per node: two steps
+    fields = dict(update.decision.set_fields)
+    fields["tres_per_node"] = "gres:gpu:1"  # as encoding 3 writes it
+    decision = type(update.decision)(**{**update.decision.__dict__, "set_fields": fields})
+    typed_now = PendingJob(**{**update.pending.__dict__, "tres_per_node": "gres:gpu:v100-x:1"})
+    to_untyped = type(update)(**{**update.__dict__, "decision": decision, "pending": typed_now})
+    assert "typed GPU request into an untyped" in str(transition_problem(to_untyped))
+    assert scontrol_steps(to_untyped) == []
+    assert "untyped" in str(ScontrolApplier().apply(to_untyped))  # no scontrol run

@@ -35,6 +35,7 @@ __all__ = [
     "plan_replan",
     "replannable",
     "scontrol_steps",
+    "transition_problem",
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
@@ -203,6 +204,23 @@ def _is_gpu_typed(tres: str) -> bool:
     return False
 
 
+def transition_problem(update: Update) -> str | None:
+    """Why Slurm 22.05 would refuse this change of GPU request (checked on the testbed), or
+    None: typed -> untyped is refused in every form tried, and so is an untyped request turned
+    into a typed *per-job* one."""
+    fields = update.decision.set_fields
+    now = update.pending.tres_per_node or update.pending.tres_per_job
+    if not now:
+        return None
+    gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
+    new_typed = any(_is_gpu_typed(v) for v in gpu_fields)
+    if _is_gpu_typed(now) and gpu_fields and not new_typed:
+        return "Slurm 22.05 cannot turn a typed GPU request into an untyped one"
+    if not _is_gpu_typed(now) and _is_gpu_typed(str(fields.get("tres_per_job", ""))):
+        return "Slurm 22.05 cannot turn an untyped GPU request into a typed per-job one"
+    return None
+
+
 def scontrol_steps(update: Update) -> list[list[str]]:
     """The ``scontrol update`` argument lists for one update, in order (testbed findings in
     PROTOCOL.md "Reservations and re-planning"): Slurm 22.05 refuses to turn an untyped GPU
@@ -224,6 +242,8 @@ def scontrol_steps(update: Update) -> list[list[str]]:
     new_typed = any(
         _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
     )
+    if transition_problem(update) is not None:
+        return []
     if new_typed and now and not _is_gpu_typed(now):
         count = update.decision.allocation.n_gpus if update.decision.allocation else 1
         steps.append([*head, "TresPerNode=", f"TresPerJob=gres:gpu:{count}"])
@@ -256,6 +276,9 @@ class ScontrolApplier:
 
     def apply(self, update: Update) -> str | None:
         """Run the steps; None on success, else the error text."""
+        problem = transition_problem(update)
+        if problem is not None:
+            return problem
         for step in scontrol_steps(update):
             try:
                 proc = self.run(step)
