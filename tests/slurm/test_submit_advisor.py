@@ -226,6 +226,18 @@ class Lab:
             time.sleep(0.2)
         raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
 
+    def wait_advisor_sees_all_free(self) -> None:
+        """The advisor's view refreshes every refresh_s: wait until it shows every GPU free
+        and no reservation, so a test's decisions start from the state the test assumes."""
+        deadline = time.monotonic() + 30
+        health: dict = {}
+        while time.monotonic() < deadline:
+            health = self.ask({"op": "health"})
+            if health.get("free") == health.get("gpus") == 16 and not health.get("reservations"):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the advisor still sees busy GPUs: {health}")
+
     def score(self, node: str, slurm_index: int, job_class: str) -> float:
         return self.label_scores[self.slurm_labels[node][slurm_index]][job_class]
 
@@ -353,6 +365,7 @@ def clean(lab: Lab) -> Iterator[Lab]:
     if lab.advisor is None or lab.advisor.poll() is not None:
         lab.start_advisor()
     lab.cancel_all()
+    lab.wait_advisor_sees_all_free()
     try:
         yield lab
     finally:
@@ -544,15 +557,29 @@ def test_unprivileged_user_cannot_talk_to_the_socket(clean: Lab) -> None:
         "except OSError as e:\n"
         "    print('REFUSED', e)\n"
     )
-    proc = subprocess.run(
-        ["runuser", "-u", "nobody", "--", SYSTEM_PYTHON, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    out = proc.stdout
-    assert "REFUSED" in out or "permission denied" in out, out + proc.stderr
-    assert '"ok": true' not in out and '"ok":true' not in out
+
+    def as_nobody() -> str:
+        proc = subprocess.run(
+            ["runuser", "-u", "nobody", "--", SYSTEM_PYTHON, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return proc.stdout + proc.stderr
+
+    out = as_nobody()  # the socket's file mode (0660, group advisor.socket_group) stops it
+    assert "REFUSED" in out and "Permission denied" in out, out
+    # with the file opened to everyone, the service's peer check still refuses nobody
+    modes = {p: p.stat().st_mode & 0o7777 for p in (lab.socket, lab.socket.parent)}
+    try:
+        lab.socket.parent.chmod(modes[lab.socket.parent] | 0o005)
+        lab.socket.chmod(0o666)
+        out = as_nobody()
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+    assert "ANSWER" in out and "permission denied" in out, out
+    assert lab.stats()["peer_refused"] >= 1
     # nobody's GPU job still goes through the advisor (slurmctld asks it as root)
     job_id = lab.sbatch("--gres=gpu:1", f"--wrap={WRAP}", user="nobody")
     job = lab.wait_running(job_id)[job_id]
