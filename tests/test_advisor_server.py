@@ -72,6 +72,17 @@ def _raw(path: Path, payload: bytes, *, close_write: bool = True) -> bytes:
         return data
 
 
+def _saved(env: Env, token: str) -> None:
+    """Wait until the decision is in the store (written after the answer was sent)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with Store(env.db) as store:
+            if store.decision(token) is not None:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"decision {token} never stored")
+
+
 def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     env, server, client = served
     for wire in (JOB, {**JOB, "tres_per_node": "gres:gpu:1"}, {**JOB, "comment": ""}):
@@ -100,7 +111,7 @@ def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     stats = client.request({"op": "stats"})
     assert stats["decide_total"] == 3 and stats["decide_route"] == 3
     assert stats["decide_ms_p50"] is not None and stats["decide_ms_p99"] >= stats["decide_ms_p50"]
-    server.state.writer.call(lambda s: None)
+    _saved(env, answer["token"])
     with Store(env.db) as store:
         row = store.decision(answer["token"])
     assert row is not None and row["job"] == {**JOB, "comment": ""} and row["answer"] == answer
@@ -179,6 +190,7 @@ def test_records_are_applied_once(served) -> None:
 def test_an_epilog_with_telemetry_feeds_the_job_history(served) -> None:
     env, server, client = served
     answer = client.request({"op": "decide", "job": JOB})
+    _saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(77, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     server.state.refresh()
     server.state.writer.call(lambda s: None)
@@ -313,6 +325,7 @@ def test_an_epilog_is_classified_by_the_active_model_and_a_false_claim_logged(se
         store.save_classifier(model.to_dict(), {}, n_apps=4)
     client.request({"op": "reload"})
     answer = client.request({"op": "decide", "job": JOB})  # claims resnet (class A)
+    _saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(88, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     server.state.refresh()
     telemetry = {"dram_util": 82.0, "fu_util": 18.0, "source": "nvml"}  # memory-bound: B

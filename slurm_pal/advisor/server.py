@@ -459,8 +459,12 @@ class AdvisorServer:
                     else:
                         log.info("connection closed mid-request (%d bytes)", len(line))
                     return
-                answer = self.answer(line)
-                if not self._send(conn, answer):
+                after: list[Callable[[], object]] = []
+                answer = self.answer(line, after)
+                sent = self._send(conn, answer)
+                for task in after:  # store writes, once the peer has its answer
+                    task()
+                if not sent:
                     return
         finally:
             reader.close()
@@ -473,8 +477,11 @@ class AdvisorServer:
             log.info("answer not sent: %s", exc)
             return False
 
-    def answer(self, line: bytes) -> dict[str, object]:
-        """The answer to one request line (never raises)."""
+    def answer(
+        self, line: bytes, after: list[Callable[[], object]] | None = None
+    ) -> dict[str, object]:
+        """The answer to one request line (never raises); work that can wait until the answer
+        is sent is appended to ``after`` (done at once without it)."""
         start = time.perf_counter()
         try:
             request = protocol.parse_request(line)
@@ -483,7 +490,7 @@ class AdvisorServer:
             return exc.answer()
         try:
             if request.op == "decide":
-                return self._decide(request.body, start)
+                return self._decide(request.body, start, after)
             if request.op == "record":
                 return self._record(request.body)
             if request.op == "health":
@@ -505,7 +512,12 @@ class AdvisorServer:
             return protocol.error_answer(f"{request.op} failed: {exc}")
         return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
 
-    def _decide(self, body: Mapping[str, object], start: float) -> dict[str, object]:
+    def _decide(
+        self,
+        body: Mapping[str, object],
+        start: float,
+        after: list[Callable[[], object]] | None = None,
+    ) -> dict[str, object]:
         wire = body["job"]
         assert isinstance(wire, dict)
         try:
@@ -513,20 +525,27 @@ class AdvisorServer:
         except JobDescError as exc:
             self.counters.add("decide_errors")
             return protocol.error_answer(str(exc))
-        decision = self.state.decide(job, wire)
+        decision = self.state.decide(job, wire, after)
         answer = decision.to_wire()
         self.counters.add("decide_total")
         self.counters.add("decide_route" if decision.action == "route" else "decide_pass")
         self.counters.decide_ms((time.perf_counter() - start) * 1000)
-        log.info(
-            "decide %s user=%s name=%s class=%s token=%s: %s",
-            decision.action,
-            job.user,
-            job.name,
-            decision.job_class,
-            decision.token,
-            decision.reason,
-        )
+
+        def note() -> None:
+            log.info(
+                "decide %s user=%s name=%s class=%s token=%s: %s",
+                decision.action,
+                job.user,
+                job.name,
+                decision.job_class,
+                decision.token,
+                decision.reason,
+            )
+
+        if after is None:
+            note()
+        else:
+            after.append(note)
         return answer
 
     def _record(self, body: Mapping[str, object]) -> dict[str, object]:

@@ -367,7 +367,7 @@ class AdvisorState:
             bound = self._reconcile(view)
             self._cluster = self._with_reservations(view.base)
         for token, job_id in bound:
-            self.writer.submit(lambda s, t=token, j=job_id: _bind(s, t, j))
+            self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))
         return view
 
     def _view_from(
@@ -448,8 +448,10 @@ class AdvisorState:
                 seen[parsed["r"]] = job
         # Every job carrying one of our tokens is bound once (also jobs that already run, and
         # after a restart): the Epilog's record finds the decision through the job id.
+        # Until the write succeeds (the decision row may still be in the writer's queue), a
+        # token is tried again at every refresh.
         bound = [(t, j.job_id) for t, j in seen.items() if self._bound.get(t) != j.job_id]
-        self._bound = {t: j.job_id for t, j in seen.items()}
+        self._bound = {t: j for t, j in self._bound.items() if t in seen}
         for token, res in list(self._reservations.items()):
             job = seen.get(token)
             if job is not None:
@@ -490,10 +492,28 @@ class AdvisorState:
                 self._cluster = self._with_reservations(self._view.base)
         return len(gone)
 
+    def _bind(self, store: Store, token: str, job_id: int) -> None:
+        """Note a decision's Slurm job id (state ``bound`` unless it was re-planned already);
+        runs on the writer thread."""
+        row = store.decision(token)
+        if row is None:
+            return  # not written yet (or not ours): the next refresh tries again
+        fresh = row["state"] in ("reserved", "waiting")
+        store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
+        with self._lock:
+            self._bound[token] = job_id
+
     # -- the decide path ---------------------------------------------------------------------
-    def decide(self, job: JobDescription, wire: Mapping[str, object]) -> Decision:
+    def decide(
+        self,
+        job: JobDescription,
+        wire: Mapping[str, object],
+        defer: list[Callable[[], object]] | None = None,
+    ) -> Decision:
         """Resolve the class, decide, reserve on route; the decision is stored afterwards by
-        the writer thread. No Slurm call, no store read."""
+        the writer thread (queued by ``defer``'s callables when given, so the caller can send
+        the answer first: the writer's Python work competes for the GIL). No Slurm call, no
+        store read."""
         token = secrets.token_hex(6)
         with self._lock:
             resolution = resolve(job.job_request(), self._store_view, self.resolve_config)
@@ -527,7 +547,16 @@ class AdvisorState:
             else:
                 return decision
         answer = decision.to_wire()
-        self.writer.submit(lambda s: s.save_decision(token, dict(wire), answer, state=state))
+
+        def save() -> object:
+            return self.writer.submit(
+                lambda s: s.save_decision(token, dict(wire), answer, state=state)
+            )
+
+        if defer is None:
+            save()
+        else:
+            defer.append(save)
         return decision
 
     def _waiting(self, decision: Decision, token: str) -> Decision:
@@ -607,14 +636,6 @@ class AdvisorState:
                 "excluded_nodes": {} if view is None else dict(view.excluded),
                 "problem": self._problem or None,
             }
-
-
-def _bind(store: Store, token: str, job_id: int) -> None:
-    """Note a decision's Slurm job id (state ``bound`` unless it was re-planned already)."""
-    row = store.decision(token)
-    if row is not None:
-        fresh = row["state"] in ("reserved", "waiting")
-        store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
 
 
 def _apply_record(store: Store, record: dict[str, object], classifier: Any) -> bool:
