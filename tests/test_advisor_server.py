@@ -338,3 +338,39 @@ def test_an_epilog_is_classified_by_the_active_model_and_a_false_claim_logged(se
     assert [(m["job_id"], m["claimed_class"], m["measured_class"]) for m in mismatches] == [
         ("88", "A", "B")
     ]
+
+
+def test_the_socket_belongs_to_the_configured_group(adv_env: Env) -> None:
+    import grp
+
+    try:
+        gid = grp.getgrnam("nogroup").gr_gid
+    except KeyError:
+        pytest.skip("no group 'nogroup' here")
+    server = AdvisorServer(
+        adv_env.state(), adv_env.root / "g.sock", socket_group="nogroup", refresh_s=3600
+    )
+    server.start()
+    try:
+        info = os.stat(adv_env.root / "g.sock")
+        assert info.st_gid == gid and info.st_mode & 0o777 == 0o660
+    finally:
+        server.stop()
+    assert not (adv_env.root / "g.sock").exists()
+
+
+def test_a_stale_socket_is_replaced_a_live_one_is_not(served) -> None:
+    env, _server, client = served
+    second = AdvisorServer(env.state(), env.root / "adv.sock", refresh_s=3600, replan_s=0)
+    with pytest.raises(RuntimeError, match="already listens"):
+        second.start()
+    assert client.request({"op": "health"})["ok"]  # the first one is untouched
+    stale = env.root / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # bound, never listening, then closed: a dead service's socket
+    third = AdvisorServer(env.state(), stale, refresh_s=3600, replan_s=0)
+    third.start()
+    try:
+        assert AdvisorClient(str(stale)).request({"op": "health"})["ok"]
+    finally:
+        third.stop()
