@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurm_pal.testbed.cluster import TestbedError
+from slurm_pal.testbed.emulate import EmulationError
 from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
 
 KEYS = ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio")
@@ -52,7 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             profile_seed=args.profile_seed,
             scale=args.scale,
         )
-        report = public_report(run_testbed(settings, say))
+        try:
+            report = public_report(run_testbed(settings, say))
+        except (TestbedError, EmulationError) as exc:  # one bad run is a finding, not the end
+            say(f"run {i + 1}/{args.repeats} failed: {exc}")
+            runs.append({"error": str(exc)})
+            shutil.rmtree(root / f"run-{i + 1}", ignore_errors=True)
+            shutil.copytree(settings.work, root / f"run-{i + 1}")
+            continue
         report["wall_s"] = round(time.monotonic() - t0, 1)
         kept = root / f"run-{i + 1}"  # the next run wipes the emulation folder
         shutil.rmtree(kept, ignore_errors=True)
@@ -62,25 +71,30 @@ def main(argv: list[str] | None = None) -> int:
             f"run {i + 1}/{args.repeats}: "
             + ", ".join(f"{k} {report[k]}" for k in (*KEYS, "sim_predicted_avg_jct_ratio"))
         )
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        print(json.dumps({"errors": [r["error"] for r in runs]}, indent=2))
+        return 1
     summary: dict[str, object] = {
         "trace": args.trace,
         "profile": args.profile,
         "repeats": args.repeats,
-        "sim_predicted_avg_jct_ratio": runs[0]["sim_predicted_avg_jct_ratio"],
-        "sim_predicted_p99_jct_ratio": runs[0]["sim_predicted_p99_jct_ratio"],
-        "sim_predicted_makespan_ratio": runs[0]["sim_predicted_makespan_ratio"],
-        "sim_at_submit_avg_jct_ratio": runs[0].get("sim_at_submit_avg_jct_ratio"),
+        "sim_predicted_avg_jct_ratio": ok[0]["sim_predicted_avg_jct_ratio"],
+        "sim_predicted_p99_jct_ratio": ok[0]["sim_predicted_p99_jct_ratio"],
+        "sim_predicted_makespan_ratio": ok[0]["sim_predicted_makespan_ratio"],
+        "sim_at_submit_avg_jct_ratio": ok[0].get("sim_at_submit_avg_jct_ratio"),
     }
     for key in KEYS:
-        values = [float(r[key]) for r in runs if r.get(key) is not None]
+        values = [float(r[key]) for r in ok if r.get(key) is not None]
         summary[key] = values
         summary[f"{key}_mean"] = round(statistics.fmean(values), 4) if values else None
     mean = summary["avg_jct_ratio_mean"]
     if mean:
         predicted = float(summary["sim_predicted_avg_jct_ratio"])  # type: ignore[arg-type]
         summary["prediction_error_mean"] = round(predicted / float(mean) - 1.0, 4)  # type: ignore[arg-type]
+    summary["failed_runs"] = [r["error"] for r in runs if "error" in r]
     summary["runs"] = [
-        {k: r.get(k) for k in (*KEYS, "prediction_error", "wall_s", "arms")} for r in runs
+        {k: r.get(k) for k in (*KEYS, "prediction_error", "wall_s", "arms")} for r in ok
     ]
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -80,6 +80,8 @@ __all__ = [
 ]
 
 ARMS = ("stock", "advisor")
+NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
+"""Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
 Progress = Callable[[str], None]
 
@@ -537,6 +539,12 @@ def run_arm(
         done: set[str] = set()
         while len(done) < len(trace):
             done = {p.stem for p in records.glob("*.json")}
+            if watcher.stuck:
+                raise TestbedError(
+                    f"{arm.name}: Slurm will never start "
+                    + "; ".join(watcher.stuck.values())
+                    + (f" (advisor log: {arm.log})" if isinstance(arm, AdvisorArm) else "")
+                )
             if time.monotonic() > deadline:
                 missing = sorted(set(jobs) - done)
                 raise TestbedError(
@@ -580,6 +588,7 @@ class _GresWatcher:
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
         self.gres: dict[int, list[str]] = {}
+        self.stuck: dict[int, str] = {}  # job id -> why Slurm will never start it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -594,6 +603,14 @@ class _GresWatcher:
                 for job in json.loads(out).get("jobs", []):
                     if job.get("job_state") == "RUNNING" and job.get("gres_detail"):
                         self.gres[int(job["job_id"])] = list(job["gres_detail"])
+                    reason = str(job.get("state_reason") or "")
+                    if job.get("job_state") == "PENDING" and reason in NEVER_STARTS:
+                        self.stuck[int(job["job_id"])] = (
+                            f"job {job['job_id']} ({job.get('name')}) pending with reason "
+                            f"{reason}: tres_per_node={job.get('tres_per_node')!r} "
+                            f"required_nodes={job.get('required_nodes')!r} "
+                            f"admin_comment={job.get('admin_comment')!r}"
+                        )
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -756,6 +773,31 @@ def run_testbed(settings: RunSettings, progress: Progress = lambda _: None) -> d
         gpus_per_node=settings.gpus_per_node,
         nodes=settings.nodes,
     )
+    with _terminate_as_exit():
+        return _run_testbed(settings, trace, progress)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit, so the arms' ``finally`` stop Slurm and the service (a
+    background process ignores SIGINT; SIGTERM is what it gets)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_testbed(
+    settings: RunSettings, trace: list[TraceJob], progress: Progress
+) -> dict[str, object]:
     prep = prepare(settings, progress)
     prediction = simulate_prediction(prep, trace)
     progress(
