@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="example")
     parser.add_argument("--profile-seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--replan-s", type=float, default=0.0, help="advisor re-planning (0: off)")
     parser.add_argument("--dir", type=Path, default=None, help="testbed folder (default: temp)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             profile_seed=args.profile_seed,
             scale=args.scale,
+            replan_s=args.replan_s,
         )
         try:
             report = public_report(run_testbed(settings, say))

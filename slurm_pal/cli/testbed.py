@@ -119,6 +119,11 @@ def run(
     ),
     arms: str = typer.Option("stock,advisor", "--arms", help="Arms to run: stock, advisor."),
     policy: str = typer.Option("pal", "--policy", help="The advisor's policy."),
+    replan_s: float = typer.Option(
+        0.0,
+        "--replan-s",
+        help="The advisor's re-planning period (0 = off: see RunSettings.replan_s).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
@@ -141,6 +146,7 @@ def run(
                 scale=scale,
                 arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
                 policy=policy,
+                replan_s=replan_s,
                 config=cfg,
             )
             progress = (

@@ -112,12 +112,18 @@ class RunSettings:
     scale: float = 1.0
     arms: tuple[str, ...] = ARMS
     policy: str = "pal"
+    replan_s: float = 0.0
+    """The advisor's re-planning period in the testbed. Off by default: on 22.05 a re-plan
+    that moves a pending job from a mixed-type to a one-type request (e.g. 3 x A + 1 x B on
+    n02 -> 4 x A on n04) leaves it pending with BadConstraints for ever (mixed48, job j36)."""
     config: SiteConfig = field(default_factory=SiteConfig)
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise EmulationError(f"unknown arm(s) {bad}; valid: {', '.join(ARMS)}")
+        if not self.replan_s >= 0:
+            raise EmulationError(f"replan_s must be >= 0 (0 = off), got {self.replan_s}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise EmulationError("a testbed needs >= 1 node and >= 1 GPU per node")
 
@@ -248,7 +254,7 @@ def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> s
         f'policy = "{settings.policy}"',
         f"pack_tolerance = {a.pack_tolerance}",
         "refresh_s = 1.0",
-        "replan_s = 2.0",
+        f"replan_s = {settings.replan_s}",
         "reservation_ttl_s = 20.0",
         "",
         "[hooks]",
@@ -813,6 +819,7 @@ def _run_testbed(
         "profile_seed": settings.profile_seed,
         "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
         "policy": settings.policy,
+        "replan_s": settings.replan_s,
         "locality_penalty": prep.table["across_nodes"],
         "campaign": prep.campaign,
         "root": str(settings.root),
