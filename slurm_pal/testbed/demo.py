@@ -111,7 +111,8 @@ def _print_jobs(console: Console, result: ArmResult, arm: str) -> None:
                 row.append("(no advisor comment)")
             else:
                 lv = parsed.get("lv", "-")
-                row.append(f"{parsed['action']} lv={lv}: {parsed.get('why', '')}".strip())
+                why = parsed.get("why", "").split(";")[0].split(", node")[0]  # the policy's part
+                row.append(f"{parsed['action']} lv={lv}: {why[:60]}".strip())
         table.add_row(*row)
     console.print(table)
 
