@@ -131,9 +131,63 @@ def test_untyped_jobs_move_through_an_untyped_per_job_request(st) -> None:
     assert f"TresPerNode={fields['tres_per_node']}" in final
     assert f"ReqNodeList={fields['req_nodes']}" in final and "NumNodes=1" in final
     assert any(a.startswith("AdminComment=slurm-pal/") for a in final)
-    typed = PendingJob(**{**update.pending.__dict__, "tres_per_node": "gres:gpu:v100-x:2"})
+    (label,) = {lab for labs in update.chosen.values() for lab in labs}
+    typed = PendingJob(**{**update.pending.__dict__, "tres_per_node": f"gres:gpu:{label}:1"})
     steps = scontrol_steps(type(update)(**{**update.__dict__, "pending": typed}))
-    assert len(steps) == 1
+    assert len(steps) == 1  # typed -> typed keeping the type: one update
+
+
+def _with_request(update, now: str, new: str):  # type: ignore[no-untyped-def]
+    """``update`` as if the job held ``now`` and the plan wrote ``new`` (tres_per_node)."""
+    fields = {**update.decision.set_fields, "tres_per_node": new}
+    decision = type(update.decision)(**{**update.decision.__dict__, "set_fields": fields})
+    pending = PendingJob(**{**update.pending.__dict__, "tres_per_node": now})
+    return type(update)(**{**update.__dict__, "decision": decision, "pending": pending})
+
+
+@pytest.mark.parametrize(
+    ("now", "new", "refused"),
+    [
+        # Slurm 22.05 merges a TresPerNode update into the old request (tests/slurm finding):
+        ("gres:gpu:ta:2", "gres:gpu:tb:2", True),  # ran on 4 GPUs
+        ("gres:gpu:ta:3,gres:gpu:tb:1", "gres:gpu:ta:4", True),  # BadConstraints without tb
+        ("gres:gpu:ta:1,gres:gpu:tb:1", "gres:gpu:ta:2,gres:gpu:tb:0", True),  # tb:0 keeps tb:1
+        ("gres:gpu:ta:1,gres:gpu:tb:1", "gres:gpu:ta:2", True),
+        ("gres:gpu:ta:3", "gres:gpu:ta:4", False),  # new count: exact
+        ("gres:gpu:ta:2", "gres:gpu:ta:1,gres:gpu:tb:1", False),  # added type: exact
+        ("gres:gpu:ta:1,gres:gpu:tb:1", "gres:gpu:tb:1,gres:gpu:ta:1", False),
+        ("gres:gpu:2", "gres:gpu:tb:2", False),  # untyped -> typed: two steps, exact
+    ],
+)
+def test_updates_that_drop_a_gpu_type_are_refused(st, now: str, new: str, refused: bool) -> None:
+    from slurm_pal.advisor.replan import transition_problem
+
+    state, labels = st
+    (update,) = plan_replan(
+        [_pending(7, 1, "A")], _cluster(st), labels=labels, policy=state.policy, version="t"
+    ).updates
+    problem = transition_problem(_with_request(update, now, new))
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert "keeps a dropped GPU type" in problem
+
+
+def test_a_job_slurm_cannot_move_keeps_its_request_and_frees_its_planned_gpus(st) -> None:
+    """A typed job whose plan would drop its type is ``kept``; the GPU planned for it goes to
+    the next job instead of standing idle in the plan."""
+    state, labels = st
+    (alone,) = plan_replan(
+        [_pending(7, 1, "A")], _cluster(st), labels=labels, policy=state.policy, version="t"
+    ).updates
+    held = _pending(7, 1, "A", tres="gres:gpu:v100-elsewhere:1", current={"n04": ("x",)})
+    result = plan_replan(
+        [held, _pending(8, 1, "A")], _cluster(st), labels=labels, policy=state.policy,
+        version="t",
+    )  # fmt: skip
+    assert list(result.kept) == [7] and "v100-elsewhere" in result.kept[7]
+    (update,) = result.updates
+    assert update.job_id == 8 and update.chosen == alone.chosen
+    assert result.summary()["kept"] == {"7": result.kept[7]}
 
 
 def test_the_applier_reports_the_failing_step(st) -> None:

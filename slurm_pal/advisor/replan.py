@@ -32,6 +32,7 @@ __all__ = [
     "ReplanResult",
     "ScontrolApplier",
     "Update",
+    "gpu_types",
     "plan_replan",
     "replannable",
     "scontrol_steps",
@@ -85,6 +86,7 @@ class ReplanResult:
     updates: list[Update] = field(default_factory=list)
     unchanged: list[int] = field(default_factory=list)
     not_placed: list[int] = field(default_factory=list)
+    kept: dict[int, str] = field(default_factory=dict)  # planned elsewhere, Slurm can't move it
     applied: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
 
@@ -94,6 +96,7 @@ class ReplanResult:
             "updates": [u.job_id for u in self.updates],
             "unchanged": self.unchanged,
             "not_placed": self.not_placed,
+            "kept": {str(k): v for k, v in self.kept.items()},
             "applied": self.applied,
             "failed": {str(k): v for k, v in self.failed.items()},
         }
@@ -134,7 +137,9 @@ def plan_replan(
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
 
     A job whose chosen labels per node equal what it holds gets no update; the round stops at
-    the first job that does not fit (PAL: the head of the queue is never overtaken)."""
+    the first job that does not fit (PAL: the head of the queue is never overtaken). A job
+    whose new request Slurm 22.05 would mishandle (:func:`transition_problem`) keeps its
+    request (``kept``) and the GPUs planned for it stay free for the jobs after it."""
     result = ReplanResult(considered=len(pending))
     common = {
         "labels": labels,
@@ -177,12 +182,18 @@ def plan_replan(
         if decision.action != "route" or decision.allocation is None:
             result.not_placed.extend(jobs[r.job_id].job_id for r in order[position:])
             break
-        state.allocate(decision.allocation)
         chosen = _chosen(decision, labels)
         if p.current is not None and dict(p.current) == chosen:
+            state.allocate(decision.allocation)
             result.unchanged.append(p.job_id)
             continue
-        result.updates.append(Update(p.job_id, p.token, decision, chosen, p.current, p))
+        update = Update(p.job_id, p.token, decision, chosen, p.current, p)
+        problem = transition_problem(update)
+        if problem is not None:
+            result.kept[p.job_id] = problem
+            continue
+        state.allocate(decision.allocation)
+        result.updates.append(update)
     return result
 
 
@@ -195,29 +206,49 @@ _KEYS = {
 }
 
 
-def _is_gpu_typed(tres: str) -> bool:
-    """Does a Slurm tres string name a GPU type (``gres:gpu:T:n``)?"""
+def gpu_types(tres: str) -> frozenset[str]:
+    """The GPU types a Slurm tres string asks for (``gres:gpu:T:n`` -> ``{T}``; ``T:0`` asks for
+    none, and does not clear ``T`` on 22.05 either)."""
+    types = set()
     for item in tres.split(","):
         parts = item.strip().removeprefix("gres:").removeprefix("gres/").split(":")
-        if parts[0] == "gpu" and len(parts) == 3:
-            return True
-    return False
+        if parts[0] == "gpu" and len(parts) == 3 and parts[2] != "0":
+            types.add(parts[1])
+    return frozenset(types)
+
+
+def _is_gpu_typed(tres: str) -> bool:
+    """Does a Slurm tres string name a GPU type (``gres:gpu:T:n``)?"""
+    return bool(gpu_types(tres))
 
 
 def transition_problem(update: Update) -> str | None:
-    """Why Slurm 22.05 would refuse this change of GPU request (checked on the testbed), or
-    None: typed -> untyped is refused in every form tried, and so is an untyped request turned
-    into a typed *per-job* one."""
+    """Why Slurm 22.05 would refuse or mishandle this change of GPU request (checked on the
+    testbed, ``tests/slurm/test_advisor_service.py``), or None.
+
+    Refused outright: typed -> untyped in every form tried, and an untyped request turned into
+    a typed *per-job* one. Accepted but wrong: an update that drops a GPU type. Slurm merges
+    the new typed entries into the job's GRES request and keeps the dropped type's entry with
+    its old count (also with an explicit ``T:0``), so ``ta:2 -> tb:2`` runs on 4 GPUs and
+    ``ta:3,tb:1 -> ta:4`` is held with BadConstraints on a node without ``tb``. Updates that
+    keep every type (new counts, other nodes, added types) are exact."""
     fields = update.decision.set_fields
     now = update.pending.tres_per_node or update.pending.tres_per_job
     if not now:
         return None
     gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
-    new_typed = any(_is_gpu_typed(v) for v in gpu_fields)
-    if _is_gpu_typed(now) and gpu_fields and not new_typed:
+    new_types = frozenset().union(*(gpu_types(v) for v in gpu_fields))
+    old_types = gpu_types(now)
+    if old_types and gpu_fields and not new_types:
         return "Slurm 22.05 cannot turn a typed GPU request into an untyped one"
-    if not _is_gpu_typed(now) and _is_gpu_typed(str(fields.get("tres_per_job", ""))):
+    if not old_types and _is_gpu_typed(str(fields.get("tres_per_job", ""))):
         return "Slurm 22.05 cannot turn an untyped GPU request into a typed per-job one"
+    dropped = old_types - new_types
+    if old_types and new_types and dropped:
+        return (
+            "Slurm 22.05 keeps a dropped GPU type in the job's request "
+            f"({', '.join(sorted(dropped))}): the job would get more GPUs or never start"
+        )
     return None
 
 

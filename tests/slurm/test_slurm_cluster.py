@@ -117,6 +117,28 @@ def test_mixed_type_request_on_one_node(slurm_lab) -> None:
     assert got == sorted([l1, l2])
 
 
+def test_an_update_that_drops_a_gpu_type_keeps_it(slurm_lab) -> None:
+    """Finding (22.05.8): ``scontrol update TresPerNode=`` merges the new typed entries into the
+    job's GRES request. A type the update leaves out keeps its old count, so a job updated from
+    ``T1:1,T2:1`` to ``T1:1`` still runs on both GPUs (and a node without T2 can never run it:
+    pending with BadConstraints for ever). The re-planner never sends such an update
+    (``replan.transition_problem``)."""
+    node, (l1, l2) = next(
+        (n, sorted(set(g.values()))[:2])
+        for n, g in slurm_lab.slurm_labels.items()
+        if len(set(g.values())) > 1
+    )
+    tb = slurm_lab.tb
+    job = tb.submit("-H", "-w", node, f"--gres=gpu:{l1}:1,gpu:{l2}:1", "--wrap", PRINT_GPUS)
+    tb.run(["scontrol", "update", f"JobId={job}", f"TresPerNode=gres:gpu:{l1}:1"])
+    assert tb.job_fields(job)["TresPerNode"] == f"gres:gpu:{l1}:1"  # what Slurm shows
+    tb.run(["scontrol", "release", str(job)])
+    assert tb.wait_job(job, 30) == "COMPLETED", tb.job_fields(job)
+    out = _job_output(slurm_lab, job)
+    got = sorted(slurm_lab.slurm_labels[out["NODE"]][i] for i in _indices(out["JOB_GPUS"]))
+    assert got == sorted([l1, l2])  # what it got
+
+
 def test_per_job_request_with_several_types(slurm_lab) -> None:
     """Finding (22.05.8): per-job typed GPU requests (`--gpus=T1:a,T2:b`, TresPerJob).
 
