@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--replan-s", type=float, default=0.0, help="advisor re-planning (0: off)")
+    parser.add_argument(
+        "--no-replan-on-epilog",
+        action="store_true",
+        help="the advisor decides at submit only (no re-plan at each job's end)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="testbed folder (default: temp)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_seed=args.profile_seed,
             scale=args.scale,
             replan_s=args.replan_s,
+            replan_on_epilog=not args.no_replan_on_epilog,
         )
         try:
             report = public_report(run_testbed(settings, say))

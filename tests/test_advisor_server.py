@@ -22,6 +22,7 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.decide import decide
 from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.advisor.replan import ScontrolApplier
 from slurm_pal.advisor.server import AdvisorServer, sweep_spool
 from slurm_pal.core.resolve import resolve
 from tests.test_advisor_state import Env, FakeJob, make_env
@@ -374,3 +375,52 @@ def test_a_stale_socket_is_replaced_a_live_one_is_not(served) -> None:
         assert AdvisorClient(str(stale)).request({"op": "health"})["ok"]
     finally:
         third.stop()
+
+
+class _Recorder(ScontrolApplier):
+    """Keeps the updates instead of running scontrol (the real one is tested on Slurm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.updates: list[object] = []
+
+    def apply(self, update):  # type: ignore[no-untyped-def]
+        self.updates.append(update)
+        return None
+
+
+def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) -> None:
+    """Slurm holds a job's GPUs until its Epilog ends, and still shows them used: the round
+    the Epilog's record starts counts them free, so the queued job is placed on them before
+    Slurm can start it anywhere else."""
+    env, server, client = served
+    server.applier = recorder = _Recorder()
+    env.slurm.jobs = [
+        FakeJob(i + 1, "RUNNING", gpus={node: [0, 1, 2, 3]})
+        for i, node in enumerate(["n01", "n02", "n03", "n04"])
+    ]
+    server.state.refresh()
+    answer = client.request({"op": "decide", "job": JOB})
+    assert answer["action"] == "pass" and answer["reason"].startswith("no free GPUs fit now")
+    _saved(env, answer["token"])
+    env.slurm.jobs.append(FakeJob(9, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    # a periodic round sees nothing free
+    assert server.replan().updates == [] and recorder.updates == []
+    record = {
+        "record_id": "2:n02:epilog",
+        "kind": "epilog",
+        "job_id": 2,
+        "node": "n02",
+        "slurm_gpus": [0, 1, 2, 3],
+    }
+    got = client.request({"op": "record", "record": record})
+    assert got["ok"] is True and got["replan"] == {"applied": [9], "kept": 0}
+    (update,) = recorder.updates
+    assert update.job_id == 9 and set(update.chosen) == {"n02"}  # type: ignore[attr-defined]
+    assert client.request({"op": "stats"})["replans_at_job_end"] == 1
+    # the same record again (a spooled copy) is a duplicate: no second round
+    again = client.request({"op": "record", "record": record})
+    assert again["duplicate"] is True and "replan" not in again
+    server.replan_on_epilog = False
+    other = {**record, "record_id": "3:n03:epilog", "job_id": 3, "node": "n03"}
+    assert "replan" not in client.request({"op": "record", "record": other})

@@ -208,7 +208,7 @@ def test_cli_render_writes_job_submit_lua_and_hooks_from_the_config(
         '[advisor]\nsocket = "/run/my advisor/a.sock"\nsubmit_timeout_ms = 150\n'
         'allowed_users = ["root", "nosuchuser"]\n'
         '[hooks]\nspool_dir = "/var/spool/my spool"\ndeliver_timeout_ms = 80\n'
-        "telemetry = false\n"
+        "epilog_timeout_ms = 1500\ntelemetry = false\n"
     )
     out = tmp_path / "site"
     run_cli("--config", config, "site", "render", "--out", out, "--python", "/opt/py/bin/python")
@@ -225,7 +225,8 @@ def test_cli_render_writes_job_submit_lua_and_hooks_from_the_config(
         assert f"-m slurm_pal.hooks {kind}" in text
         assert "--socket '/run/my advisor/a.sock'" in text
         assert "--spool-dir '/var/spool/my spool'" in text
-        assert "--timeout-ms 80" in text and "--no-telemetry" in text
+        timeout = {"prolog": 80, "epilog": 1500}[kind]  # the Epilog waits for a re-plan
+        assert f"--timeout-ms {timeout}" in text and "--no-telemetry" in text
         assert f"--labels {out.resolve() / 'labels.json'}" in text
     bad = run_cli("site", "render", "--out", out, "--python", "python3", ok=False)
     assert bad.exit_code == 2 and "absolute path" in bad.output

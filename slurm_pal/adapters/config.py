@@ -132,6 +132,10 @@ class AdvisorConfig:
     """Seconds between refreshes of the Slurm state (sinfo/squeue)."""
     replan_s: float = 10.0
     """Seconds between re-planning rounds of pending GPU jobs; 0 turns re-planning off."""
+    replan_on_epilog: bool = True
+    """Re-plan the pending GPU jobs when a job's Epilog reports its end, before Slurm can give
+    its GPUs to anyone (Slurm holds them until the Epilog ends): queued jobs then start on the
+    GPUs PM-First/PAL picks, not where Slurm would put them."""
     reservation_ttl_s: float = 60.0
     """GPUs handed to a job that Slurm has not shown yet are held this long."""
     labels_file: str | None = None
@@ -150,6 +154,9 @@ class HooksConfig:
     shared file system the advisor sweeps, or let `hook flush` deliver over the socket."""
     deliver_timeout_ms: int = 300
     """How long a hook tries to hand its record to the advisor before spooling it."""
+    epilog_timeout_ms: int = 2000
+    """How long the Epilog waits for the advisor's answer: with `advisor.replan_on_epilog` the
+    advisor re-plans the queue before answering (tens of ms; more with many pending jobs)."""
     telemetry: bool = True
     """Sample GPU utilization (NVML) while a job runs; nothing happens on nodes without GPUs."""
     sample_s: float = 5.0
@@ -366,6 +373,7 @@ def _validate_advisor(config: SiteConfig) -> None:
         "advisor.refresh_s": a.refresh_s,
         "advisor.reservation_ttl_s": a.reservation_ttl_s,
         "hooks.deliver_timeout_ms": h.deliver_timeout_ms,
+        "hooks.epilog_timeout_ms": h.epilog_timeout_ms,
         "hooks.sample_s": h.sample_s,
     }
     for key, value in positive.items():

@@ -67,6 +67,7 @@ class Counters:
         "records_total",
         "records_duplicate",
         "replans",
+        "replans_at_job_end",
         "replan_updates",
         "refresh_errors",
         "peer_refused",
@@ -195,6 +196,7 @@ class AdvisorServer:
         socket_group: str | None = None,
         refresh_s: float | None = None,
         replan_s: float | None = None,
+        replan_on_epilog: bool | None = None,
         spool_dir: Path | None = None,
         applier: ScontrolApplier | None = None,
         reload_config: Callable[[], None] | None = None,
@@ -207,6 +209,9 @@ class AdvisorServer:
         self.socket_group = cfg.advisor.socket_group if socket_group is None else socket_group
         self.refresh_s = cfg.advisor.refresh_s if refresh_s is None else refresh_s
         self.replan_s = cfg.advisor.replan_s if replan_s is None else replan_s
+        self.replan_on_epilog = (
+            cfg.advisor.replan_on_epilog if replan_on_epilog is None else replan_on_epilog
+        )
         self.spool_dir = Path(cfg.hooks.spool_dir if spool_dir is None else spool_dir)
         self.applier = applier or ScontrolApplier(getattr(state.reader, "env", None))
         self.reload_config = reload_config
@@ -229,11 +234,12 @@ class AdvisorServer:
         if self.replan_s > 0:
             self._spawn("replan", self._replan_loop)
         log.info(
-            "serving on %s (policy %s, refresh %gs, replan %gs, spool %s)",
+            "serving on %s (policy %s, refresh %gs, replan %gs, replan on epilog %s, spool %s)",
             self.socket_path,
             self.state.policy_name,
             self.refresh_s,
             self.replan_s,
+            "on" if self.replan_on_epilog else "off",
             self.spool_dir,
         )
 
@@ -323,17 +329,18 @@ class AdvisorServer:
             except Exception as exc:
                 log.warning("re-planning round failed: %s", exc)
 
-    def replan(self, refresh: bool = True) -> ReplanResult:
-        """One re-planning round now (the ``replan`` op and the background loop)."""
+    def replan(self, refresh: bool = True, freed: Iterable[str] = ()) -> ReplanResult:
+        """One re-planning round now (the ``replan`` op, the background loop, and an Epilog's
+        record); ``freed``: UUIDs to count as free although Slurm still shows them used."""
         with self._replan_lock:
             if refresh:
                 self._refresh_once()
-            result = self._replan_round()
+            result = self._replan_round(frozenset(freed))
             self.counters.add("replans")
             self.counters.add("replan_updates", len(result.applied))
             return result
 
-    def _replan_round(self) -> ReplanResult:
+    def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
         state = self.state
         view = state.view
         if view is None:
@@ -383,6 +390,10 @@ class AdvisorServer:
         pending.sort(key=lambda p: (-p.priority, p.job_id))
         tokens = {p.token for p in pending}
         cluster = view.base.copy()
+        back = [cluster.uuid_index[u] for u in freed if u in cluster.uuid_index]
+        back = [g for g in back if not cluster.free[g]]
+        if back:
+            cluster.release(back)
         for token, res in reservations.items():
             if token in tokens:
                 continue
@@ -555,7 +566,23 @@ class AdvisorServer:
         self.counters.add("records_total")
         if not added:
             self.counters.add("records_duplicate")
-        return {"v": 1, "ok": True, "duplicate": not added}
+        answer: dict[str, object] = {"v": 1, "ok": True, "duplicate": not added}
+        if added and self.replan_on_epilog and record.get("kind") == "epilog":
+            answer["replan"] = self._replan_at_job_end(record)
+        return answer
+
+    def _replan_at_job_end(self, record: Mapping[str, object]) -> dict[str, object] | None:
+        """Re-plan the pending jobs while the Epilog that sent ``record`` waits for this
+        answer: Slurm keeps the ending job's GPUs until its Epilog ends (checked on 22.05), so
+        the updates land before Slurm can start anything on them, and pending jobs get
+        PM-First/PAL's choice when they start, not only when they were submitted."""
+        try:
+            result = self.replan(freed=self.state.released_by(record))
+        except Exception as exc:  # the record is kept; re-planning is best effort
+            log.warning("re-planning at the end of job %s failed: %s", record.get("job_id"), exc)
+            return None
+        self.counters.add("replans_at_job_end")
+        return {"applied": result.applied, "kept": len(result.kept)}
 
 
 def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:

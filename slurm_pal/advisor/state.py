@@ -585,6 +585,24 @@ class AdvisorState:
         classifier = self._classifier
         return self.writer.call(lambda s: _apply_record(s, dict(record), classifier), timeout_s)
 
+    def released_by(self, record: Mapping[str, object]) -> list[str]:
+        """The UUIDs of the GPUs an Epilog record's job gives back on the record's node
+        (``slurm_gpus`` are Slurm's indices, mapped through labels.json). Slurm keeps them
+        allocated until the Epilog ends, so the view still counts them as used."""
+        view = self._view
+        node, indices = record.get("node"), record.get("slurm_gpus")
+        if view is None or not isinstance(node, str) or not isinstance(indices, list):
+            return []
+        labels = view.static.labels
+        uuids = []
+        for slurm_index in indices:
+            try:
+                uuids.append(labels.uuid(node, labels.device_index(node, int(slurm_index))))
+            except (KeyError, TypeError, ValueError):
+                log.warning("epilog of job %s: GPU %s on %s not in labels.json",
+                            record.get("job_id"), slurm_index, node)  # fmt: skip
+        return uuids
+
     # -- reading ------------------------------------------------------------------------------
     @property
     def view(self) -> View | None:

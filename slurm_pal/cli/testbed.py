@@ -124,6 +124,11 @@ def run(
         "--replan-s",
         help="The advisor's re-planning period (0 = off: see RunSettings.replan_s).",
     ),
+    replan_on_epilog: bool = typer.Option(
+        True,
+        "--replan-on-epilog/--no-replan-on-epilog",
+        help="The advisor re-plans pending jobs at every job's end (from its Epilog).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
@@ -147,6 +152,7 @@ def run(
                 arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
                 policy=policy,
                 replan_s=replan_s,
+                replan_on_epilog=replan_on_epilog,
                 config=cfg,
             )
             progress = (

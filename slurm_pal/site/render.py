@@ -70,6 +70,7 @@ class HookSettings:
     python: str = sys.executable
     spool_dir: str = "/var/spool/slurm-pal"
     deliver_timeout_ms: int = 300
+    epilog_timeout_ms: int = 2000
     telemetry: bool = True
     sample_s: float = 5.0
     labels_path: str | None = None
@@ -93,6 +94,7 @@ class HookSettings:
             python=python or sys.executable,
             spool_dir=config.hooks.spool_dir,
             deliver_timeout_ms=config.hooks.deliver_timeout_ms,
+            epilog_timeout_ms=config.hooks.epilog_timeout_ms,
             telemetry=config.hooks.telemetry,
             sample_s=config.hooks.sample_s,
             labels_path=labels_path,

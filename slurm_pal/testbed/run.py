@@ -113,9 +113,11 @@ class RunSettings:
     arms: tuple[str, ...] = ARMS
     policy: str = "pal"
     replan_s: float = 0.0
-    """The advisor's re-planning period in the testbed. Off by default: on 22.05 a re-plan
-    that moves a pending job from a mixed-type to a one-type request (e.g. 3 x A + 1 x B on
-    n02 -> 4 x A on n04) leaves it pending with BadConstraints for ever (mixed48, job j36)."""
+    """The advisor's periodic re-planning in the testbed (0 = off, the default): with second-long
+    jobs a period is too coarse; ``replan_on_epilog`` re-plans at every job end instead."""
+    replan_on_epilog: bool = True
+    """The advisor re-plans the pending jobs from each job's Epilog, before Slurm reuses its
+    GPUs (``advisor.replan_on_epilog``)."""
     config: SiteConfig = field(default_factory=SiteConfig)
 
     def __post_init__(self) -> None:
@@ -255,6 +257,7 @@ def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> s
         f"pack_tolerance = {a.pack_tolerance}",
         "refresh_s = 1.0",
         f"replan_s = {settings.replan_s}",
+        f"replan_on_epilog = {'true' if settings.replan_on_epilog else 'false'}",
         "reservation_ttl_s = 20.0",
         "",
         "[hooks]",
@@ -820,6 +823,7 @@ def _run_testbed(
         "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
         "policy": settings.policy,
         "replan_s": settings.replan_s,
+        "replan_on_epilog": settings.replan_on_epilog,
         "locality_penalty": prep.table["across_nodes"],
         "campaign": prep.campaign,
         "root": str(settings.root),
