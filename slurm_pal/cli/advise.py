@@ -9,7 +9,11 @@ from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.cli.common import console, fail, print_json, reported_errors, state
 from slurm_pal.core.lxv import LxVMatrix
 
-app = typer.Typer(help="Inspect placement decisions: the L x V matrix.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    help="Inspect placement decisions: the L x V matrix.",
+    no_args_is_help=True,
+)
 
 
 @app.command()

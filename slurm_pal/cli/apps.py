@@ -40,6 +40,7 @@ from slurm_pal.core.features import UtilizationFeatures
 from slurm_pal.core.resolve import JobRequest, check_app_name, resolve
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Applications and job classes: classify telemetry, fit classes, override, resolve.",
     no_args_is_help=True,
 )

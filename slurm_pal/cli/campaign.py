@@ -76,6 +76,7 @@ from slurm_pal.core.hostlist import expand as expand_hostlist
 from slurm_pal.site.render import plan_from_store
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Profiling campaigns through Slurm: plan, submit, collect, diff, activate.",
     no_args_is_help=True,
 )

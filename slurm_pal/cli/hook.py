@@ -14,6 +14,7 @@ import typer
 from slurm_pal.cli.common import console, print_json, state
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Prolog/Epilog job records: run a hook by hand, resend spooled records.",
     no_args_is_help=True,
 )

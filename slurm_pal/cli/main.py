@@ -12,6 +12,7 @@ from slurm_pal.cli import advise, apps, campaign, hook, profile, serve, sim, sit
 from slurm_pal.cli.common import AppState, console, reported_errors
 
 app = typer.Typer(
+    rich_markup_mode=None,
     name="slurm-pal",
     help="Variability- and locality-aware GPU placement advisor for Slurm (PM-First / PAL).",
     no_args_is_help=True,

@@ -20,6 +20,7 @@ from slurm_pal.cli.common import (
 from slurm_pal.core.variability import ClassBins
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Profiling campaigns: ingest measurements, inspect PM-scores and bins.",
     no_args_is_help=True,
 )

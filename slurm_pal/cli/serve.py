@@ -20,6 +20,7 @@ from rich.table import Table
 from slurm_pal.cli.common import AppState, console, fail, print_json, reported_errors, state
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="The advisor service on the controller (PROTOCOL.md): run it, or ask a running one.",
     invoke_without_command=True,
 )

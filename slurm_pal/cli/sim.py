@@ -31,7 +31,11 @@ from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus, uniform_gpus
 
-app = typer.Typer(help="Trace-driven simulation of placement policies.", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None,
+    help="Trace-driven simulation of placement policies.",
+    no_args_is_help=True,
+)
 
 PROGRESS_THRESHOLD = 3
 """Show a progress bar from this many simulations on."""

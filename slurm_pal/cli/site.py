@@ -24,6 +24,7 @@ from slurm_pal.site.render import (
 )
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Site configuration: render gres.conf Type= labels, check them against Slurm.",
     no_args_is_help=True,
 )

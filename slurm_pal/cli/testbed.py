@@ -15,6 +15,7 @@ from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
 from slurm_pal.testbed.emulate import PROFILES, TRACES, EmulationError
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="A private Slurm testbed on loopback: up, status, down; run: advisor vs stock Slurm.",
     no_args_is_help=True,
 )
