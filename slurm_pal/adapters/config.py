@@ -154,9 +154,10 @@ class HooksConfig:
     shared file system the advisor sweeps, or let `hook flush` deliver over the socket."""
     deliver_timeout_ms: int = 300
     """How long a hook tries to hand its record to the advisor before spooling it."""
-    epilog_timeout_ms: int = 2000
+    epilog_timeout_ms: int = 900
     """How long the Epilog waits for the advisor's answer: with `advisor.replan_on_epilog` the
-    advisor re-plans the queue before answering (tens of ms; more with many pending jobs)."""
+    advisor re-plans the queue before answering (the answer's `replan.ms`). A hook returns within
+    a second; a round that takes longer still finishes, racing Slurm's next scheduling pass."""
     telemetry: bool = True
     """Sample GPU utilization (NVML) while a job runs; nothing happens on nodes without GPUs."""
     sample_s: float = 5.0

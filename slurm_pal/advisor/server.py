@@ -576,13 +576,20 @@ class AdvisorServer:
         answer: Slurm keeps the ending job's GPUs until its Epilog ends (checked on 22.05), so
         the updates land before Slurm can start anything on them, and pending jobs get
         PM-First/PAL's choice when they start, not only when they were submitted."""
+        start = time.perf_counter()
         try:
             result = self.replan(freed=self.state.released_by(record))
         except Exception as exc:  # the record is kept; re-planning is best effort
             log.warning("re-planning at the end of job %s failed: %s", record.get("job_id"), exc)
             return None
         self.counters.add("replans_at_job_end")
-        return {"applied": result.applied, "kept": len(result.kept)}
+        ms = round((time.perf_counter() - start) * 1000, 1)
+        if result.applied or result.kept:
+            log.info(
+                "end of job %s: re-planned %d job(s), kept %d, in %.1f ms",
+                record.get("job_id"), len(result.applied), len(result.kept), ms,
+            )  # fmt: skip
+        return {"applied": result.applied, "kept": len(result.kept), "ms": ms}
 
 
 def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:

@@ -70,7 +70,7 @@ class HookSettings:
     python: str = sys.executable
     spool_dir: str = "/var/spool/slurm-pal"
     deliver_timeout_ms: int = 300
-    epilog_timeout_ms: int = 2000
+    epilog_timeout_ms: int = 900
     telemetry: bool = True
     sample_s: float = 5.0
     labels_path: str | None = None
