@@ -340,8 +340,13 @@ class AdvisorState:
         static = self._static
         if static is None:
             return None
-        nodes = self.reader.nodes()
+        # Jobs before nodes: a job that starts between the two reads then shows as PENDING (its
+        # reservation kept) while sinfo already counts its GPUs, so for one refresh they count
+        # twice. The other order dropped the reservation of a job squeue shows RUNNING before
+        # sinfo counted its GPUs, and a GPU looked free that was not (a routed job then waits
+        # for it: seen in CI, tests/slurm/test_submit_advisor.py).
         jobs = self.reader.jobs()
+        nodes = self.reader.nodes()
         default_partition = None
         get_default = getattr(self.reader, "default_partition", None)
         if callable(get_default):
