@@ -221,6 +221,10 @@ class LabelTable:
     def uuid(self, node: str, index: int) -> str:
         return self._entry(node, index, self._by_device).uuid
 
+    def uuid_at_slurm_index(self, node: str, slurm_index: int) -> str:
+        """The UUID of the GPU Slurm numbers ``slurm_index`` (GresUsed IDX, ``SLURM_JOB_GPUS``)."""
+        return self._entry(node, slurm_index, self._by_slurm).uuid
+
     def is_label(self, gpu_type: str) -> bool:
         return gpu_type.lower() in self._lower_labels
 

@@ -390,10 +390,8 @@ class AdvisorServer:
         pending.sort(key=lambda p: (-p.priority, p.job_id))
         tokens = {p.token for p in pending}
         cluster = view.base.copy()
-        back = [cluster.uuid_index[u] for u in freed if u in cluster.uuid_index]
-        back = [g for g in back if not cluster.free[g]]
-        if back:
-            cluster.release(back)
+        index = cluster.uuid_index
+        cluster.release_uuids(u for u in freed if u in index and not cluster.free[index[u]])
         for token, res in reservations.items():
             if token in tokens:
                 continue

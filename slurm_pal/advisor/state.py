@@ -413,8 +413,7 @@ class AdvisorState:
             for _type, indices in node.used_gpu_indices().items():
                 for slurm_index in indices:
                     try:
-                        device = labels.device_index(name, slurm_index)
-                        busy.add(labels.uuid(name, device))
+                        busy.add(labels.uuid_at_slurm_index(name, slurm_index))
                     except KeyError as exc:
                         log.warning("busy GPU not in labels.json: %s", exc.args[0])
         for name in excluded:
@@ -602,7 +601,7 @@ class AdvisorState:
         uuids = []
         for slurm_index in indices:
             try:
-                uuids.append(labels.uuid(node, labels.device_index(node, int(slurm_index))))
+                uuids.append(labels.uuid_at_slurm_index(node, int(slurm_index)))
             except (KeyError, TypeError, ValueError):
                 log.warning("epilog of job %s: GPU %s on %s not in labels.json",
                             record.get("job_id"), slurm_index, node)  # fmt: skip
