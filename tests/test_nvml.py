@@ -79,6 +79,7 @@ def test_gpm_requests_use_the_real_struct_and_consecutive_samples() -> None:
         pynvml.NVML_GPM_METRIC_FP64_UTIL,
         pynvml.NVML_GPM_METRIC_INTEGER_UTIL,
         pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,  # the busy share that weights the others
     ]
     assert [r["metric_ids"] for r in gpu.metric_requests] == [expected_ids] * 3
     assert [r["samples"] for r in gpu.metric_requests] == [(0, 1), (1, 2), (2, 3)]
@@ -92,8 +93,10 @@ def test_pre_hopper_gpu_falls_back_to_utilization_rates() -> None:
     assert gpu.source == SOURCE_UTILIZATION
     assert any("pre-Hopper" in note for note in gpu.notes)
     assert gpu.features is not None
-    assert gpu.features.dram_util == pytest.approx((40 + 20 + 60) / 3)
-    assert gpu.features.fu_util == pytest.approx((90 + 70 + 50) / 3)
+    # weighted by the kernel-active share (the `gpu` figure): 90, 70 and 50 %
+    assert gpu.features.dram_util == pytest.approx((40 * 90 + 20 * 70 + 60 * 50) / 210)
+    assert gpu.features.fu_util == pytest.approx((90 * 90 + 70 * 70 + 50 * 50) / 210)
+    assert gpu.features.busy_fraction == pytest.approx(210 / 300)
     assert "coarse" in gpu.features.dram_source
     assert "coarse" in gpu.features.fu_source
     assert job.ok

@@ -6,10 +6,20 @@ Two sources, chosen per GPU and written into every result:
   Performance Monitoring metrics computed between two GPM samples taken ``interval_s``
   apart: ``DRAM_BW_UTIL`` for DRAM, and the max of ``FP16/FP32/FP64/INTEGER/ANY_TENSOR_UTIL``
   for the peak functional unit. Both are 0-100 % like the ncu pct-of-peak metrics.
+  ``GRAPHICS_UTIL`` (graphics-engine activity) says how busy the GPU was in each interval.
 * **nvml-utilization** (any GPU, the fallback): ``nvmlDeviceGetUtilizationRates``. Its
   ``memory`` figure is the share of time the memory controller was busy (a coarse DRAM
   proxy) and its ``gpu`` figure the share of time any kernel ran (a coarse stand-in for FU
-  utilization, not a pipe measurement). The ``fu_source`` says so, so nobody mistakes it.
+  utilization, not a pipe measurement, and the busy share). The ``fu_source`` says so.
+
+**Busy time.** ncu weights kernels by their run time, so its figures never see idle time; a
+job's window has idle seconds (start-up, data loading, the end). Averaged over the whole
+window the H100 recordings halve a GEMM's figures (DRAM 12.0 / FU 45.6 against ncu's 24.2 /
+93.0). So the figures are taken over the busy time (:func:`~slurm_pal.core.features.
+busy_time_mean`): GPM values are divided by the interval's graphics-engine activity and
+weighted by it (idle intervals drop out); utilization rates are weighted by the ``gpu`` share.
+``busy_fraction`` records how much of the window was busy. Where no busy share was measured
+(an old pynvml without ``GRAPHICS_UTIL``) the whole-window mean is kept and the sources say so.
 
 Built for the Prolog/Epilog hooks: :meth:`NvmlSampler.sample_job` never raises on NVML
 trouble (missing library, driver not loaded, GPU lost, unknown device). It returns a
@@ -27,9 +37,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from slurm_pal.core.features import UtilizationFeatures, weighted_mean_skipping_missing
+from slurm_pal.core.features import (
+    UtilizationFeatures,
+    busy_time_mean,
+    weighted_mean_skipping_missing,
+)
 
 __all__ = [
+    "GPM_BUSY_METRIC",
     "GPM_FU_METRICS",
     "SOURCE_GPM",
     "SOURCE_UTILIZATION",
@@ -50,6 +65,8 @@ GPM_FU_METRICS: tuple[str, ...] = (
     "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
 )
 GPM_DRAM_METRIC = "NVML_GPM_METRIC_DRAM_BW_UTIL"
+#: Graphics-engine activity: the share of the interval the GPU was busy (weights the others).
+GPM_BUSY_METRIC = "NVML_GPM_METRIC_GRAPHICS_UTIL"
 
 _SOURCE_DESCRIPTIONS = {
     SOURCE_GPM: (
@@ -113,6 +130,7 @@ class _Interval:
     dram: float | None
     fu: float | None
     seconds: float
+    busy: float | None = None  # percent of the interval the GPU was busy; None: not measured
 
 
 @dataclass
@@ -126,6 +144,7 @@ class _DeviceState:
     source: str | None = None
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, current]
     gpm_metric_ids: list[int] = field(default_factory=list)
+    gpm_busy_slot: int | None = None  # slot of GRAPHICS_UTIL in the request, if requested
     intervals: list[_Interval] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # message -> occurrences
     notes: list[str] = field(default_factory=list)
@@ -183,6 +202,15 @@ class _DeviceState:
         except AttributeError as exc:
             self.notes.append(f"pynvml lacks GPM constants ({exc}); using utilization rates")
             return False
+        busy_id = getattr(nvml, GPM_BUSY_METRIC, None)
+        if busy_id is None:
+            self.notes.append(
+                "pynvml lacks NVML_GPM_METRIC_GRAPHICS_UTIL: figures are over the whole window, "
+                "idle time included"
+            )
+        else:
+            self.gpm_busy_slot = len(self.gpm_metric_ids)
+            self.gpm_metric_ids.append(busy_id)
         for _ in range(2):
             ok, sample = self._call("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
             if not ok:
@@ -228,15 +256,19 @@ class _DeviceState:
             metric = request.metrics[slot]
             good = metric.nvmlReturn == nvml.NVML_SUCCESS and math.isfinite(metric.value)
             values.append(float(metric.value) if good else None)
-        dram, fu_values = values[0], [v for v in values[1:] if v is not None]
-        self.intervals.append(_Interval(dram, max(fu_values) if fu_values else None, seconds))
+        busy = None if self.gpm_busy_slot is None else values[self.gpm_busy_slot]
+        fu_slots = range(1, 1 + len(GPM_FU_METRICS))
+        fu_values = [v for v in (values[i] for i in fu_slots) if v is not None]
+        fu = max(fu_values) if fu_values else None
+        self.intervals.append(_Interval(values[0], fu, seconds, busy))
 
     def _measure_utilization(self, seconds: float) -> None:
         ok, rates = self._call(
             "nvmlDeviceGetUtilizationRates", self.nvml.nvmlDeviceGetUtilizationRates, self.handle
         )
         if ok:
-            self.intervals.append(_Interval(float(rates.memory), float(rates.gpu), seconds))
+            gpu = float(rates.gpu)
+            self.intervals.append(_Interval(float(rates.memory), gpu, seconds, gpu))
 
     def close(self) -> None:
         for sample in self.gpm_samples:
@@ -261,26 +293,57 @@ class _DeviceState:
 
 
 def _features(source: str | None, intervals: Sequence[_Interval]) -> UtilizationFeatures | None:
+    """The figures over the GPU's busy time (whole window when no busy share was measured)."""
     if source is None or not intervals:
         return None
-    weights = [interval.seconds for interval in intervals]
+    seconds = [interval.seconds for interval in intervals]
+    dram_source, fu_source = _SOURCE_DESCRIPTIONS[source]
+    busy = [interval.busy for interval in intervals]
+    rescale = source == SOURCE_GPM  # GPM values span the whole interval; `gpu` is the share
+    if any(b is not None for b in busy):
+        try:
+            dram_b = busy_time_mean([i.dram for i in intervals], busy, seconds, rescale=rescale)
+            # the fallback's FU figure *is* the busy share: weighted, never rescaled
+            fu_b = busy_time_mean([i.fu for i in intervals], busy, seconds, rescale=rescale)
+        except ValueError:
+            pass  # idle throughout: nothing ran, the whole-window mean says so
+        else:
+            how = "over busy time" if rescale else "weighted by the busy share"
+            return UtilizationFeatures(
+                dram_util=dram_b.mean,
+                fu_util=fu_b.mean,
+                source="nvml",
+                dram_source=f"{dram_source} {how}",
+                fu_source=f"{fu_source} {how}",
+                measurements=len(intervals),
+                weight_total=dram_b.busy_s,
+                weight_unit="s",
+                dram_excluded_fraction=dram_b.excluded_fraction,
+                fu_excluded_fraction=fu_b.excluded_fraction,
+                busy_fraction=dram_b.busy_fraction,
+            )
+        window = "whole window: the GPU was idle throughout"
+        busy_fraction: float | None = 0.0
+    else:
+        window = "whole window: no busy share measured"
+        busy_fraction = None
     try:
-        dram = weighted_mean_skipping_missing([i.dram for i in intervals], weights)
-        fu = weighted_mean_skipping_missing([i.fu for i in intervals], weights)
+        dram = weighted_mean_skipping_missing([i.dram for i in intervals], seconds)
+        fu = weighted_mean_skipping_missing([i.fu for i in intervals], seconds)
     except ValueError:
         return None
-    dram_source, fu_source = _SOURCE_DESCRIPTIONS[source]
     return UtilizationFeatures(
         dram_util=dram.mean,
         fu_util=fu.mean,
         source="nvml",
-        dram_source=dram_source,
-        fu_source=fu_source,
+        dram_source=f"{dram_source} ({window})",
+        fu_source=f"{fu_source} ({window})",
         measurements=len(intervals),
-        weight_total=math.fsum(weights),
+        weight_total=math.fsum(seconds),
         weight_unit="s",
         dram_excluded_fraction=dram.excluded_fraction,
         fu_excluded_fraction=fu.excluded_fraction,
+        busy_fraction=busy_fraction,
     )
 
 

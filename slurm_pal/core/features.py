@@ -18,8 +18,11 @@ from typing import Any
 
 __all__ = [
     "FEATURE_ORDER",
+    "IDLE_BELOW_PCT",
+    "BusyTimeMean",
     "UtilizationFeatures",
     "WeightedMean",
+    "busy_time_mean",
     "time_weighted_mean",
     "weighted_mean_skipping_missing",
 ]
@@ -45,6 +48,9 @@ class UtilizationFeatures:
         weight_unit: "ns" for kernel time, "s" for sampled wall time, "samples" for equal weights.
         dram_excluded_fraction: share of the weight left out of ``dram_util`` (metric missing).
         fu_excluded_fraction: share of the weight left out of ``fu_util`` (metric missing).
+        busy_fraction: share of the sampled time the GPU was busy (sampled sources only; None
+            when unknown). The figures are then taken over the busy time, like ncu's kernel
+            time, so idle seconds in a job do not dilute them.
     """
 
     dram_util: float
@@ -57,6 +63,7 @@ class UtilizationFeatures:
     weight_unit: str
     dram_excluded_fraction: float = 0.0
     fu_excluded_fraction: float = 0.0
+    busy_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.source not in VALID_SOURCES:
@@ -71,6 +78,8 @@ class UtilizationFeatures:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {value!r}")
+        if self.busy_fraction is not None and not 0.0 <= self.busy_fraction <= 1.0:
+            raise ValueError(f"busy_fraction must be within [0, 1], got {self.busy_fraction!r}")
 
     def as_point(self) -> tuple[float, float]:
         """The (DRAM, FU) point the classifier works on, in ``FEATURE_ORDER``."""
@@ -152,4 +161,90 @@ def weighted_mean_skipping_missing(
         used_weight=math.fsum(w for _, w in present),
         excluded_weight=excluded,
         used_count=len(present),
+    )
+
+
+#: An interval whose busy share (GPM graphics-engine activity, or NVML's kernel-active
+#: ``gpu`` figure) is below this many percent counts as idle and is left out.
+IDLE_BELOW_PCT = 1.0
+
+
+@dataclass(frozen=True)
+class BusyTimeMean:
+    """Result of :func:`busy_time_mean`."""
+
+    mean: float
+    busy_s: float
+    """Busy seconds that went into ``mean`` (sum of interval seconds x busy share)."""
+    sampled_s: float
+    """All the seconds given, idle ones included."""
+    excluded_s: float
+    """Busy seconds of intervals whose value is missing."""
+    unknown_s: float
+    """Seconds of intervals without a busy share (left out)."""
+    used_count: int
+
+    @property
+    def busy_fraction(self) -> float:
+        """Busy share of the seconds whose busy share is known."""
+        known = self.sampled_s - self.unknown_s
+        return min(1.0, (self.busy_s + self.excluded_s) / known) if known > 0 else 0.0
+
+    @property
+    def excluded_fraction(self) -> float:
+        total = self.busy_s + self.excluded_s
+        return self.excluded_s / total if total > 0 else 0.0
+
+
+def busy_time_mean(
+    values: Sequence[float | None],
+    busy_pct: Sequence[float | None],
+    seconds: Sequence[float],
+    *,
+    rescale: bool = True,
+    idle_below_pct: float = IDLE_BELOW_PCT,
+) -> BusyTimeMean:
+    """Mean of sampled utilization over the time the GPU was busy, not the whole window.
+
+    Why: ncu weights by kernel time, so a job's idle seconds do not count there; averaged
+    over the whole window they halve a job's figures (measured on H100). Each interval
+    weighs ``seconds x busy`` (busy in percent, 0-100); intervals below ``idle_below_pct``
+    are idle and left out. With ``rescale`` (GPM: values are averaged over the whole
+    interval) the value is divided by the busy share, i.e. taken over the busy part of the
+    interval, and capped at 100: ``sum(v_i s_i) / sum(b_i s_i)``. Without it (NVML's
+    coarse ``gpu`` figure, which is itself the busy share) the value is kept as it is.
+    Raises ValueError when no busy interval has a value.
+    """
+    if not len(values) == len(busy_pct) == len(seconds):
+        raise ValueError(
+            f"{len(values)} values, {len(busy_pct)} busy shares and {len(seconds)} durations"
+        )
+    _check_weights(seconds)
+    used: list[tuple[float, float]] = []
+    excluded = unknown = 0.0
+    for value, busy, secs in zip(values, busy_pct, seconds, strict=True):
+        if busy is None or not math.isfinite(busy):
+            unknown += secs
+            continue
+        share = min(max(busy, 0.0), 100.0) / 100.0
+        if share * 100.0 < idle_below_pct:
+            continue
+        if value is None or not math.isfinite(value):
+            excluded += secs * share
+            continue
+        over_busy = min(value / share, 100.0) if rescale else value
+        used.append((over_busy, secs * share))
+    if not used:
+        raise ValueError("no busy interval with a value")
+    busy_s = math.fsum(w for _, w in used)
+    if busy_s <= 0:
+        raise ValueError("no busy time")
+    mean = math.fsum(v * w for v, w in used) / busy_s
+    return BusyTimeMean(
+        mean=mean,
+        busy_s=busy_s,
+        sampled_s=math.fsum(seconds),
+        excluded_s=excluded,
+        unknown_s=unknown,
+        used_count=len(used),
     )
