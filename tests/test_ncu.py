@@ -424,9 +424,20 @@ def test_missing_dram_metric(tmp_path: Path) -> None:
     assert all(metric in str(excinfo.value) for metric in DRAM_METRICS)
 
 
+def test_a_section_duration_row_stands_in_for_the_raw_metric(tmp_path: Path) -> None:
+    lines = DETAILS21.read_text(encoding="utf-8").split("\n")
+    full = application_features([read_ncu_csv(DETAILS21)])
+    text = "\n".join(line for line in lines if "time_duration" not in line)
+    report = read_ncu_csv(write(tmp_path, text))
+    assert all(k.from_display == {"gpu__time_duration.sum"} for k in report.kernels)
+    assert application_features([report]).dram_util == pytest.approx(full.dram_util)
+
+
 def test_missing_duration_names_the_launch_line(tmp_path: Path) -> None:
     lines = DETAILS21.read_text(encoding="utf-8").split("\n")
-    text = "\n".join(line for line in lines if "time_duration" not in line)
+    text = "\n".join(
+        line for line in lines if "time_duration" not in line and '"Duration"' not in line
+    )
     path = write(tmp_path, text)
     with pytest.raises(NcuMetricsMissingError, match=r"gpu__time_duration\.sum") as excinfo:
         application_features([read_ncu_csv(path)])

@@ -33,6 +33,7 @@ __all__ = [
     "DRAM_METRICS",
     "DURATION_METRIC",
     "SM_THROUGHPUT_METRIC",
+    "SPEED_OF_LIGHT_DISPLAY_NAMES",
     "NcuKernel",
     "NcuMetricsMissingError",
     "NcuParseError",
@@ -79,6 +80,16 @@ _RAW_REQUIRED = ("ID", "Process ID", "Kernel Name")
 _SUMMARY_MARKERS = ("Invocations", "Minimum", "Maximum", "Average")
 #: Section of the details page that holds the metrics requested with ``--metrics`` (raw names).
 _COMMAND_LINE_SECTION = "Command line profiler metrics"
+#: What ncu's default sections (``--section SpeedOfLight``, no ``--metrics``) call the metrics
+#: the features need: display name -> raw metric. Only rows of a Speed-Of-Light section are
+#: read this way, and a launch's raw metric wins over its display row when both are there.
+#: "Compute (SM) Throughput" is the SM-wide throughput, not a functional-unit pipe: features
+#: built on it say so (see :func:`application_features`).
+SPEED_OF_LIGHT_DISPLAY_NAMES: dict[str, str] = {
+    "Duration": "gpu__time_duration.sum",
+    "DRAM Throughput": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "Compute (SM) Throughput": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+}
 #: Launch-identifying columns of the raw page (old and current); every other column is a
 #: metric. NVTX columns (``--nvtx``) contain ':' and are identifying too.
 _RAW_IDENTIFYING_COLUMNS = frozenset(
@@ -160,6 +171,8 @@ class NcuKernel:
     units: Mapping[str, str]
     unavailable: frozenset[str] = frozenset()
     text_metrics: Mapping[str, str] = field(default_factory=dict)
+    from_display: frozenset[str] = frozenset()
+    """Raw metric names whose value came from a section's display name (no raw row)."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -305,6 +318,16 @@ class _KernelBuilder:
     unavailable: set[str] = field(default_factory=set)
     text_metrics: dict[str, str] = field(default_factory=dict)
     metric_lines: dict[str, int] = field(default_factory=dict)
+    display: dict[str, tuple[float, str]] = field(default_factory=dict)
+    from_display: set[str] = field(default_factory=set)
+
+    def merge_display(self) -> None:
+        """Fill the raw metrics that only a section's display row gave."""
+        for metric, (value, unit) in self.display.items():
+            if metric not in self.metrics and metric not in self.unavailable:
+                self.metrics[metric] = value
+                self.units[metric] = unit
+                self.from_display.add(metric)
 
     def freeze(self) -> NcuKernel:
         return NcuKernel(
@@ -316,6 +339,7 @@ class _KernelBuilder:
             units=dict(self.units),
             unavailable=frozenset(self.unavailable),
             text_metrics=dict(self.text_metrics),
+            from_display=frozenset(self.from_display),
         )
 
 
@@ -485,6 +509,27 @@ class _Parser:
         builder.units[metric] = canonical_unit
         builder.metric_lines.setdefault(metric, line_no)
 
+    def _store_display(
+        self,
+        builder: _KernelBuilder,
+        line_no: int,
+        display: str,
+        metric: str,
+        unit: str,
+        raw_value: str,
+    ) -> None:
+        """A Speed-Of-Light display row, kept aside until the launch's raw rows are known."""
+        try:
+            value = parse_ncu_number(raw_value)
+        except ValueError as exc:
+            raise self.error(line_no, f"{display!r} ({metric}): {exc}") from None
+        if value is None:
+            return
+        try:
+            builder.display[metric] = _canonical(metric, unit, value)
+        except ValueError as exc:
+            raise self.error(line_no, f"{display!r}: {exc}") from None
+
     # -- details page ------------------------------------------------------------------------
 
     def _details_row(self, line_no: int, fields: list[str]) -> None:
@@ -507,7 +552,17 @@ class _Parser:
             self._cell(fields, "Section Name").strip() if "Section Name" in self.columns else ""
         )
         if section != _COMMAND_LINE_SECTION and not _RAW_METRIC_NAME_RE.match(metric):
-            return  # a section's display name ("Duration", "DRAM Throughput"): not a raw metric
+            raw = SPEED_OF_LIGHT_DISPLAY_NAMES.get(metric)
+            if raw is not None and "speed of light" in section.lower():
+                self._store_display(
+                    builder,
+                    line_no,
+                    metric,
+                    raw,
+                    self._cell(fields, "Metric Unit"),
+                    self._cell(fields, "Metric Value"),
+                )
+            return  # other display names ("L2 Cache Throughput", ...) are not used
         self._store(
             builder,
             line_no,
@@ -568,6 +623,8 @@ class _Parser:
             raise self.error(self.header_line, "raw-page header with no units row (truncated?)")
         if not self.kernels:
             raise self.error(header_line, "table header but no kernel rows (truncated file?)")
+        for builder in self.kernels.values():
+            builder.merge_display()
         kernels = [builder.freeze() for builder in self.kernels.values()]
         self._check_last_launch_complete(kernels)
         return NcuReport(
@@ -718,6 +775,12 @@ def application_features(
     elif SM_THROUGHPUT_METRIC in present:
         fu_values = [_metric_value(k, SM_THROUGHPUT_METRIC) for _, k in kernels]
         fu_source = f"{SM_THROUGHPUT_METRIC} (fallback: no pipe metric)"
+        if any(SM_THROUGHPUT_METRIC in k.from_display for _, k in kernels):
+            fu_source = (
+                f"{SM_THROUGHPUT_METRIC} (fallback: no pipe metric; from the Speed Of Light "
+                "section's 'Compute (SM) Throughput': SM throughput only, not a functional "
+                "unit; collect the sm__pipe_*_cycles_active metrics for a real FU figure)"
+            )
         missing_message = f"{SM_THROUGHPUT_METRIC} is n/a or missing in every launch"
     else:
         raise _missing_error(
@@ -733,11 +796,14 @@ def application_features(
     except ValueError:
         raise _missing_error(reports, missing_message) from None
 
+    dram_source = dram_metric
+    if any(dram_metric in k.from_display for _, k in kernels):
+        dram_source += " (from the Speed Of Light section's 'DRAM Throughput')"
     return UtilizationFeatures(
         dram_util=dram.mean,
         fu_util=fu.mean,
         source="ncu",
-        dram_source=dram_metric,
+        dram_source=dram_source,
         fu_source=fu_source,
         measurements=len(kernels),
         weight_total=math.fsum(weights),

@@ -111,31 +111,90 @@ def _dcgm_features(paths: Sequence[Path]) -> UtilizationFeatures:
     return dcgm_features(samples, source=", ".join(str(p) for p in paths))
 
 
-def _nvml_records(path: Path) -> list[UtilizationFeatures]:
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
+#: Keys the NVML sampler's summary carries besides the features (``hooks sample`` output and
+#: the Epilog record's ``telemetry``): the interval count again, and what went wrong.
+_SAMPLER_EXTRA_KEYS = frozenset({"samples", "errors"})
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _json_items(path: Path, text: str) -> tuple[list[Any], bool]:
+    """The JSON values of a file: one object, a list, or JSON lines (a record export)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TelemetryInputError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    items = data if isinstance(data, list) else [data]
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(lines) < 2 or not _is_json(lines[0][1]):
+            raise TelemetryInputError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        items = []
+        for number, line in lines:
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as line_exc:
+                raise TelemetryInputError(
+                    f"{path}:{number}: neither one JSON document nor JSON lines: {line_exc.msg}"
+                ) from None
+        return items, True
+    return (data, True) if isinstance(data, list) else ([data], False)
+
+
+def _telemetry_of(item: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The features dict inside one item: the item itself (sampler output) or the
+    ``telemetry`` of a Prolog/Epilog record; None for a record that carries none."""
+    if "record_id" in item or item.get("kind") in ("prolog", "epilog"):
+        telemetry = item.get("telemetry")
+        if telemetry is None:
+            return None
+        if not isinstance(telemetry, dict):
+            raise TelemetryInputError(f"{where}: 'telemetry' is not an object: {telemetry!r:.60}")
+        item = telemetry
+    return {k: v for k, v in item.items() if k not in _SAMPLER_EXTRA_KEYS}
+
+
+def _nvml_records(path: Path) -> list[UtilizationFeatures]:
+    """NVML features from anything the project writes: the sampler's summary
+    (``python -m slurm_pal.hooks sample``), a Prolog/Epilog record (spooled or exported,
+    one object, a list or JSON lines), or a bare ``UtilizationFeatures`` object."""
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    items, many = _json_items(path, text)
     if not items:
         raise TelemetryInputError(f"{path}: an empty list; expected NVML job record(s)")
     records = []
+    without: list[str] = []
     for number, item in enumerate(items, start=1):
-        where = f"{path}: record {number}" if isinstance(data, list) else str(path)
+        where = f"{path}: record {number}" if many else str(path)
         if not isinstance(item, dict):
             raise TelemetryInputError(f"{where}: expected a JSON object, got {item!r:.60}")
+        telemetry = _telemetry_of(item, where)
+        if telemetry is None:
+            without.append(f"{item.get('kind', 'record')} {item.get('record_id', number)}")
+            continue
         try:
-            record = UtilizationFeatures.from_dict(item)
+            record = UtilizationFeatures.from_dict(telemetry)
         except (TypeError, ValueError) as exc:
             raise TelemetryInputError(
-                f"{where}: not an NVML job record (UtilizationFeatures JSON): {exc}"
+                f"{where}: not NVML telemetry (sampler summary, Epilog record or "
+                f"UtilizationFeatures JSON): {exc}"
             ) from None
         if record.source != "nvml":
             raise TelemetryInputError(
                 f"{where}: source is {record.source!r}, not 'nvml'; pass --source to match"
             )
         records.append(record)
+    if not records:
+        first = without[0]
+        hint = (
+            "a Prolog record has no telemetry: classify the job's Epilog record"
+            if first.startswith("prolog")
+            else "the job's sampler measured nothing (no NVML, or hooks.telemetry off)"
+        )
+        raise TelemetryInputError(f"{path}: no telemetry in {', '.join(without[:3])}: {hint}")
     return records
 
 
@@ -168,6 +227,7 @@ def combine_features(records: Sequence[UtilizationFeatures]) -> UtilizationFeatu
         weight_unit=units.pop(),
         dram_excluded_fraction=min(1.0, mean("dram_excluded_fraction")),
         fu_excluded_fraction=min(1.0, mean("fu_excluded_fraction")),
+        busy_fraction=None,  # the records' windows are not added up anywhere
     )
 
 
@@ -373,6 +433,7 @@ def classify(
                 "measurements": features.measurements,
                 "dram_excluded_fraction": features.dram_excluded_fraction,
                 "fu_excluded_fraction": features.fu_excluded_fraction,
+                "busy_fraction": features.busy_fraction,
                 "files": file_info,
                 "model_id": stored.model_id,
                 "message": message,
@@ -385,6 +446,17 @@ def classify(
         f"{len(files)} {used} file(s), {features.measurements} measurement(s)",
         highlight=False,
     )
+    if features.busy_fraction is not None:
+        console.print(
+            f"taken over the GPU's busy time ({features.busy_fraction:.0%} of the sampled window)",
+            highlight=False,
+        )
+    elif used == "nvml":
+        console.print(
+            "note: these figures are over the whole sampled window, idle time included (a "
+            "sampler without busy-time weighting wrote them): they read low against ncu's",
+            highlight=False,
+        )
     for what, fraction in (
         ("DRAM", features.dram_excluded_fraction),
         ("FU", features.fu_excluded_fraction),
