@@ -11,6 +11,9 @@ compute-bound class, the last class the most memory-bound. Ties (equal score) go
 FU, then to the lower DRAM. The order is a property of the centroids only, so a refit on the
 same applications gives the same names.
 
+**Duplicates.** K-Means sees each distinct (DRAM, FU) point once: identical measurements
+are one workload, get one class, and do not outweigh the others.
+
 **Determinism.** The rows are put in a canonical (sorted) order before K-Means runs with a
 fixed ``random_state`` on one thread, so a refit on the same applications in any order, on
 any machine, gives the same centroids and the same labels.
@@ -194,7 +197,10 @@ class JobClassifier(ClusterMixin, BaseEstimator):
                 stacklevel=2,
             )
             k = n_distinct
-        canonical = points[np.lexsort((points[:, 1], points[:, 0]))]  # order-independent fit
+        # One point per distinct measurement, sorted (order-independent fit): an application
+        # profiled twice, or two with the same figures, must not pull a centroid twice as
+        # hard, and identical points can never end up in different classes.
+        canonical = np.unique(points, axis=0)
         kmeans = KMeans(n_clusters=k, n_init=int(self.n_init), random_state=self.random_state)
         # Application catalogues are small: one thread is ~10x faster than spinning up the
         # OpenMP pool, and the result cannot depend on the machine's thread count.
