@@ -295,3 +295,14 @@ def test_new_applications_go_to_the_nearest_centroid(query) -> None:
     distances = np.linalg.norm(model.cluster_centers_ - np.array(query), axis=1)
     (predicted,) = model.predict_index([query])
     assert distances[predicted] == distances.min()
+
+
+def test_repeated_measurements_do_not_pull_the_centroids() -> None:
+    """One application measured five times is one point for K-Means, not five."""
+    once = np.array([[0.0, 100.0], [10.0, 90.0], [90.0, 10.0], [100.0, 0.0]])
+    repeated = np.vstack([once, [[0.0, 100.0]] * 4])
+    a = JobClassifier(n_classes=2).fit(once)
+    b = JobClassifier(n_classes=2).fit(repeated)
+    np.testing.assert_allclose(b.cluster_centers_, a.cluster_centers_)
+    np.testing.assert_allclose(b.cluster_centers_[0], [5.0, 95.0])
+    assert set(b.labels_[4:]) == {"A"} and b.labels_[0] == "A"
