@@ -72,11 +72,22 @@ def nvmlDeviceGetHandleByIndex(i): return _DEVICES[i]
 def nvmlDeviceGetMinorNumber(h): return h["minor"]
 def nvmlDeviceGetUUID(h): return h["uuid"]
 def nvmlDeviceGetName(h): return h["name"]
+def _v(h, key):
+    """A value, or {"warm": x, "measure": y}: y once the file $FAKE_NVML_PHASE exists."""
+    value = h[key]
+    if isinstance(value, dict):
+        phase = os.environ.get("FAKE_NVML_PHASE", "")
+        return value["measure" if phase and os.path.exists(phase) else "warm"]
+    return value
 def nvmlDeviceGetClockInfo(h, kind):
     assert kind == NVML_CLOCK_SM
-    return h["clock"]
-def nvmlDeviceGetTemperature(h, kind): return h["temp"]
-def nvmlDeviceGetPowerUsage(h): return h["power_mw"]
+    return _v(h, "clock")
+def nvmlDeviceGetTemperature(h, kind): return _v(h, "temp")
+def nvmlDeviceGetPowerUsage(h): return _v(h, "power_mw")
+def nvmlDeviceGetCurrentClocksEventReasons(h): return _v(h, "reasons")
+def nvmlDeviceGetCurrentClocksThrottleReasons(h): return _v(h, "reasons")
+if os.environ.get("FAKE_NVML_OLD"):  # pynvml before the clock-event names
+    del nvmlDeviceGetCurrentClocksEventReasons
 '''
 
 
@@ -274,6 +285,7 @@ def test_nvml_finds_the_gpu_by_minor_number_and_samples_it(
             "clock": 1380,
             "temp": 71,
             "power_mw": 250000,
+            "reasons": 0,
         },
         {
             "minor": 0,
@@ -282,6 +294,7 @@ def test_nvml_finds_the_gpu_by_minor_number_and_samples_it(
             "clock": 1530,
             "temp": 60,
             "power_mw": 200000,
+            "reasons": 0,
         },
     ]
     (fake_dir / "devices.json").write_text(json.dumps(devices))
@@ -381,3 +394,162 @@ def test_parse_output_contract() -> None:
 def test_record_names_are_stable_and_safe() -> None:
     assert runner.record_name("n1", 2, "A", 0) == "n1__gpu2__A__r0.json"
     assert runner.record_name("a/b", 0, "x y", 1) == "a_b__gpu0__x_y__r1.json"
+
+
+# --------------------------------------------------------------------------------------------
+# The measured window: benchmarks announce it, the runner samples NVML only inside it
+
+
+def _palbench():
+    sys.path.insert(0, str(Path(runner.__file__).parent / "profiling"))
+    try:
+        import palbench
+    finally:
+        sys.path.pop(0)
+    return palbench
+
+
+class StepClock:
+    """Each step of the fake workload takes exactly 10 ms of this clock (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self.now += 0.01
+
+
+@pytest.mark.parametrize("iters", [None, 7])
+def test_window_starts_after_warm_up_and_reports_time_per_iteration(iters) -> None:
+    palbench = _palbench()
+    clock = StepClock()
+    lines: list[tuple[str, int]] = []
+    window = palbench.run_window(
+        clock.step,
+        lambda: None,
+        warmup_s=0.5,
+        measure_s=2.0,
+        iters=iters,
+        clock=lambda: clock.now,
+        emit=lambda line: lines.append((line, clock.steps)),
+    )
+    assert lines == [("PAL_MEASURE_START", window.warmup_iterations)]
+    assert window.warmup_seconds >= 0.5 and window.warmup_iterations >= 3
+    assert window.iterations == clock.steps - window.warmup_iterations
+    if iters is None:
+        assert window.seconds >= 2.0
+    else:
+        assert window.iterations == 7
+    assert window.per_iteration_s == pytest.approx(0.01)
+    out: list[str] = []
+    palbench.report(window, "GPU-x", emit=out.append)
+    assert out[0] == "PAL_GPU_UUID=GPU-x"
+    assert runner.parse_output("\n".join(out)) == (pytest.approx(0.01), "GPU-x", "")
+
+
+def test_benchmark_refuses_a_bad_window_from_the_environment(tmp_path: Path) -> None:
+    plan = CampaignPlan(
+        campaign="d1",
+        classes=("A",),
+        repeats=1,
+        benchmarks=default_benchmarks(("A",), {}),
+        gpus=(PlannedGpu("n1", 0),),
+    )
+    directory = create_campaign(tmp_path, plan)
+    proc = subprocess.run(
+        [sys.executable, str(directory / BENCH_DIR / "gemm.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PAL_MEASURE_S": "twenty"},
+    )
+    assert proc.returncode == 2
+    assert "PAL_MEASURE_S='twenty' is not a number of seconds" in proc.stderr
+
+
+def test_clock_event_bits_decode_to_names() -> None:
+    assert runner.decode_clock_events(0x4) == ["sw_power_cap"]
+    assert runner.decode_clock_events(0x4 | 0x40 | 0x8) == [
+        "sw_power_cap",
+        "hw_slowdown",
+        "hw_thermal",
+    ]
+    assert runner.decode_clock_events(0x1000) == ["bit_0x1000"]
+    assert runner.decode_clock_events(0) == []
+
+
+def _window_campaign(tmp_path: Path, script: str, **device: object) -> tuple[Path, dict]:
+    bench = tmp_path / "bench.sh"
+    bench.write_text(script)
+    plan = dataclasses.replace(
+        fake_plan(bench, [PlannedGpu("n1", 0)], classes=("A",), repeats=1),
+        warmup_s=0.25,
+        measure_s=0.5,
+    )
+    directory = create_campaign(tmp_path / "c", plan)
+    plan_file = directory / PLAN_FILE
+    data = json.loads(plan_file.read_text())
+    plan_file.write_text(json.dumps(data | {"sample_interval_s": 0.02}))
+    fake_dir = tmp_path / "nvml"
+    fake_dir.mkdir()
+    (fake_dir / "pynvml.py").write_text(FAKE_PYNVML)
+    devices = [{"minor": 0, "uuid": "GPU-aaa", "name": "H100"} | device]
+    (fake_dir / "devices.json").write_text(json.dumps(devices))
+    env = {
+        "PYTHONPATH": str(fake_dir),
+        "FAKE_NVML": str(fake_dir / "devices.json"),
+        "FAKE_NVML_PHASE": str(tmp_path / "measuring"),
+    }
+    return directory, env
+
+
+# Warm-up readings (idle clocks, 0x1 = GPU idle) until the benchmark creates the phase file
+# and prints PAL_MEASURE_START; from then on power-capped (0x4) and thermally slowed (0x20).
+WINDOW_BENCH = """
+echo "PAL_WARMUP_S=$PAL_WARMUP_S PAL_MEASURE_S=$PAL_MEASURE_S"
+sleep 0.2
+touch "$FAKE_NVML_PHASE"
+echo PAL_MEASURE_START
+sleep 0.3
+echo PAL_DURATION_S=0.0016
+"""
+PHASED = {
+    "clock": {"warm": 345, "measure": 1290},
+    "temp": {"warm": 30, "measure": 61},
+    "power_mw": {"warm": 70000, "measure": 700000},
+    "reasons": {"warm": 0x1, "measure": 0x4 | 0x20},
+}
+
+
+@pytest.mark.parametrize("old_pynvml", [False, True])
+def test_runner_samples_only_the_measured_window(tmp_path: Path, old_pynvml: bool) -> None:
+    directory, extra = _window_campaign(tmp_path, WINDOW_BENCH, **PHASED)
+    if old_pynvml:
+        extra["FAKE_NVML_OLD"] = "1"
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, tmp_path, **extra))
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(directory)["n1__gpu0__A__r0.json"]
+    assert r["telemetry_window"] == runner.WINDOW_MEASURED
+    assert (r["sm_clock_mhz"], r["temperature_c"], r["power_w"]) == (1290.0, 61.0, 700.0)
+    assert r["clock_events"] == {"sw_power_cap": 1.0, "sw_thermal": 1.0}
+    assert r["duration_s"] == pytest.approx(0.0016)
+    assert r["measure_start_s"] >= 0
+
+
+def test_runner_says_when_a_benchmark_has_no_measure_start_line(tmp_path: Path) -> None:
+    script = 'touch "$FAKE_NVML_PHASE"\necho PAL_DURATION_S=1.5\n'
+    directory, extra = _window_campaign(tmp_path, script, **PHASED)
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, tmp_path, **extra))
+    assert proc.returncode == 0, proc.stderr
+    r = read_json(directory)["n1__gpu0__A__r0.json"]
+    assert r["telemetry_window"] == runner.WINDOW_WHOLE_RUN
+    assert r["measure_start_s"] is None
+
+
+def test_runner_passes_the_plans_window_to_the_benchmark(tmp_path: Path) -> None:
+    script = 'echo "PAL_DURATION_S=$PAL_MEASURE_S"\n'
+    directory, extra = _window_campaign(tmp_path, script, **PHASED)
+    proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, tmp_path, **extra))
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(directory)["n1__gpu0__A__r0.json"]["duration_s"] == 0.5

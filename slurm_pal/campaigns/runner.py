@@ -12,9 +12,17 @@ Usage (what the batch script runs; one array task = one GPU index on one node)::
 names). It checks that Slurm gave it that node and all of its GPUs (``SLURMD_NODENAME``,
 ``SLURM_JOB_GPUS``), finds the GPU in NVML by minor number, points ``CUDA_VISIBLE_DEVICES`` at
 its UUID (so Slurm's index numbering does not matter), and runs each class's benchmark command
-``repeats`` times. Benchmark contract: the command prints a line ``PAL_DURATION_S=<seconds>``
-on stdout (the last one counts; higher = slower) and may print ``PAL_GPU_UUID=GPU-...`` naming
-the device it ran on. While it runs, NVML is sampled for SM clock, temperature and power.
+``repeats`` times. Benchmark contract (``profiling/README.md``): the command prints a line
+``PAL_DURATION_S=<seconds>`` on stdout (time per representative unit of work; the last one
+counts; higher = slower), should print ``PAL_MEASURE_START`` when its warm-up is over and the
+timed window starts, and may print ``PAL_GPU_UUID=GPU-...`` naming the device it ran on. The
+runner passes the plan's ``PAL_WARMUP_S``/``PAL_MEASURE_S`` in the environment.
+
+NVML is sampled while the benchmark runs; the record's SM clock (mean), power (mean),
+temperature (max) and clock-event reasons (share of samples per reason: ``sw_power_cap``,
+``hw_slowdown``, ``sw_thermal``, ``hw_thermal``, ``hw_power_brake``, ...) cover the measured
+window only (from ``PAL_MEASURE_START`` to the end), so the idle start-up does not dilute
+them; without that line they cover the whole run and ``telemetry_window`` says so.
 
 Records go to the campaign's results directory, one JSON file per (node, GPU, class, repeat),
 written to a temporary file and renamed, so a rerun of a task replaces its records instead of
@@ -40,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA = 1
 EXIT_RUN_FAILED = 1
@@ -48,6 +56,21 @@ EXIT_USAGE = 2
 EXIT_WRONG_ALLOCATION = 4
 DURATION_RE = re.compile(r"^\s*PAL_DURATION_S\s*=\s*(\S+)\s*$")
 UUID_RE = re.compile(r"^\s*PAL_GPU_UUID\s*=\s*(\S+)\s*$")
+MEASURE_START_RE = re.compile(r"^\s*PAL_MEASURE_START\b")
+WINDOW_MEASURED = "measured"
+WINDOW_WHOLE_RUN = "whole run (the benchmark printed no PAL_MEASURE_START line)"
+#: NVML clock-event (formerly "throttle") reason bits, nvml.h ``nvmlClocksEventReason*``.
+CLOCK_EVENT_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clock_setting"),
+)
 STDERR_TAIL_CHARS = 2000
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -119,6 +142,22 @@ def check_allocation(node_gpus: int, env: dict[str, str]) -> tuple[list[int], st
     return allocated, ""
 
 
+def decode_clock_events(mask: int) -> list[str]:
+    """NVML clock-event reason bits -> names; unknown bits as ``bit_0x...``."""
+    names = [name for bit, name in CLOCK_EVENT_BITS if mask & bit]
+    known = 0
+    for bit, _ in CLOCK_EVENT_BITS:
+        known |= bit
+    rest = mask & ~known
+    bit = 1
+    while rest:
+        if rest & bit:
+            names.append(f"bit_{bit:#x}")
+            rest &= ~bit
+        bit <<= 1
+    return names
+
+
 def fallback_device(gpu_index: int, allocated: list[int], env: dict[str, str]) -> str:
     """CUDA device for minor ``gpu_index`` when NVML cannot name it by UUID.
 
@@ -186,28 +225,84 @@ class Telemetry:
         value = self._get(self.nvml.nvmlDeviceGetName)
         return (value.decode() if isinstance(value, bytes) else value) or ""
 
-    def sample(self) -> tuple[float | None, float | None, float | None]:
-        """(SM clock MHz, temperature C, power W) now; None for what NVML does not give."""
+    def clock_events(self) -> int | None:
+        """The clock-event reason bitmask now (newer NVML name first, then the old one)."""
         if self.handle is None:
-            return None, None, None
+            return None
+        for name in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
+            func = getattr(self.nvml, name, None)
+            if func is not None:
+                value = self._get(func)
+                if value is not None:
+                    return int(value)
+        return None
+
+    def sample(self) -> Sample:
+        """SM clock MHz, temperature C, power W and clock-event bits now (None: not given)."""
+        now = time.monotonic()
+        if self.handle is None:
+            return Sample(now, None, None, None, None)
         n = self.nvml
         clock = self._get(n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM)
         temp = self._get(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)
         power = self._get(n.nvmlDeviceGetPowerUsage)  # milliwatts
-        return (
+        return Sample(
+            now,
             None if clock is None else float(clock),
             None if temp is None else float(temp),
             None if power is None else float(power) / 1000.0,
+            self.clock_events(),
         )
 
 
+class Sample(NamedTuple):
+    """One telemetry reading; None for what NVML did not give."""
+
+    at: float  # time.monotonic()
+    clock: float | None  # SM clock, MHz
+    temp: float | None  # GPU temperature, C
+    power: float | None  # board power, W
+    events: int | None  # clock-event reason bits
+
+
+def summarize(samples: list[Sample], since: float | None) -> dict[str, Any]:
+    """Record fields from the samples taken at or after ``since`` (all when None).
+
+    Mean SM clock and power, max temperature, and per clock-event reason the share of the
+    readings that showed it (power capping is the variability a campaign measures; thermal
+    and hardware slowdowns are cooling faults that ``campaign collect`` reports).
+    """
+    window = [s for s in samples if since is None or s.at >= since]
+    if not window and samples:  # a window shorter than one interval: its last reading
+        window = samples[-1:]
+    clocks = [s.clock for s in window if s.clock is not None]
+    temps = [s.temp for s in window if s.temp is not None]
+    powers = [s.power for s in window if s.power is not None]
+    masks = [s.events for s in window if s.events is not None]
+    counts: dict[str, int] = {}
+    for mask in masks:
+        for name in decode_clock_events(mask):
+            counts[name] = counts.get(name, 0) + 1
+    return {
+        "sm_clock_mhz": sum(clocks) / len(clocks) if clocks else None,
+        "temperature_c": max(temps) if temps else None,
+        "power_w": sum(powers) / len(powers) if powers else None,
+        "clock_events": {k: round(v / len(masks), 4) for k, v in sorted(counts.items())},
+        "clock_event_samples": len(masks),
+        "telemetry_samples": len(window),
+    }
+
+
 class Sampler:
-    """Samples telemetry in a thread while a benchmark runs: mean clock/power, max temperature."""
+    """Samples telemetry in a thread while a benchmark runs (timestamped readings)."""
 
     def __init__(self, telemetry: Telemetry, interval_s: float) -> None:
         self.telemetry = telemetry
         self.interval_s = interval_s
-        self.samples: list[tuple[float | None, float | None, float | None]] = []
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -225,17 +320,6 @@ class Sampler:
         if self._thread.is_alive():
             self._stop.set()
             self._thread.join()
-
-    def summary(self) -> tuple[float | None, float | None, float | None]:
-        def values(i: int) -> list[float]:
-            return [s[i] for s in self.samples if s[i] is not None]  # type: ignore[misc]
-
-        clocks, temps, powers = values(0), values(1), values(2)
-        return (
-            sum(clocks) / len(clocks) if clocks else None,
-            max(temps) if temps else None,
-            sum(powers) / len(powers) if powers else None,
-        )
 
 
 def expand_command(command: str, python: str, bench_dir: str) -> str:
@@ -323,6 +407,9 @@ def run_task(
             "PAL_GPU_INDEX": str(gpu_index),
         }
     )
+    for key, name in (("warmup_s", "PAL_WARMUP_S"), ("measure_s", "PAL_MEASURE_S")):
+        if plan.get(key) is not None:
+            child_env[name] = f"{float(plan[key]):g}"
     failed = 0
     try:
         for job_class in classes:
@@ -383,11 +470,21 @@ def _run_once(
     command: str, env: dict[str, str], telemetry: Telemetry, interval_s: float, timeout_s: float
 ) -> dict[str, Any]:
     started = time.time()
+    measure_start: list[float] = []  # monotonic time the benchmark's timed window began
+
+    def watch(line: str) -> None:
+        if not measure_start and MEASURE_START_RE.match(line):
+            measure_start.append(time.monotonic())
+            telemetry_now.append(telemetry.sample())  # the window's first reading, at once
+
+    telemetry_now: list[Sample] = []
     with Sampler(telemetry, interval_s) as sampler:
-        exit_code, stdout, stderr, timed_out = _run_command(command, env, timeout_s)
-    if not sampler.samples:
-        sampler.samples.append(telemetry.sample())
-    clock, temp, power = sampler.summary()
+        exit_code, stdout, stderr, timed_out = _run_command(command, env, timeout_s, watch)
+    samples = sorted(sampler.samples + telemetry_now, key=lambda x: x.at)
+    if not samples:
+        samples.append(telemetry.sample())
+    since = measure_start[0] if measure_start else None
+    summary = summarize(samples, since)
     duration, bench_uuid, problem = parse_output(stdout)
     if timed_out:
         problem = f"timed out after {timeout_s:g} s"
@@ -398,9 +495,9 @@ def _run_once(
         "reason": problem,
         "exit_code": exit_code,
         "duration_s": None if problem else duration,
-        "sm_clock_mhz": clock,
-        "temperature_c": temp,
-        "power_w": power,
+        **summary,
+        "telemetry_window": WINDOW_MEASURED if since is not None else WINDOW_WHOLE_RUN,
+        "measure_start_s": None if since is None else round(since - samples[0].at, 3),
         "started_at": started,
         "finished_at": time.time(),
         "stderr_tail": stderr[-STDERR_TAIL_CHARS:] if problem else "",
@@ -410,11 +507,16 @@ def _run_once(
 
 
 def _run_command(
-    command: str, env: dict[str, str], timeout_s: float
+    command: str,
+    env: dict[str, str],
+    timeout_s: float,
+    on_stdout_line: Callable[[str], None] | None = None,
 ) -> tuple[int | None, str, str, bool]:
     """Run a shell command in its own process group; on timeout kill the whole group.
 
-    Killing only the shell would leave a hung benchmark on the GPU, spoiling the next run.
+    Stdout is read line by line as it comes, so ``on_stdout_line`` sees ``PAL_MEASURE_START``
+    when the benchmark prints it (the telemetry window starts there). Killing only the shell
+    on a timeout would leave a hung benchmark on the GPU, spoiling the next run.
     """
     proc = subprocess.Popen(
         command,
@@ -424,16 +526,37 @@ def _run_command(
         stderr=subprocess.PIPE,
         text=True,
         errors="replace",
+        bufsize=1,
         start_new_session=True,
     )
+    out: list[str] = []
+    err: list[str] = []
+
+    def pump(stream: Any, sink: list[str], callback: Callable[[str], None] | None) -> None:
+        for line in stream:
+            sink.append(line)
+            if callback is not None:
+                with contextlib.suppress(Exception):
+                    callback(line)
+        stream.close()
+
+    readers = [
+        threading.Thread(target=pump, args=(proc.stdout, out, on_stdout_line), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err, None), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    timed_out = False
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        return proc.returncode, stdout, stderr, False
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        timed_out = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        return None, stdout, stderr, True
+        proc.wait()
+    for reader in readers:
+        reader.join()
+    return (None if timed_out else proc.returncode), "".join(out), "".join(err), timed_out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,6 +80,10 @@ class CampaignPlan:
     node_gpu_counts: Mapping[str, int] = field(default_factory=dict)
     """GPUs each node has, where the plan measures only some of them (``plan --only``): each
     task still holds the whole node. A node not listed has just its planned GPUs."""
+    warmup_s: float = 10.0
+    """Seconds a benchmark runs before its timed window (``PAL_WARMUP_S`` for the command)."""
+    measure_s: float = 20.0
+    """Seconds of the timed window (``PAL_MEASURE_S``); see profiling/README.md."""
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
@@ -111,6 +115,8 @@ class CampaignPlan:
             "python": self.python,
             "sbatch_args": list(self.sbatch_args),
             "node_gpu_counts": dict(self.node_gpu_counts),
+            "warmup_s": self.warmup_s,
+            "measure_s": self.measure_s,
             "results_dir": RESULTS_DIR,
             "bench_dir": BENCH_DIR,
             "log_dir": LOG_DIR,
@@ -142,6 +148,8 @@ class CampaignPlan:
                     for n, c in (data.get("node_gpu_counts") or {}).items()  # type: ignore[attr-defined]
                 },
                 created_at=str(data.get("created_at") or ""),
+                warmup_s=float(data.get("warmup_s", 10.0)),  # type: ignore[arg-type]
+                measure_s=float(data.get("measure_s", 20.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CampaignError(f"{source}: not a valid campaign plan ({exc!r})") from exc
@@ -273,7 +281,7 @@ def create_campaign(root: Path, plan: CampaignPlan) -> Path:
             (tmp / sub).mkdir(parents=True)
         package = resources.files("slurm_pal.campaigns")
         (tmp / "runner.py").write_text(package.joinpath("runner.py").read_text("utf-8"))
-        for name in ("gemm.py", "stream.py"):
+        for name in ("gemm.py", "stream.py", "palbench.py"):
             text = package.joinpath("profiling", name).read_text("utf-8")
             (tmp / BENCH_DIR / name).write_text(text)
         (tmp / PLAN_FILE).write_text(json.dumps(plan.to_dict(), indent=2) + "\n")

@@ -173,6 +173,20 @@ def plan(
         min=1,
         help="Seconds one benchmark run may take (default: campaign.run_timeout_s, 1800).",
     ),
+    warmup_s: float | None = typer.Option(
+        None,
+        "--warmup-s",
+        min=0,
+        help="Benchmark warm-up seconds before the timed window (default: campaign.warmup_s, "
+        "10); passed to the benchmarks as PAL_WARMUP_S.",
+    ),
+    measure_s: float | None = typer.Option(
+        None,
+        "--measure-s",
+        min=0.001,
+        help="Seconds of the timed window (default: campaign.measure_s, 20); passed as "
+        "PAL_MEASURE_S.",
+    ),
     python: str | None = typer.Option(
         None,
         "--python",
@@ -245,7 +259,15 @@ def plan(
             python=python or settings.python,
             sbatch_args=(*settings.sbatch_args, *sbatch_arg),
             node_gpu_counts=counts,
+            warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
+            measure_s=settings.measure_s if measure_s is None else measure_s,
         )
+        window_s = the_plan.warmup_s + the_plan.measure_s
+        if window_s >= the_plan.run_timeout_s:
+            fail(
+                f"warm-up + timed window ({window_s:g} s) do not fit in one run's timeout "
+                f"({the_plan.run_timeout_s:g} s): raise --run-timeout or shorten them"
+            )
         directory = create_campaign(_root(st, root), the_plan)
     shared = [b.name for b in benchmarks.values()]
     if len(set(shared)) < len(shared):

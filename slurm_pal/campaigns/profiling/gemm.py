@@ -1,87 +1,81 @@
 """Representative compute-bound benchmark: a timed GEMM loop (PyTorch, else CuPy).
 
-Prints ``PAL_DURATION_S=<seconds>`` for a fixed amount of work (higher = slower GPU) and
-``PAL_GPU_UUID=<uuid>`` when the framework reports the device's UUID. Runs on the first
-visible CUDA device: the campaign runner sets ``CUDA_VISIBLE_DEVICES`` to the GPU it measures.
-Without PyTorch or CuPy it says so and exits 3.
+Warms up for ``--warmup-s`` seconds, prints ``PAL_MEASURE_START``, then times ``--measure-s``
+seconds of back-to-back GEMMs (or exactly ``--iters`` of them) and prints
+``PAL_DURATION_S=<seconds per GEMM>`` (higher = slower GPU), and ``PAL_GPU_UUID=<uuid>`` when
+the framework reports the device's UUID (see ``palbench.py`` and profiling/README.md). Runs on
+the first visible CUDA device: the campaign runner sets ``CUDA_VISIBLE_DEVICES`` to the GPU it
+measures. Without PyTorch or CuPy it says so and exits 3.
 
-Not yet run on a GPU here (the development machines have none): the timing path follows the
-frameworks' documented APIs; the testbed session checks it on real hardware.
+The timing path follows the frameworks' documented APIs; it has not run on a GPU since the
+timed window was added (the H100 recordings in shared/data/gpu-h100 predate it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+import palbench
 
 EXIT_NO_FRAMEWORK = 3
 
 
-def _uuid_text(raw: object) -> str | None:
-    """A device UUID from whatever the framework returns (str, bytes or a UUID object)."""
-    if raw is None:
-        return None
-    if isinstance(raw, bytes | bytearray):
-        text = bytes(raw).hex()
-        text = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
-    else:
-        text = str(raw)
-    return text if text.startswith("GPU-") else f"GPU-{text}"
-
-
-def run_torch(torch, size: int, iters: int, dtype: str) -> tuple[float, str | None]:
+def run_torch(torch, size: int, dtype: str, args: argparse.Namespace):
     dev = torch.device("cuda:0")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     a = torch.randn(size, size, device=dev, dtype=dt)
     b = torch.randn(size, size, device=dev, dtype=dt)
-    for _ in range(3):  # warm-up: clocks ramp, cuBLAS picks its kernel
-        torch.mm(a, b)
-    torch.cuda.synchronize(dev)
-    start = time.perf_counter()
-    for _ in range(iters):
-        torch.mm(a, b)
-    torch.cuda.synchronize(dev)
-    elapsed = time.perf_counter() - start
+    c = torch.empty(size, size, device=dev, dtype=dt)
+    window = palbench.run_window(
+        lambda: torch.mm(a, b, out=c),
+        lambda: torch.cuda.synchronize(dev),
+        warmup_s=args.warmup_s,
+        measure_s=args.measure_s,
+        iters=args.iters,
+    )
     try:
-        uuid = _uuid_text(torch.cuda.get_device_properties(dev).uuid)
+        uuid = palbench.uuid_text(torch.cuda.get_device_properties(dev).uuid)
     except Exception:
         uuid = None
-    return elapsed, uuid
+    return window, uuid
 
 
-def run_cupy(cp, size: int, iters: int, dtype: str) -> tuple[float, str | None]:
+def run_cupy(cp, size: int, dtype: str, args: argparse.Namespace):
     dt = {"fp16": cp.float16, "bf16": cp.float32, "fp32": cp.float32}[dtype]
     a = cp.random.standard_normal((size, size)).astype(dt)
     b = cp.random.standard_normal((size, size)).astype(dt)
-    for _ in range(3):
-        cp.matmul(a, b)
-    cp.cuda.Device(0).synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        cp.matmul(a, b)
-    cp.cuda.Device(0).synchronize()
-    elapsed = time.perf_counter() - start
+    c = cp.empty((size, size), dtype=dt)
+    window = palbench.run_window(
+        lambda: cp.matmul(a, b, out=c),
+        lambda: cp.cuda.Device(0).synchronize(),
+        warmup_s=args.warmup_s,
+        measure_s=args.measure_s,
+        iters=args.iters,
+    )
     try:
-        uuid = _uuid_text(cp.cuda.runtime.getDeviceProperties(0).get("uuid"))
+        uuid = palbench.uuid_text(cp.cuda.runtime.getDeviceProperties(0).get("uuid"))
     except Exception:
         uuid = None
-    return elapsed, uuid
+    return window, uuid
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Timed GEMM loop (compute-bound class).")
     parser.add_argument("--size", type=int, default=8192, help="Square matrix size.")
-    parser.add_argument("--iters", type=int, default=200, help="Timed multiplications.")
     parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16")
+    palbench.add_window_arguments(parser)
     args = parser.parse_args(argv)
+    problem = palbench.check_window_arguments(args)
+    if problem:
+        parser.error(problem)
     try:
         import torch
 
         if not torch.cuda.is_available():
             print("error: PyTorch is installed but sees no CUDA device", file=sys.stderr)
             return EXIT_NO_FRAMEWORK
-        elapsed, uuid = run_torch(torch, args.size, args.iters, args.dtype)
+        window, uuid = run_torch(torch, args.size, args.dtype, args)
     except ImportError:
         try:
             import cupy
@@ -93,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_NO_FRAMEWORK
-        elapsed, uuid = run_cupy(cupy, args.size, args.iters, args.dtype)
-    if uuid:
-        print(f"PAL_GPU_UUID={uuid}")
-    print(f"PAL_DURATION_S={elapsed:.6f}")
+        window, uuid = run_cupy(cupy, args.size, args.dtype, args)
+    palbench.report(window, uuid)
     return 0
 
 

@@ -1,73 +1,62 @@
 """Representative memory-bound benchmark: a timed STREAM-triad loop (PyTorch, else CuPy).
 
 ``a = b + s * c`` over arrays far larger than the L2 cache, so DRAM bandwidth sets the pace.
-Prints ``PAL_DURATION_S=<seconds>`` for a fixed amount of work (higher = slower GPU) and
-``PAL_GPU_UUID=<uuid>`` when the framework reports it. Runs on the first visible CUDA device
-(the campaign runner sets ``CUDA_VISIBLE_DEVICES``). Without PyTorch or CuPy it says so and
-exits 3.
+Warms up for ``--warmup-s`` seconds, prints ``PAL_MEASURE_START``, then times ``--measure-s``
+seconds of triads (or exactly ``--iters``) and prints ``PAL_DURATION_S=<seconds per triad>``
+(higher = slower GPU), and ``PAL_GPU_UUID=<uuid>`` when the framework reports it (see
+``palbench.py`` and profiling/README.md). Runs on the first visible CUDA device (the campaign
+runner sets ``CUDA_VISIBLE_DEVICES``). Without PyTorch or CuPy it says so and exits 3.
 
-Not yet run on a GPU here (the development machines have none): the timing path follows the
-frameworks' documented APIs; the testbed session checks it on real hardware.
+The timing path follows the frameworks' documented APIs; it has not run on a GPU since the
+timed window was added (the H100 recordings in shared/data/gpu-h100 predate it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+import palbench
 
 EXIT_NO_FRAMEWORK = 3
 
 
-def _uuid_text(raw: object) -> str | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bytes | bytearray):
-        text = bytes(raw).hex()
-        text = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
-    else:
-        text = str(raw)
-    return text if text.startswith("GPU-") else f"GPU-{text}"
-
-
-def run_torch(torch, n: int, iters: int) -> tuple[float, str | None]:
+def run_torch(torch, n: int, args: argparse.Namespace):
     dev = torch.device("cuda:0")
     b = torch.rand(n, device=dev)
     c = torch.rand(n, device=dev)
     a = torch.empty_like(b)
-    for _ in range(3):
-        torch.add(b, c, alpha=3.0, out=a)
-    torch.cuda.synchronize(dev)
-    start = time.perf_counter()
-    for _ in range(iters):
-        torch.add(b, c, alpha=3.0, out=a)
-    torch.cuda.synchronize(dev)
-    elapsed = time.perf_counter() - start
+    window = palbench.run_window(
+        lambda: torch.add(b, c, alpha=3.0, out=a),
+        lambda: torch.cuda.synchronize(dev),
+        warmup_s=args.warmup_s,
+        measure_s=args.measure_s,
+        iters=args.iters,
+    )
     try:
-        uuid = _uuid_text(torch.cuda.get_device_properties(dev).uuid)
+        uuid = palbench.uuid_text(torch.cuda.get_device_properties(dev).uuid)
     except Exception:
         uuid = None
-    return elapsed, uuid
+    return window, uuid
 
 
-def run_cupy(cp, n: int, iters: int) -> tuple[float, str | None]:
+def run_cupy(cp, n: int, args: argparse.Namespace):
     b = cp.random.random(n, dtype=cp.float32)
     c = cp.random.random(n, dtype=cp.float32)
     a = cp.empty_like(b)
     triad = cp.ElementwiseKernel("T b, T c", "T a", "a = b + (T)3.0 * c", "pal_triad")
-    for _ in range(3):
-        triad(b, c, a)
-    cp.cuda.Device(0).synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        triad(b, c, a)
-    cp.cuda.Device(0).synchronize()
-    elapsed = time.perf_counter() - start
+    window = palbench.run_window(
+        lambda: triad(b, c, a),
+        lambda: cp.cuda.Device(0).synchronize(),
+        warmup_s=args.warmup_s,
+        measure_s=args.measure_s,
+        iters=args.iters,
+    )
     try:
-        uuid = _uuid_text(cp.cuda.runtime.getDeviceProperties(0).get("uuid"))
+        uuid = palbench.uuid_text(cp.cuda.runtime.getDeviceProperties(0).get("uuid"))
     except Exception:
         uuid = None
-    return elapsed, uuid
+    return window, uuid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,15 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--elements", type=int, default=1 << 28, help="Elements per array (float32)."
     )
-    parser.add_argument("--iters", type=int, default=200, help="Timed triads.")
+    palbench.add_window_arguments(parser)
     args = parser.parse_args(argv)
+    problem = palbench.check_window_arguments(args)
+    if problem:
+        parser.error(problem)
     try:
         import torch
 
         if not torch.cuda.is_available():
             print("error: PyTorch is installed but sees no CUDA device", file=sys.stderr)
             return EXIT_NO_FRAMEWORK
-        elapsed, uuid = run_torch(torch, args.elements, args.iters)
+        window, uuid = run_torch(torch, args.elements, args)
     except ImportError:
         try:
             import cupy
@@ -95,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_NO_FRAMEWORK
-        elapsed, uuid = run_cupy(cupy, args.elements, args.iters)
-    if uuid:
-        print(f"PAL_GPU_UUID={uuid}")
-    print(f"PAL_DURATION_S={elapsed:.6f}")
+        window, uuid = run_cupy(cupy, args.elements, args)
+    palbench.report(window, uuid)
     return 0
 
 

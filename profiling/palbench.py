@@ -1,0 +1,1 @@
+../slurm_pal/campaigns/profiling/palbench.py
