@@ -307,3 +307,48 @@ def test_gpus_without_an_nvml_uuid_are_flagged() -> None:
     assert check.location_ids == (("n2", 0, "n2/gpu0"),)
     assert check.to_dict()["location_ids"] == [{"node": "n2", "gpu_index": 0, "uuid": "n2/gpu0"}]
     assert check_campaign(PLAN, ["A", "B"], 2, full({})).location_ids == ()
+
+
+def test_thermal_and_hardware_slowdowns_are_findings_power_capping_is_not() -> None:
+    capped = (("sw_power_cap", 1.0),)
+    runs = full({}, classes=("A",), repeats=2)
+    runs = [
+        rec(r.node, r.gpu_index, r.job_class, r.repeat, clock_events=capped)
+        if (r.node, r.gpu_index) != ("n2", 0)
+        else rec(
+            r.node,
+            r.gpu_index,
+            r.job_class,
+            r.repeat,
+            clock_events=(("hw_thermal", 0.25), ("sw_power_cap", 1.0), ("sw_thermal", 0.5))
+            if r.repeat == 1
+            else capped,
+        )
+        for r in runs
+    ]
+    check = check_campaign(PLAN, ["A"], 2, runs)
+    assert check.complete  # a finding, not missing data
+    (slow,) = check.slowdowns
+    assert (slow.node, slow.gpu_index, slow.events) == ("n2", 0, ("hw_thermal", "sw_thermal"))
+    assert (slow.runs, slow.of_runs, slow.classes, slow.max_share) == (1, 2, ("A",), 0.5)
+    assert check.to_dict()["slowdowns"][0]["events"] == ("hw_thermal", "sw_thermal")
+
+
+def test_record_clock_events_are_read_and_checked() -> None:
+    base = {
+        "schema": 1,
+        "campaign": "c",
+        "status": "ok",
+        "node": "n",
+        "gpu_index": 0,
+        "job_class": "A",
+        "repeat": 0,
+        "uuid": "GPU-1",
+        "duration_s": 1.0,
+    }
+    r = RunRecord.from_dict(base | {"clock_events": {"sw_power_cap": 1.0, "hw_slowdown": 0.1}})
+    assert r.clock_events == (("hw_slowdown", 0.1), ("sw_power_cap", 1.0))
+    assert r.cooling_events == ("hw_slowdown",)
+    assert RunRecord.from_dict(base).clock_events == ()  # records from before the field
+    with pytest.raises(RecordError, match="clock_events"):
+        RunRecord.from_dict(base | {"clock_events": {"sw_thermal": 3}})

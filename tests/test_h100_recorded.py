@@ -221,3 +221,44 @@ def test_fit_refuses_more_classes_than_distinct_measurements(run_cli, h100, two_
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
     assert "2 classes need at least 2 distinct" in lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# campaign collect on the recorded H100 campaign: slowdown findings
+
+
+def _recorded_campaign(h100: Path, root: Path) -> Path:
+    import shutil
+
+    directory = root / "h100x"
+    shutil.copytree(h100 / "campaign-h100x", directory)
+    return directory
+
+
+def test_recorded_campaign_collects_without_slowdowns(run_cli, h100, tmp_path) -> None:
+    _recorded_campaign(h100, tmp_path / "campaigns")
+    out = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns", "--json")
+    report = json.loads(out.output)
+    assert report["complete"] and report["ok_runs"] == 36
+    assert report["slowdowns"] == []  # power capping (what the H100s did) is not a finding
+
+
+def test_a_gpu_that_ran_hot_is_reported_by_collect(run_cli, h100, tmp_path) -> None:
+    directory = _recorded_campaign(h100, tmp_path / "campaigns")
+    hot = directory / "results" / "g3__gpu0__A__r1.json"
+    record = json.loads(hot.read_text())
+    record["clock_events"] = {"sw_power_cap": 1.0, "sw_thermal": 0.4, "hw_slowdown": 0.1}
+    hot.write_text(json.dumps(record))
+    out = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns")
+    assert out.exit_code == 0  # ingested as measured; the fault is reported
+    text = " ".join(out.output.split())
+    assert "thermal or hardware clock slowdowns" in text
+    assert "campaign plan --only g3:0" in text
+    again = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns", "--json")
+    (slow,) = json.loads(again.output)["slowdowns"]
+    assert (slow["node"], slow["gpu_index"], slow["events"]) == (
+        "g3",
+        0,
+        ["hw_slowdown", "sw_thermal"],
+    )
+    assert (slow["runs"], slow["of_runs"], slow["classes"]) == (1, 6, ["A"])

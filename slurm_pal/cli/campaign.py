@@ -581,8 +581,9 @@ def collect(
 ) -> None:
     """Check the records and ingest them into the store (all or nothing).
 
-    Reports GPUs missing (no successful run of a class), failed runs, and GPUs whose repeats
-    disagree beyond the tolerance (an intermittently throttling GPU is a finding).
+    Reports GPUs missing (no successful run of a class), failed runs, GPUs whose repeats
+    disagree beyond the tolerance (an intermittently throttling GPU is a finding), and GPUs
+    whose runs hit thermal or hardware clock slowdowns (a cooling fault, not a PM-score).
     """
     st = state(ctx)
     with _errors():
@@ -729,6 +730,28 @@ def _print_check(check: CampaignCheck, problems: list[str]) -> None:
                 clocks,
             )
         console.print(table)
+    if check.slowdowns:
+        table = Table(
+            title=f"{len(check.slowdowns)} GPU(s) hit thermal or hardware clock slowdowns while "
+            "measured: a cooling/power fault to fix, not a PM-score (their runs are ingested "
+            "as measured; re-measure after the fix with 'campaign plan --only')",
+            title_justify="left",
+        )
+        for col in ("node", "GPU", "uuid", "reasons", "runs", "classes", "worst run"):
+            table.add_column(col)
+        for sd in check.slowdowns:
+            table.add_row(
+                sd.node,
+                str(sd.gpu_index),
+                sd.uuid,
+                ", ".join(sd.events),
+                f"{sd.runs}/{sd.of_runs}",
+                ",".join(sd.classes),
+                f"{sd.max_share:.0%} of readings",
+            )
+        console.print(table)
+        only = ",".join(f"{sd.node}:{sd.gpu_index}" for sd in check.slowdowns)
+        console.print(f"re-measure them later with: slurm-pal campaign plan --only {only}")
     for node, index, classes_short in _short(check):
         console.print(
             f"{node} GPU {index}: fewer runs than planned for {classes_short} (task cut short: "

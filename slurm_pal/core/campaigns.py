@@ -9,6 +9,10 @@ records alone:
   which runs failed and why, and which GPUs' repeats disagree beyond a tolerance. A GPU that
   throttles intermittently is a *finding* (a hardware ticket), not noise for the median to
   hide, so disagreements are reported by GPU with their clock range.
+  Runs that saw thermal or hardware clock slowdowns (NVML clock-event reasons recorded by
+  the runner over the measured window) are a cooling or power fault of that GPU, not its
+  PM-score: they are reported as *slowdowns*. Power capping (``sw_power_cap``) is not: it is
+  the variability a campaign measures.
 * :func:`task_progress` -- done / failed / running / pending per task, for ``campaign submit``.
 * :func:`diff_campaigns` -- what changes between two campaigns' bins, outliers and labels, and
   so which nodes' gres.conf lines change (a switch of the active campaign needs a Slurm restart
@@ -47,6 +51,10 @@ CSV_COLUMNS = (
     "started_at",
 )
 """The project's own campaign CSV format (``adapters/campaign_csv.py``, format ``slurm-pal``)."""
+
+COOLING_EVENTS: tuple[str, ...] = ("sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake")
+"""Clock-event reasons (the runner's names for NVML's bits) that mean a cooling or power
+fault: the GPU ran slower than its power management would have it."""
 
 GpuKey = tuple[str, int]
 
@@ -112,6 +120,10 @@ class RunRecord:
     gpu_name: str = ""
     slurm_job_id: str = ""
     notes: tuple[str, ...] = ()
+    clock_events: tuple[tuple[str, float], ...] = ()
+    """(reason, share of the window's NVML readings that showed it), e.g. sw_power_cap."""
+    telemetry_window: str = ""
+    """'measured' (from PAL_MEASURE_START) or what else the telemetry covers."""
 
     @property
     def key(self) -> GpuKey:
@@ -120,6 +132,11 @@ class RunRecord:
     @property
     def ok(self) -> bool:
         return self.status == STATUS_OK
+
+    @property
+    def cooling_events(self) -> tuple[str, ...]:
+        """The thermal/hardware slowdown reasons this run saw (see :data:`COOLING_EVENTS`)."""
+        return tuple(name for name, share in self.clock_events if name in COOLING_EVENTS and share)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RunRecord:
@@ -160,6 +177,17 @@ class RunRecord:
             raise RecordError(f"an ok record needs 'duration_s' > 0, got {duration!r}")
         exit_code = data.get("exit_code")
         notes = data.get("notes") or ()
+        events = data.get("clock_events") or {}
+        if not isinstance(events, Mapping) or not all(
+            isinstance(k, str)
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and 0 <= v <= 1
+            for k, v in events.items()
+        ):
+            raise RecordError(
+                f"'clock_events' must map reason names to shares within 0..1, got {events!r:.80}"
+            )
         return cls(
             campaign=str(data["campaign"]),
             status=str(status),
@@ -177,6 +205,8 @@ class RunRecord:
             gpu_name=str(data.get("gpu_name") or ""),
             slurm_job_id=str(data.get("slurm_job_id") or ""),
             notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
+            clock_events=tuple(sorted((str(k), float(v)) for k, v in events.items())),
+            telemetry_window=str(data.get("telemetry_window") or ""),
             **numbers,
         )
 
@@ -217,6 +247,20 @@ class Disagreement:
 
 
 @dataclass(frozen=True)
+class Slowdown:
+    """A GPU whose runs hit thermal or hardware clock slowdowns: check its cooling/power."""
+
+    node: str
+    gpu_index: int
+    uuid: str
+    events: tuple[str, ...]
+    runs: int  # runs that saw any of ``events``
+    of_runs: int  # successful runs of this GPU
+    classes: tuple[str, ...]
+    max_share: float  # largest share of one run's readings with a slowdown reason
+
+
+@dataclass(frozen=True)
 class CampaignCheck:
     """What :func:`check_campaign` found; ``ok_runs`` are what would be ingested."""
 
@@ -234,6 +278,8 @@ class CampaignCheck:
     location_ids: tuple[tuple[str, int, str], ...] = ()
     """(node, index, id) of GPUs no NVML UUID names (``uuid_source`` ``assignment``): their
     scores follow the slot, not the physical GPU, so a swapped board goes unnoticed."""
+    slowdowns: tuple[Slowdown, ...] = ()
+    """GPUs whose runs saw thermal/hardware slowdowns: a cooling finding, not a PM-score."""
 
     @property
     def complete(self) -> bool:
@@ -271,6 +317,7 @@ class CampaignCheck:
             "location_ids": [
                 {"node": n, "gpu_index": i, "uuid": u} for n, i, u in self.location_ids
             ],
+            "slowdowns": [asdict(s) for s in self.slowdowns],
         }
 
 
@@ -368,6 +415,7 @@ def check_campaign(
     )
     by_location = sorted({(r.node, r.gpu_index, r.uuid) for r in ok if r.uuid_source == ASSIGNED})
     return CampaignCheck(
+        slowdowns=slowdowns(ok),
         planned_gpus=len(planned_keys),
         classes=tuple(classes),
         repeats=repeats,
@@ -381,6 +429,32 @@ def check_campaign(
         uuid_conflicts=conflicts,
         location_ids=tuple(by_location),
     )
+
+
+def slowdowns(runs: Iterable[RunRecord]) -> tuple[Slowdown, ...]:
+    """Per GPU, the runs that saw thermal or hardware slowdown reasons (sorted by GPU)."""
+    by_gpu: dict[GpuKey, list[RunRecord]] = {}
+    for r in runs:
+        by_gpu.setdefault(r.key, []).append(r)
+    found = []
+    for (node, index), gpu_runs in sorted(by_gpu.items()):
+        hit = [r for r in gpu_runs if r.cooling_events]
+        if not hit:
+            continue
+        shares = [share for r in hit for name, share in r.clock_events if name in COOLING_EVENTS]
+        found.append(
+            Slowdown(
+                node=node,
+                gpu_index=index,
+                uuid=hit[0].uuid,
+                events=tuple(sorted({e for r in hit for e in r.cooling_events})),
+                runs=len(hit),
+                of_runs=len(gpu_runs),
+                classes=tuple(sorted({r.job_class for r in hit})),
+                max_share=max(shares),
+            )
+        )
+    return tuple(found)
 
 
 def measurement_rows(runs: Iterable[RunRecord], gpu_model: str) -> pd.DataFrame:
