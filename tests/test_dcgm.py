@@ -92,10 +92,26 @@ def test_dmon_mig_rows_are_left_out_of_the_whole_gpu_figure() -> None:
     samples = parse_dmon(DMON_MIG)
     assert [s.entity for s in samples] == ["GPU 0", "GPU-I 0", "GPU-I 1"]
     whole = dcgm_features(samples)
-    assert whole.as_point() == pytest.approx((40.0, 1.1))
+    # GRACT was collected: figures over the busy time (value / engine activity), capped at 100
+    assert whole.as_point() == pytest.approx((40.0 / 0.429, 1.1 / 0.429))
+    assert whole.busy_fraction == pytest.approx(0.429)
+    assert "over busy time" in whole.dram_source
     assert whole.measurements == 1
     mig = dcgm_features(samples, entities=["GPU-I 1"])
-    assert mig.as_point() == pytest.approx((80.0, 2.0))
+    assert mig.as_point() == pytest.approx((100.0, 2.0 / 0.75))
+
+
+def test_without_gract_every_sample_weighs_the_same() -> None:
+    text = "\n".join(
+        line.replace("0.429  0.429", "0.429") if "GPU 0" in line else line
+        for line in DMON_MIG.replace("GRACT  ", "").splitlines()
+        if "GPU-I" not in line
+    )
+    (sample,) = parse_dmon(text)
+    assert 1001 not in sample.values
+    features = dcgm_features([sample])
+    assert features.as_point() == pytest.approx((40.0, 1.1))
+    assert features.busy_fraction is None
 
 
 def test_dmon_ignores_columns_that_are_not_profiling_ratios() -> None:

@@ -28,7 +28,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slurm_pal.core.features import UtilizationFeatures, weighted_mean_skipping_missing
+from slurm_pal.core.features import (
+    UtilizationFeatures,
+    busy_time_mean,
+    weighted_mean_skipping_missing,
+)
 
 __all__ = [
     "DCGM_FIELDS",
@@ -75,6 +79,8 @@ DCGM_FIELDS: dict[int, DcgmField] = {
     )
 }
 DRAM_FIELD = 1005
+BUSY_FIELD = 1001
+"""GR_ENGINE_ACTIVE: the share of each sample the GPU was busy; weights the others."""
 FU_PIPE_FIELDS: tuple[int, ...] = (1004, 1006, 1007, 1008, 1016)
 FU_FALLBACK_FIELD = 1002
 
@@ -334,7 +340,10 @@ def dcgm_features(
 ) -> UtilizationFeatures:
     """Mean DRAM_ACTIVE and mean per-sample max over the FU pipe fields, in percent.
 
-    Every sample weighs the same (dmon rows and exporter scrapes come at a fixed period).
+    With GR_ENGINE_ACTIVE (1001) collected, the means are over the GPU's busy time, like
+    ncu's kernel time and the NVML sampler (values divided by the sample's engine activity and
+    weighted by it; idle samples drop out). Otherwise every sample weighs the same (dmon rows
+    and exporter scrapes come at a fixed period).
     ``entities`` picks entities by name ("GPU 0", "GPU-I 1") or UUID; by default all whole
     GPUs are pooled and MIG-instance rows are left out (they would count the same work
     twice). SM_ACTIVE stands in for the FU figure only when no pipe field was collected,
@@ -368,6 +377,28 @@ def dcgm_features(
         values = [sample.values[f] for f in fu_fields if f in sample.values]
         fu_values.append(max(values) if values else None)
     weights = [1.0] * len(chosen)
+    if BUSY_FIELD in present:
+        busy = [s.values.get(BUSY_FIELD) for s in chosen]
+        try:
+            dram_b = busy_time_mean(dram_values, busy, weights)
+            fu_b = busy_time_mean(fu_values, busy, weights)
+        except ValueError:
+            pass  # idle throughout: the plain mean below
+        else:
+            return UtilizationFeatures(
+                dram_util=dram_b.mean,
+                fu_util=fu_b.mean,
+                source="dcgm",
+                dram_source=f"dcgm {DCGM_FIELDS[DRAM_FIELD].name} over busy time "
+                "(GR_ENGINE_ACTIVE)",
+                fu_source=f"{fu_source} over busy time",
+                measurements=len(chosen),
+                weight_total=dram_b.busy_s,
+                weight_unit="samples",
+                dram_excluded_fraction=dram_b.excluded_fraction,
+                fu_excluded_fraction=fu_b.excluded_fraction,
+                busy_fraction=dram_b.busy_fraction,
+            )
     dram = weighted_mean_skipping_missing(dram_values, weights)
     fu = weighted_mean_skipping_missing(fu_values, weights)
     return UtilizationFeatures(
