@@ -265,11 +265,11 @@ def test_request_constructor_rejects_programming_errors(args: dict[str, object])
 
 
 def test_registry_builds_policies_and_lists_names_on_error() -> None:
-    assert set(POLICIES) == {"pm-first", "pal", "packed", "random"}
+    assert set(POLICIES) == {"pm-first", "pal", "packed", "packed-pm", "random"}
     for name in POLICIES:
         policy = get_policy(name)
         assert isinstance(policy, PlacementPolicy) and policy.name == name
-    with pytest.raises(ValueError, match="valid: pm-first, pal, packed, random"):
+    with pytest.raises(ValueError, match="valid: pm-first, pal, packed, packed-pm, random"):
         get_policy("tetris")
     with pytest.raises(ValueError, match="bad parameters"):
         get_policy("pal", seed=1)

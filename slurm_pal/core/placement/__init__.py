@@ -10,6 +10,7 @@ from typing import Any
 
 from slurm_pal.core.placement.base import Allocation, PlacementPolicy, PlacementResult
 from slurm_pal.core.placement.packed import PackedPolicy
+from slurm_pal.core.placement.packedpm import PackedPMPolicy
 from slurm_pal.core.placement.pal import PALPolicy
 from slurm_pal.core.placement.pmfirst import PMFirstPolicy
 from slurm_pal.core.placement.random import RandomPolicy
@@ -19,10 +20,12 @@ __all__ = [
     "Allocation",
     "PALPolicy",
     "PMFirstPolicy",
+    "PackedPMPolicy",
     "PackedPolicy",
     "PlacementPolicy",
     "PlacementResult",
     "RandomPolicy",
+    "configured_policy",
     "get_policy",
 ]
 
@@ -30,6 +33,7 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     PMFirstPolicy.name: PMFirstPolicy,
     PALPolicy.name: PALPolicy,
     PackedPolicy.name: PackedPolicy,
+    PackedPMPolicy.name: PackedPMPolicy,
     RandomPolicy.name: RandomPolicy,
 }
 
@@ -47,3 +51,20 @@ def get_policy(name: str, **params: Any) -> PlacementPolicy:
         return policy_class(**params)
     except TypeError as error:
         raise ValueError(f"bad parameters for placement policy {name!r}: {error}") from None
+
+
+SETTINGS: dict[str, tuple[str, ...]] = {
+    PMFirstPolicy.name: ("pack_tolerance",),
+    PALPolicy.name: ("pack_tolerance",),
+    PackedPolicy.name: (),
+    PackedPMPolicy.name: ("avoid_above",),
+    RandomPolicy.name: (),
+}
+"""Which of the site's placement settings (``[advisor]``) each policy takes."""
+
+
+def configured_policy(name: str, **settings: float) -> PlacementPolicy:
+    """The policy ``name`` with the site settings that apply to it (the others are ignored):
+    one builder for the advisor service and the simulator, so both run the same policy."""
+    wanted = SETTINGS.get(name, ())
+    return get_policy(name, **{key: value for key, value in settings.items() if key in wanted})

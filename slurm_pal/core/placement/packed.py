@@ -11,6 +11,8 @@ picks the nodes; with a node list or node bounds, required nodes come first, the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from slurm_pal.core.cluster import Cluster
@@ -29,84 +31,119 @@ __all__ = ["PackedPolicy"]
 
 
 class PackedPolicy:
-    """Best-fit consolidation, blind to variability."""
+    """Best-fit consolidation, blind to variability.
+
+    ``shuffle_seed`` makes it the PM-blind null of the production benchmark: the same nodes and
+    per-node counts, the GPUs inside them taken in a seeded random order. It shows how much a
+    placement that changes only *which GPUs of a node* moves results by chance (the queue's own
+    noise), next to which a PM-aware placement is judged.
+    """
 
     name = "packed"
 
+    def __init__(self, shuffle_seed: int | None = None) -> None:
+        self.shuffle_seed = shuffle_seed
+        self.rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
+
     def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
+        label = "Packed" if self.rng is None else "Packed (GPUs of a node shuffled)"
         view = prepare(request, cluster)
         if isinstance(view, str):
-            return unplaced(request, f"Packed: {view}")
-        picked = self._pick(view)
+            return unplaced(request, f"{label}: {view}")
+        picked = pack_pick(view, rng=self.rng)
         if picked is None:
-            return unplaced(request, f"Packed: no free GPUs satisfy {constraint_text(request)}")
+            return unplaced(request, f"{label}: no free GPUs satisfy {constraint_text(request)}")
         gpus, how = picked
         allocation = build_allocation(
             view,
             gpus,
             lambda level, worst, nodes: (
-                f"Packed: {how}, {nodes} (V={worst:.3g} L={level.penalty:g})"
+                f"{label}: {how}, {nodes} (V={worst:.3g} L={level.penalty:g})"
             ),
         )
         return placed(allocation, request)
 
-    @staticmethod
-    def _pick(view: RequestView) -> tuple[np.ndarray, str] | None:
-        shape = view.shape
-        top = view.n_bins - 1
-        free = view.usable_counts()
-        nodes = np.arange(free.size)
-        if shape.per_node is not None:
-            assert shape.node_count is not None
-            required = np.zeros(free.size, dtype=bool)
-            required[shape.required] = True
-            if (free[required] < shape.per_node).any():
-                return None
-            fits = np.flatnonzero((free >= shape.per_node) & ~required)
-            fits = fits[np.lexsort((fits, free[fits]))]
-            wanted = shape.node_count - shape.required.size
-            if fits.size < wanted:
-                return None
-            chosen = np.concatenate((shape.required, fits[:wanted]))
-            counts = np.full(chosen.size, shape.per_node)
-            return view.take(chosen, counts, 0, top, by_score=False), "best-fit nodes"
-        if shape.simple:
-            exact = np.flatnonzero(free == shape.n)
-            if exact.size:
-                return _on_node(view, int(exact[0]), shape.n), "exact-fit node"
-            fits = np.flatnonzero(free > shape.n)
-            if fits.size:
-                node = int(fits[np.argmin(free[fits])])
-                return _on_node(view, node, shape.n), "smallest node that fits"
-            order = nodes[np.lexsort((nodes, -free))]
-            taken = np.cumsum(free[order])
-            last = int(np.searchsorted(taken, shape.n))
-            chosen = order[: last + 1]
-            counts = free[chosen].copy()
-            counts[-1] -= taken[last] - shape.n
-            return view.take(chosen, counts, 0, top, by_score=False), "spread from the fullest"
-        if (free[shape.required] < 1).any():
-            return None
-        others = np.flatnonzero((free > 0) & ~np.isin(nodes, shape.required))
-        others = others[np.lexsort((others, -free[others]))]
-        chosen = list(shape.required)
-        total = int(free[shape.required].sum())
-        for node in others:
-            if total >= shape.n and len(chosen) >= shape.min_nodes:
-                break
-            chosen.append(int(node))
-            total += int(free[node])
-        if total < shape.n or len(chosen) < shape.min_nodes:
-            return None
-        if shape.max_nodes is not None and len(chosen) > shape.max_nodes:
-            return None
-        gpus = view.spread_pick(np.array(chosen, dtype=np.intp), top, by_score=False)
-        return gpus, "required nodes, then the fullest"
-
     def __repr__(self) -> str:
-        return "PackedPolicy()"
+        if self.shuffle_seed is None:
+            return "PackedPolicy()"
+        return f"PackedPolicy(shuffle_seed={self.shuffle_seed})"
 
 
-def _on_node(view: RequestView, node: int, n: int) -> np.ndarray:
-    nodes = np.array([node], dtype=np.intp)
-    return view.take(nodes, np.array([n]), 0, view.n_bins - 1, by_score=False)
+NodeTake = Callable[[RequestView, np.ndarray, np.ndarray], np.ndarray]
+"""Which GPUs to take inside chosen nodes: (view, nodes, per-node counts) -> GPU rows."""
+
+
+def pack_pick(
+    view: RequestView,
+    *,
+    by_score: bool = False,
+    rng: np.random.Generator | None = None,
+    node_take: NodeTake | None = None,
+) -> tuple[np.ndarray, str] | None:
+    """Packing's GPUs for the request (None: they do not fit) and how they were chosen.
+
+    The nodes and per-node counts are always packing's; inside a node the GPUs go by local index,
+    by score for the job's class (``by_score``), in ``rng``'s random order, or as ``node_take``
+    chooses. Only GPUs of bins up to ``view.top`` are used.
+    """
+    shape = view.shape
+    top = view.top
+    free = view.usable_counts()
+    nodes = np.arange(free.size)
+
+    def take(chosen: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        if node_take is not None:
+            return node_take(view, chosen, counts)
+        if rng is None:
+            return view.take(chosen, counts, 0, top, by_score=by_score)
+        usable = view.usable_gpus(chosen)
+        return np.concatenate(
+            [rng.permutation(gpus)[:count] for gpus, count in zip(usable, counts, strict=True)]
+        )
+
+    if shape.per_node is not None:
+        assert shape.node_count is not None
+        required = np.zeros(free.size, dtype=bool)
+        required[shape.required] = True
+        if (free[required] < shape.per_node).any():
+            return None
+        fits = np.flatnonzero((free >= shape.per_node) & ~required)
+        fits = fits[np.lexsort((fits, free[fits]))]
+        wanted = shape.node_count - shape.required.size
+        if fits.size < wanted:
+            return None
+        chosen = np.concatenate((shape.required, fits[:wanted]))
+        counts = np.full(chosen.size, shape.per_node)
+        return take(chosen, counts), "best-fit nodes"
+    if shape.simple:
+        exact = np.flatnonzero(free == shape.n)
+        if exact.size:
+            return take(exact[:1], np.array([shape.n])), "exact-fit node"
+        fits = np.flatnonzero(free > shape.n)
+        if fits.size:
+            node = int(fits[np.argmin(free[fits])])
+            return take(np.array([node]), np.array([shape.n])), "smallest node that fits"
+        order = nodes[np.lexsort((nodes, -free))]
+        taken = np.cumsum(free[order])
+        last = int(np.searchsorted(taken, shape.n))
+        chosen = order[: last + 1]
+        counts = free[chosen].copy()
+        counts[-1] -= taken[last] - shape.n
+        return take(chosen, counts), "spread from the fullest"
+    if (free[shape.required] < 1).any():
+        return None
+    others = np.flatnonzero((free > 0) & ~np.isin(nodes, shape.required))
+    others = others[np.lexsort((others, -free[others]))]
+    chosen_list = list(shape.required)
+    total = int(free[shape.required].sum())
+    for node in others:
+        if total >= shape.n and len(chosen_list) >= shape.min_nodes:
+            break
+        chosen_list.append(int(node))
+        total += int(free[node])
+    if total < shape.n or len(chosen_list) < shape.min_nodes:
+        return None
+    if shape.max_nodes is not None and len(chosen_list) > shape.max_nodes:
+        return None
+    gpus = view.spread_pick(np.array(chosen_list, dtype=np.intp), top, by_score=by_score)
+    return gpus, "required nodes, then the fullest"

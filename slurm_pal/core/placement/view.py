@@ -91,6 +91,7 @@ class RequestView:
         "request",
         "shape",
         "sorted",
+        "top",
         "totals",
         "width",
     )
@@ -111,6 +112,8 @@ class RequestView:
         self.sorted = sorted_bins
         self.totals = totals
         self.n_bins = self.klass.n_bins
+        self.top = self.n_bins - 1
+        """The highest bin the request may use (lower when a policy leaves slow GPUs out)."""
         self.width = width = sorted_bins.shape[1]
         self.columns = _COLUMNS[:width] if width <= _COLUMNS.size else np.arange(width)
         self.gpu_model = gpu_model

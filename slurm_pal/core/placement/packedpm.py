@@ -1,0 +1,170 @@
+"""Packing first, PM-scores for outliers: the placement that is safe where jobs never move.
+
+Under Slurm a running job keeps its GPUs to the end, so whatever a placement does to the shape
+of the free GPUs stays until jobs end. Measured in the simulator's Slurm mode (benchmarks/README,
+"Production"): the paper's PM-First and PAL lose to plain packing on measured variability,
+because single-GPU jobs take the best GPUs wherever they are and no node stays whole. Choosing
+GPUs by PM-score even *inside* the node packing picks gained nothing over 40 paired runs and
+added noise (p90 run ratio 1.04 against 1.00): a few per cent of GPU speed is below what
+FIFO + backfill's chaos hides. What pays is keeping jobs off GPUs that are far slower for them
+(a GPU at 2.8x for compute-bound jobs, as PAL's artifact draws have). So:
+
+1. the nodes and per-node counts are packing's (:func:`pack_pick`: exact fit, else the tightest
+   node that fits, else spread from the fullest; stable node order);
+2. a GPU whose PM-score for the job's class is above ``avoid_above`` is left out when packing
+   can place the job on the others *and* that costs nothing: no more nodes, no larger hole
+   broken (the free GPUs of the nodes used), a smaller LV product. Without that guard, single
+   runs lost up to 1.41x;
+3. inside a node, GPUs that are outliers for another class but not for this job's go first
+   (a memory-bound job takes the GPU a compute-bound one must not get), then by local index;
+4. with ``wait``, a job that could only start on an outlier now waits for other GPUs (unless it
+   could never fit without them); without it, the outlier is the last resort.
+
+On a site whose GPUs are all within ``avoid_above`` (Longhorn's V100s: 1.12x at most; H100s:
+2.2 %) this is exactly packing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.placement.base import Allocation, PlacementResult
+from slurm_pal.core.placement.packed import pack_pick
+from slurm_pal.core.placement.pmfirst import constraint_text
+from slurm_pal.core.placement.view import RequestView, build_allocation, placed, prepare, unplaced
+from slurm_pal.core.request import PlacementRequest
+
+__all__ = ["WAIT_REASON", "PackedPMPolicy"]
+
+WAIT_REASON = "waits for GPUs that are not outliers for its class"
+"""The reason of a ``wait`` result (the job fits now only on outlier GPUs)."""
+
+
+class PackedPMPolicy:
+    """Packing's nodes, outlier GPUs only where they cost nothing else, or as a last resort.
+
+    ``avoid_above``: a PM-score (1.0 = the median GPU) above which a GPU is an outlier for the
+    job's class; ``inf`` never avoids (plain packing). ``wait``: a job that fits now only on
+    outliers waits instead of taking them.
+    """
+
+    name = "packed-pm"
+
+    def __init__(self, avoid_above: float = 1.5, wait: bool = False) -> None:
+        if not avoid_above >= 1.0:
+            raise ValueError(f"avoid_above must be a PM-score >= 1.0, got {avoid_above}")
+        self.avoid_above = float(avoid_above)
+        self.wait = bool(wait)
+
+    def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
+        view = prepare(request, cluster)
+        if isinstance(view, str):
+            return unplaced(request, f"Packed-PM: {view}")
+        picked = pack_pick(view, node_take=self._node_take)
+        if picked is None:
+            return unplaced(request, f"Packed-PM: no free GPUs satisfy {constraint_text(request)}")
+        allocation = _describe(view, *picked)
+        slow = self._first_slow_bin(view)
+        if slow >= view.n_bins or max(view.klass.bin_of[picked[0]]) < slow:
+            return placed(allocation, request)
+        capped = _without_bins_from(view, slow)
+        alternative = None if capped is None else pack_pick(capped, node_take=self._node_take)
+        if alternative is not None:
+            how = f"{alternative[1]}, GPUs above {self.avoid_above:g} left out"
+            better = _describe(view, alternative[0], how)
+            if _costs_nothing_more(view, allocation, better):
+                return placed(better, request)
+        elif self.wait and _fits_without(view, slow):
+            return unplaced(request, f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g})")
+        return placed(allocation, request)
+
+    def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Inside each chosen node: first the GPUs that are outliers for another class (but
+        usable for this job), then by local index as packing does. Plain Python: a node holds a
+        handful of GPUs."""
+        cluster = view.cluster
+        lists = cluster._gpu_lists
+        job_class = view.request.job_class
+        others = [lists[f"score:{name}"] for name in cluster.class_order if name != job_class]
+        if not others or not math.isfinite(self.avoid_above):
+            return view.take(nodes, counts, 0, view.top, by_score=False)
+        bins = lists[f"bin:{job_class}"]
+        models, wanted = lists["model"], view.gpu_model
+        free, top, limit = cluster.free, view.top, self.avoid_above
+        picked: list[int] = []
+        for node, count in zip(nodes.tolist(), counts.tolist(), strict=True):
+            slots = [
+                gpu
+                for gpu in lists["node_gpus"][node]
+                if free[gpu] and bins[gpu] <= top and (wanted is None or models[gpu] == wanted)
+            ]
+            slots.sort(key=lambda gpu: not any(scores[gpu] > limit for scores in others))
+            picked.extend(slots[:count])
+        return np.array(picked, dtype=np.intp)
+
+    def _first_slow_bin(self, view: RequestView) -> int:
+        """The first bin of the job's class scoring above ``avoid_above`` (``n_bins``: none)."""
+        if not math.isfinite(self.avoid_above):
+            return view.n_bins
+        return int(np.searchsorted(view.klass.bin_scores, self.avoid_above, side="right"))
+
+    def __repr__(self) -> str:
+        return f"PackedPMPolicy(avoid_above={self.avoid_above:g}, wait={self.wait})"
+
+
+def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
+    return build_allocation(
+        view,
+        gpus,
+        lambda level, worst, nodes: (
+            f"Packed-PM: {how}, {nodes} (V={worst:.3g} L={level.penalty:g})"
+        ),
+    )
+
+
+def _costs_nothing_more(view: RequestView, packed: Allocation, alternative: Allocation) -> bool:
+    """Is ``alternative`` faster for the job (LV product) without spanning more nodes or
+    breaking a larger hole (more free GPUs on the nodes it uses) than packing's choice?
+    Fragmentation outlives the job, so it is never traded for speed here."""
+    if len(alternative.node_names) > len(packed.node_names):
+        return False
+    counts = view.usable_counts()
+    index = view.cluster.node_index
+
+    def hole(allocation: Allocation) -> int:
+        return int(sum(counts[index[node]] for node in allocation.node_names))
+
+    return hole(alternative) <= hole(packed) and alternative.lv_product < packed.lv_product
+
+
+def _without_bins_from(view: RequestView, first_unusable: int) -> RequestView | None:
+    """The same view without the GPUs in bins >= ``first_unusable`` (None: too few left)."""
+    sorted_bins = np.where(view.sorted >= first_unusable, view.n_bins, view.sorted)
+    totals = view.totals.copy()
+    totals[first_unusable:] = 0
+    if int(totals.sum()) < view.shape.n:
+        return None
+    capped = RequestView(
+        view.request,
+        view.cluster,
+        view.shape,
+        sorted_bins.astype(np.int32),
+        totals,
+        view.gpu_model,
+    )
+    capped.top = first_unusable - 1
+    return capped
+
+
+def _fits_without(view: RequestView, first_unusable: int) -> bool:
+    """Could the job ever run without the outliers? Only plain GPU counts wait: a job pinned
+    to nodes, features or a model takes what it can get rather than risk waiting forever."""
+    request = view.request
+    if not view.shape.simple or request.required_features or request.excluded_nodes:
+        return False
+    if view.gpu_model is not None or request.gpu_model is not None:
+        return False
+    return int((view.klass.bin_of < first_unusable).sum()) >= view.shape.n

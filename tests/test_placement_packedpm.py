@@ -1,0 +1,121 @@
+"""packed-pm (the production default) and the PM-blind null: packing's nodes always, outliers
+only where leaving them costs nothing, waiting only when asked and never for ever."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.placement import (
+    PackedPMPolicy,
+    PackedPolicy,
+    configured_policy,
+)
+from slurm_pal.core.placement.packedpm import WAIT_REASON
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.topology import Topology
+
+
+def cluster_of(
+    layout: dict[str, list[float]],
+    busy: tuple[str, ...] = (),
+    other: dict[str, float] | None = None,
+) -> Cluster:
+    """node -> class-A score per GPU; class D scores 1.0 except ``other`` (uuid -> D score)."""
+    gpus = [
+        GpuSpec(
+            f"{node}-{i}",
+            node,
+            i,
+            "v100",
+            {"A": score, "D": (other or {}).get(f"{node}-{i}", 1.0)},
+        )
+        for node, scores in layout.items()
+        for i, score in enumerate(scores)
+    ]
+    return Cluster.from_gpus(gpus, Topology.flat(1.7), busy=busy)
+
+
+def uuids(policy: object, cluster: Cluster, gpus: int, job_class: str = "A") -> list[str] | None:
+    result = policy.place(PlacementRequest("j", job_class, gpus), cluster)  # type: ignore[attr-defined]
+    return None if result.allocation is None else list(result.allocation.uuids)
+
+
+def test_an_outlier_is_left_out_when_that_costs_no_node_and_no_larger_hole() -> None:
+    # n0 has 2 free (one at 2.8x), n1 has 2 free: packing takes n0-0 (tightest, first).
+    cluster = cluster_of({"n0": [2.8, 1.0, 1.0], "n1": [1.0, 1.0, 1.0]}, busy=("n0-2", "n1-2"))
+    assert uuids(PackedPolicy(), cluster, 1) == ["n0-0"]
+    assert uuids(PackedPMPolicy(), cluster, 1) == ["n0-1"]  # same node, no outlier
+    # A 2-GPU job: packing's exact fit n0 holds the outlier; n1 is the same size, so no larger
+    # hole is broken and the job goes there.
+    assert uuids(PackedPMPolicy(), cluster, 2) == ["n1-0", "n1-1"]
+
+
+def test_an_outlier_is_kept_when_leaving_it_would_break_a_larger_hole_or_span() -> None:
+    # Exact fit on n0 (2 free, one outlier); the only other place is a whole 4-GPU node.
+    cluster = cluster_of({"n0": [2.8, 1.0, 1.0, 1.0], "n1": [1.0] * 4}, busy=("n0-2", "n0-3"))
+    assert uuids(PackedPMPolicy(), cluster, 2) == ["n0-0", "n0-1"]
+    # Leaving the outlier out would make a 3-GPU job span two nodes: it stays.
+    cluster = cluster_of({"n0": [2.8, 1.0, 1.0], "n1": [1.0, 1.0, 1.0]}, busy=("n1-1", "n1-2"))
+    assert uuids(PackedPMPolicy(), cluster, 3) == ["n0-0", "n0-1", "n0-2"]
+
+
+def test_wait_holds_a_job_that_fits_only_on_outliers_but_never_for_ever() -> None:
+    cluster = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
+    assert uuids(PackedPMPolicy(), cluster, 1) == ["n0-0"]  # last resort
+    result = PackedPMPolicy(wait=True).place(PlacementRequest("j", "A", 1), cluster)
+    assert result.allocation is None and WAIT_REASON in result.reason
+    # A memory-bound job is not slowed there and takes it.
+    assert uuids(PackedPMPolicy(wait=True), cluster, 1, "D") == ["n0-0"]
+    # A job that needs every GPU of the cluster can never avoid the outlier: it does not wait.
+    free = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]})
+    assert uuids(PackedPMPolicy(wait=True), free, 4) is not None
+
+
+def test_a_job_insensitive_to_an_outlier_takes_it_first_inside_packings_node() -> None:
+    # n0-1 is an outlier for class A only; a class-D job on n0 takes it, leaving n0-0 for A.
+    cluster = cluster_of({"n0": [1.0, 2.8, 1.0, 1.0]}, busy=("n0-2", "n0-3"))
+    assert uuids(PackedPolicy(), cluster, 1, "D") == ["n0-0"]
+    assert uuids(PackedPMPolicy(), cluster, 1, "D") == ["n0-1"]
+    assert uuids(PackedPMPolicy(), cluster, 1, "A") == ["n0-0"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 9),
+    st.floats(0.9, 1.45),
+)
+def test_without_outliers_it_is_exactly_packing(seed: int, gpus: int, spread: float) -> None:
+    """Every GPU within avoid_above: packed-pm decides what packing decides, GPU for GPU; the
+    null (GPUs of a node shuffled) takes the same nodes and counts per node."""
+    rng = np.random.default_rng(seed)
+    layout = {f"n{n}": list(rng.uniform(0.9, spread, size=4)) for n in range(4)}
+    everything = [f"{node}-{i}" for node in layout for i in range(4)]
+    busy = tuple(g for g in everything if rng.random() < 0.4)
+    cluster = cluster_of(layout, busy=busy)
+    packed = uuids(PackedPolicy(), cluster, gpus)
+    assert uuids(PackedPMPolicy(avoid_above=1.5), cluster, gpus) == packed
+    shuffled = uuids(PackedPolicy(shuffle_seed=seed), cluster, gpus)
+    if packed is None:
+        assert shuffled is None
+    else:
+        assert shuffled is not None
+
+        def per_node(names: list[str]) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for name in names:
+                counts[name.split("-")[0]] = counts.get(name.split("-")[0], 0) + 1
+            return counts
+
+        assert per_node(shuffled) == per_node(packed)
+
+
+def test_configured_policy_passes_only_the_settings_a_policy_takes() -> None:
+    policy = configured_policy("packed-pm", pack_tolerance=0.05, avoid_above=2.0)
+    assert isinstance(policy, PackedPMPolicy) and policy.avoid_above == 2.0
+    pal = configured_policy("pal", pack_tolerance=0.05, avoid_above=2.0)
+    assert pal.pack_tolerance == 0.05  # type: ignore[attr-defined]
+    assert isinstance(configured_policy("packed", avoid_above=2.0), PackedPolicy)
