@@ -60,7 +60,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from slurm_pal.core.cluster import Cluster
-from slurm_pal.core.placement import Allocation, PlacementPolicy, get_policy
+from slurm_pal.core.placement import (
+    Allocation,
+    PlacementPolicy,
+    configured_policy,
+    get_policy,
+)
 from slurm_pal.core.queue import placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import WITHIN_NODE, Topology
@@ -72,6 +77,7 @@ from slurm_pal.sim.variability import SimGpus
 __all__ = [
     "ALL_PLACEMENTS",
     "MODES",
+    "PAPER_PLACEMENTS",
     "PLACEMENTS",
     "SCHEDULERS",
     "SimConfig",
@@ -85,9 +91,27 @@ PLACEMENTS: dict[str, tuple[str, bool]] = {
     "random-nonsticky": ("random", False),
     "pm-first": ("pm-first", False),
     "pal": ("pal", False),
+    "packed-pm": ("packed-pm", True),
+    "null": ("packed", True),
+    "advisor": ("", True),
 }
 """Simulator placement name -> (core policy name, sticky). PAL and PM-First are non-sticky in
-PAL's paper and code; Tiresias = packed-sticky, Gandiva = packed-nonsticky."""
+PAL's paper and code; Tiresias = packed-sticky, Gandiva = packed-nonsticky. ``packed-pm`` is the
+production default (packing's nodes, outlier GPUs avoided where that costs nothing); ``null`` is
+packing with each node's GPUs taken in a seeded random order: the PM-blind null that shows how far
+the queue's own noise moves single runs.
+``advisor`` is the advisor as a site config sets it up (``SimConfig.advisor_policy`` with
+``advisor_settings``; see :func:`slurm_pal.sim.advisor.advisor_sim_options`)."""
+
+PAPER_PLACEMENTS: tuple[str, ...] = (
+    "packed-sticky",
+    "packed-nonsticky",
+    "random-sticky",
+    "random-nonsticky",
+    "pm-first",
+    "pal",
+)
+"""The PAL paper's six placements (what ``sim run`` compares by default without a site config)."""
 
 ALL_PLACEMENTS: tuple[str, ...] = (*PLACEMENTS, *PEERS)
 """Every name ``SimConfig.placement`` takes: the engine's placements, then the peers
@@ -133,6 +157,9 @@ class SimConfig:
     max_time: float = 10 * 365 * 86400.0
     migration_seconds: float = 30.0
     xi: float | None = None
+    policy_params: tuple[tuple[str, float | int | bool | str], ...] = ()
+    advisor_policy: str = "packed-pm"
+    advisor_settings: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -157,6 +184,8 @@ class SimConfig:
 
     @property
     def policy_name(self) -> str:
+        if self.placement == "advisor":
+            return self.advisor_policy
         return PLACEMENTS[self.placement][0]
 
 
@@ -204,8 +233,16 @@ class _Simulation:
         assert self.cluster.uuids == tuple(s.uuid for s in gpus.specs())
         self.truth = {name: np.asarray(v, dtype=float) for name, v in gpus.true_slowdown.items()}
         self.truth_lists = {name: v.tolist() for name, v in self.truth.items()}
-        params = {"seed": config.seed} if config.policy_name == "random" else {}
-        self.policy: PlacementPolicy = get_policy(config.policy_name, **params)
+        params: dict[str, object] = dict(config.policy_params)
+        if config.policy_name == "random":
+            params["seed"] = config.seed
+        if config.placement == "null":
+            params["shuffle_seed"] = config.seed
+        self.policy: PlacementPolicy = (
+            configured_policy(config.advisor_policy, **dict(config.advisor_settings))
+            if config.placement == "advisor"
+            else get_policy(config.policy_name, **params)
+        )
         advised_targets = {target for _, target in config.advised_classes}
         if config.default_class is not None:
             advised_targets.add(config.default_class)
@@ -234,9 +271,10 @@ class _Simulation:
         self.by_id = {job.request.job_id: job for job in self.jobs}
         self.timeline: list[tuple[float, int]] = []
         # Random draws differ call by call: its rounds are never replayed from the last plan.
-        self.replayable = config.policy_name != "random"
+        self.replayable = config.policy_name != "random" and config.placement != "null"
         self.last_plan: tuple[list[str], bool] = ([], False)
-        # Baselines keep the scheduler's order; PM-First and PAL sort the fitting prefix by class.
+        # Baselines keep the scheduler's order; PM-aware policies sort the fitting prefix by
+        # class, so the most variability-sensitive jobs choose their GPUs first.
         self.cut_order: tuple[str, ...] = (
             self.cluster.class_order if config.policy_name in ("pal", "pm-first") else ()
         )

@@ -6,13 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
 
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim.engine import SimConfig, simulate
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus
 
-__all__ = ["BASELINE", "geomean_gain", "improvement", "run_grid"]
+__all__ = ["BASELINE", "PairedRatios", "geomean_gain", "improvement", "run_grid"]
 
 BASELINE = "packed-sticky"
 
@@ -63,3 +66,60 @@ def geomean_gain(normalized: Sequence[float]) -> float:
     if not values:
         return math.nan
     return 1.0 - math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+@dataclass(frozen=True)
+class PairedRatios:
+    """A placement judged against a reference over paired runs (same trace, GPUs and seed).
+
+    ``ratios`` are per-run average-JCT ratios placement / reference (< 1: better). The gain is
+    ``1 - geomean``; its 95 % interval is a percentile bootstrap over the runs (seeded, so the
+    same runs give the same interval). Single runs are chaotic under FIFO + backfill (one job
+    ending earlier reorders the queue), so a placement is judged by the whole distribution.
+    """
+
+    ratios: tuple[float, ...]
+    gain: float
+    gain_low: float
+    gain_high: float
+    median: float
+    p90: float
+    worst: float
+    best: float
+
+    @classmethod
+    def of(cls, ratios: Sequence[float], *, resamples: int = 4000, seed: int = 0) -> PairedRatios:
+        values = np.array([r for r in ratios if math.isfinite(r) and r > 0], dtype=float)
+        if values.size == 0:
+            raise ValueError("no finite positive ratios to summarize")
+        logs = np.log(values)
+        rng = np.random.default_rng(seed)
+        picks = rng.integers(0, values.size, size=(resamples, values.size))
+        means = logs[picks].mean(axis=1)
+        low, high = np.quantile(means, [0.025, 0.975])
+        return cls(
+            ratios=tuple(float(v) for v in values),
+            gain=float(1.0 - math.exp(logs.mean())),
+            gain_low=float(1.0 - math.exp(high)),
+            gain_high=float(1.0 - math.exp(low)),
+            median=float(np.median(values)),
+            p90=float(np.quantile(values, 0.9)),
+            worst=float(values.max()),
+            best=float(values.min()),
+        )
+
+    @property
+    def clear_gain(self) -> bool:
+        """The gain is clear of the noise: the interval's lower bound is above zero."""
+        return self.gain_low > 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "runs": len(self.ratios),
+            "geomean_gain": self.gain,
+            "gain_ci95": [self.gain_low, self.gain_high],
+            "median_ratio": self.median,
+            "p90_ratio": self.p90,
+            "worst_ratio": self.worst,
+            "best_ratio": self.best,
+        }
