@@ -103,7 +103,10 @@ def test_default_db_path_depends_on_who_runs(monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[advisor]\npolicy = "best"\n', r"'advisor.policy' is 'best'; valid values: pal"),
+        (
+            '[advisor]\npolicy = "best"\n',
+            r"'advisor.policy' is 'best'; valid values: packed-pm, pal",
+        ),
         ('[advisor]\nslurm_backend = "x"\n', r"valid values: auto, cli, pyslurm"),
         ('[advisor]\nsocket = "run/a.sock"\n', r"'advisor.socket' must be an absolute path"),
         ("[advisor]\nsubmit_timeout_ms = 0\n", r"'advisor.submit_timeout_ms' must be > 0"),

@@ -107,7 +107,7 @@ class ClassificationConfig:
         return len(names) if self.n_classes is None else self.n_classes
 
 
-ADVISOR_POLICIES = ("pal", "pm-first", "packed", "random")
+ADVISOR_POLICIES = ("packed-pm", "pal", "pm-first", "packed", "random")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 
@@ -121,11 +121,17 @@ class AdvisorConfig:
     """Peers (SO_PEERCRED uid) the service answers; root and SlurmUser. Others are refused."""
     socket_group: str = "slurm"
     """Group owning the socket (mode 0660), so SlurmUser can connect; root always can."""
-    policy: str = "pal"
-    """Placement policy: pal, pm-first, packed or random."""
+    policy: str = "packed-pm"
+    """Placement policy: packed-pm (the production default: packing's nodes, the job's best GPUs
+    inside them, slow outliers last), pal or pm-first (the paper's policies: they lose to packing
+    where jobs never move, benchmarks/README.md "Production"), packed (plain packing), random."""
     pack_tolerance: float = 0.05
     """pal/pm-first accept an LV product this much worse than the best (0.05 = 5 %) to pack:
     Slurm cannot migrate, and unpacked single-GPU picks fragment the nodes (ARCHITECTURE.md)."""
+    avoid_above: float = 1.5
+    """packed-pm keeps a job off GPUs whose PM-score for its class is above this (1.5 = 50 %
+    slower than the median GPU) when that costs no extra node and breaks no larger hole, and
+    otherwise uses them only as a last resort."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
     refresh_s: float = 5.0
@@ -386,6 +392,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         )
     if a.replan_s < 0:
         raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")
+    if not a.avoid_above >= 1.0:
+        raise ConfigError(
+            f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "
+            f"got {a.avoid_above}"
+        )
 
 
 def default_db_path() -> Path:

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from slurm_pal import __version__
-from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, NodeState, SlurmStateReader
 from slurm_pal.adapters.store import Store
@@ -43,7 +43,7 @@ from slurm_pal.advisor.decide import (
 )
 from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.placement import PlacementPolicy, get_policy
+from slurm_pal.core.placement import PlacementPolicy, configured_policy
 from slurm_pal.core.resolve import JobRecord, StoreView, claimed_app, resolve
 from slurm_pal.site.render import compare_gres, plan_from_store
 
@@ -76,11 +76,11 @@ def node_unavailable(node: NodeState) -> str | None:
     return f"state {node.state}+{'+'.join(bad)}" if bad else None
 
 
-def make_policy(name: str, pack_tolerance: float) -> PlacementPolicy:
-    """The configured policy; only pal/pm-first take a packing tolerance."""
-    if name in ("pal", "pm-first"):
-        return get_policy(name, pack_tolerance=pack_tolerance)
-    return get_policy(name)
+def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
+    """The configured policy, built as the simulator builds placement ``advisor``."""
+    return configured_policy(
+        name, pack_tolerance=advisor.pack_tolerance, avoid_above=advisor.avoid_above
+    )
 
 
 @dataclass
@@ -217,7 +217,7 @@ class AdvisorState:
         self.store_path = Path(store_path)
         self.reader = reader
         self.policy_name = policy or config.advisor.policy
-        self.policy = make_policy(self.policy_name, config.advisor.pack_tolerance)
+        self.policy = make_policy(self.policy_name, config.advisor)
         self.labels_file = labels_file
         self.clock = clock
         self.topology = topology_from_config(config.locality, source=config.source)
@@ -242,7 +242,7 @@ class AdvisorState:
         """Take a re-read site config (the ``reload`` op): policy, tolerance, topology, TTL,
         class rules. The cluster is rebuilt by the :meth:`reload` that follows."""
         name = policy or config.advisor.policy
-        new_policy = make_policy(name, config.advisor.pack_tolerance)
+        new_policy = make_policy(name, config.advisor)
         topology = topology_from_config(config.locality, source=config.source)
         with self._lock:
             self.config = config
