@@ -148,3 +148,58 @@ def test_bad_options_exit_2(
 def test_missing_trace(run_cli: Callable[..., object], tmp_path: Path) -> None:
     result = run_cli("sim", "run", "--trace", tmp_path / "nope.csv", ok=False)
     assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_config_advisor_is_the_engine_as_configured(
+    run_cli: Callable[..., object], trace: Path, tmp_path: Path
+) -> None:
+    """`--placement advisor` simulates what serve runs with the same file: a config whose
+    policy is plain packing gives packing's results to the second, and `--config` alone
+    compares packing, the advisor and the PM-blind null."""
+    packed = tmp_path / "packed.toml"
+    packed.write_text('[advisor]\npolicy = "packed"\n')
+    result = run_cli(
+        "sim",
+        "run",
+        "--trace",
+        trace,
+        "--cluster",
+        "4x4",
+        "--mode",
+        "slurm",
+        "--config",
+        packed,
+        "--json",
+    )
+    rows = {row["placement"]: row for row in json.loads(result.output)}
+    assert list(rows) == ["packed-sticky", "advisor", "null"]
+    assert rows["advisor"]["avg_jct"] == rows["packed-sticky"]["avg_jct"]
+    assert rows["advisor"]["makespan"] == rows["packed-sticky"]["makespan"]
+
+    pal = tmp_path / "pal.toml"
+    pal.write_text(
+        '[advisor]\npolicy = "pal"\npack_tolerance = 0.0\n[locality]\nacross_switches = 2.0\n'
+    )
+    result = run_cli(
+        "sim",
+        "run",
+        "--trace",
+        trace,
+        "--cluster",
+        "4x4",
+        "--mode",
+        "slurm",
+        "--config",
+        pal,
+        "--placement",
+        "advisor,pal",
+        "--json",
+    )
+    rows = {row["placement"]: row for row in json.loads(result.output)}
+    # The config's locality penalty applies to every placement unless --locality-penalty says.
+    assert rows["advisor"]["avg_jct"] == rows["pal"]["avg_jct"]
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[advisor]\npolicy = "best"\n')
+    bad = run_cli("sim", "run", "--trace", trace, "--config", broken, ok=False)
+    assert bad.exit_code == 2 and "valid values: packed-pm, pal" in bad.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -100,3 +101,22 @@ def fmt_score(value: float | None, digits: int = 3) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value))
         else f"{value:.{digits}f}"
     )
+
+
+@contextmanager
+def stdout_kept_clean(active: bool = True) -> Iterator[None]:
+    """While active, file descriptor 1 points at stderr: anything printed below Python (a C
+    solver's log, a worker process's output) cannot end up in a command's ``--json`` output,
+    which is printed after this block to the real stdout."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -16,8 +16,17 @@ from rich import box
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from slurm_pal.adapters.config import load_config
 from slurm_pal.adapters.traces import TraceFormatError, read_trace
-from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors
+from slurm_pal.cli.common import (
+    console,
+    err_console,
+    fail,
+    print_json,
+    reported_errors,
+    state,
+    stdout_kept_clean,
+)
 from slurm_pal.core.workload import (
     PAL_DEFAULT_CLASS,
     PAL_ITERATION_TIME,
@@ -25,7 +34,15 @@ from slurm_pal.core.workload import (
     SimJob,
     poisson_workload,
 )
-from slurm_pal.sim.engine import ALL_PLACEMENTS, MODES, PLACEMENTS, SCHEDULERS, SimConfig
+from slurm_pal.sim.advisor import advisor_sim_options
+from slurm_pal.sim.engine import (
+    ALL_PLACEMENTS,
+    MODES,
+    PAPER_PLACEMENTS,
+    PLACEMENTS,
+    SCHEDULERS,
+    SimConfig,
+)
 from slurm_pal.sim.experiments import BASELINE, improvement, run_grid
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
@@ -39,6 +56,11 @@ app = typer.Typer(
 
 PROGRESS_THRESHOLD = 3
 """Show a progress bar from this many simulations on."""
+
+
+SITE_PLACEMENTS = ("packed-sticky", "advisor", "null")
+"""What ``sim run --config`` compares by default: Slurm's packing, the configured advisor, and
+the PM-blind null next to which the advisor's difference from packing is read."""
 
 
 def split_names(text: str, valid: Sequence[str], what: str) -> list[str]:
@@ -215,6 +237,7 @@ def write_plots(results: list[SimResult], directory: Path) -> list[Path]:
 
 @app.command("run")
 def run(
+    ctx: typer.Context,
     trace: Path | None = typer.Option(
         None, "--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False
     ),
@@ -230,16 +253,32 @@ def run(
         "variability-sensitive class first (none: no variability).",
     ),
     placement: str = typer.Option(
-        ",".join(PLACEMENTS),
+        "",
         "--placement",
-        help="Comma-separated placements; peers (scheduler and placement at once): "
+        help="Comma-separated placements (default: the paper's six; with --config: "
+        "packed-sticky,advisor,null). 'advisor' is the advisor exactly as the site config sets "
+        "it up (what serve runs); 'null' is packing with each node's GPUs in random order, "
+        "blind to PM-scores (the queue's own noise). Peers (scheduler and placement at once): "
         + ", ".join(ALL_PLACEMENTS[len(PLACEMENTS) :])
         + ".",
+        show_default=False,
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Site config (slurm-pal.toml) whose advisor the 'advisor' placement simulates, and "
+        "whose locality penalty applies (default: the global --config, $SLURM_PAL_CONFIG, or "
+        "the built-in defaults, as serve reads it).",
+        show_default=False,
     ),
     scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las, srtf (or a list)."),
     cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
-    locality_penalty: float = typer.Option(
-        1.7, "--locality-penalty", help="Slowdown of a job spanning nodes."
+    locality_penalty: float | None = typer.Option(
+        None,
+        "--locality-penalty",
+        help="Slowdown of a job spanning nodes (default: the config's locality.across_switches, "
+        "1.7).",
+        show_default=False,
     ),
     mode: str = typer.Option("rounds", "--mode", help="rounds (PAL/Blox) or slurm."),
     round_seconds: float = typer.Option(360.0, "--round", help="Round length (s)."),
@@ -277,7 +316,14 @@ def run(
     ),
 ) -> None:
     """Simulate a trace under each placement x scheduler and compare them."""
+    with reported_errors():
+        site = load_config(config) if config is not None else state(ctx).config
+    if not placement:
+        placement = ",".join(SITE_PLACEMENTS if config is not None else PAPER_PLACEMENTS)
     placements = split_names(placement, list(ALL_PLACEMENTS), "placement")
+    if locality_penalty is None:
+        locality_penalty = site.locality.across_switches
+    advisor = advisor_sim_options(site)
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
@@ -318,22 +364,26 @@ def run(
             spanned_penalty=locality_penalty,
         )
         try:
+            common = {
+                "mode": mode,
+                "round_seconds": round_seconds,
+                "locality_penalty": locality_penalty,
+                "seed": seed if seed is not None else 0,
+                "pal_artifact": pal_artifact,
+                "migration_seconds": migration_seconds,
+                "xi": xi,
+            }
+            # The advisor's L x V matrix uses the config's penalty; jobs pay the site's.
+            as_configured = {**advisor, "site_locality_penalty": locality_penalty}
             configs = [
-                SimConfig(
-                    placement=p,
-                    scheduler=s,
-                    mode=mode,
-                    round_seconds=round_seconds,
-                    locality_penalty=locality_penalty,
-                    seed=seed if seed is not None else 0,
-                    pal_artifact=pal_artifact,
-                    migration_seconds=migration_seconds,
-                    xi=xi,
-                )
+                SimConfig(scheduler=s, **{**common, **(as_configured if p == "advisor" else {})})
+                if p == "advisor"
+                else SimConfig(placement=p, scheduler=s, **common)
                 for s in schedulers
                 for p in placements
             ]
-            results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
+            with stdout_kept_clean(as_json):
+                results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
         except ValueError as exc:
             fail(str(exc).replace("[", "\\["))
     summaries = with_gains(results)

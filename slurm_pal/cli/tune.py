@@ -1,21 +1,22 @@
-"""`slurm-pal tune`: pick the advisor's locality penalty (and class count, default class) for a
-site by replaying its trace through the simulator.
+"""`slurm-pal tune`: should this site turn the advisor on, and with which settings?
 
-The site has one true cost of spanning nodes (``--site-penalty``, measured the way the paper
-does: a 2-node run's iteration time over a 1-node run's). PAL's L x V matrix uses a penalty too:
-the advisor's knob. Each candidate (placement, advisor penalty, number of classes) runs the
-same trace on the same simulated GPUs, jobs always paying the site's penalty; Packed-Sticky
-(what Slurm does without the advisor, roughly) is the baseline. Fewer classes merge the least
-variability-sensitive ones into the last kept class (placed by its scores, run at their own).
-The default class is what the advisor gives jobs it cannot identify (trace jobs with no class
-mapping, plus ``--unknown-share`` of the others, drawn with the seed); they still run at their
-true class's slowdowns.
+Each candidate (the advisor as the site config sets it up, and sweeps of its knobs: the locality
+penalty PAL's L x V matrix assumes, packed-pm's outlier threshold, the number of classes, the
+default class) replays the site's trace on simulated GPUs drawn with ``--seeds`` seeds. Every
+run is paired with Slurm's packing (packed-sticky) on the same trace, GPUs and seed, and jobs
+always pay the site's true cost of spanning nodes (``--site-penalty``). A candidate is judged
+by the distribution of its paired average-JCT ratios: geomean gain with a bootstrap 95 %
+interval, median, p90 and worst run. Single runs are chaotic under FIFO + backfill, so the
+PM-blind ``null`` placement is listed to show how far the queue's own noise moves them.
+
+The recommendation is honest: a candidate is recommended only when its gain is clear of the
+noise (the interval's lower bound above zero); otherwise tune recommends packing (the advisor
+in pass-through: ``policy = "packed"``), and it never recommends a candidate that lost.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,23 +24,39 @@ import typer
 from rich import box
 from rich.table import Table
 
-from slurm_pal.cli.common import console, fail, print_json, reported_errors
-from slurm_pal.cli.sim import (
-    hours,
-    load_jobs,
-    parse_pairs,
-    run_with_progress,
-    split_names,
+from slurm_pal.adapters.config import SiteConfig, load_config
+from slurm_pal.cli.common import (
+    console,
+    fail,
+    print_json,
+    reported_errors,
+    state,
+    stdout_kept_clean,
 )
-from slurm_pal.core.workload import PAL_DEFAULT_CLASS, PAL_MODEL_CLASS
+from slurm_pal.cli.sim import load_jobs, parse_pairs, run_with_progress, split_names
+from slurm_pal.core.workload import PAL_DEFAULT_CLASS, PAL_MODEL_CLASS, SimJob
+from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
-from slurm_pal.sim.experiments import BASELINE, improvement
+from slurm_pal.sim.experiments import BASELINE, PairedRatios
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
-from slurm_pal.sim.variability import uniform_gpus
+from slurm_pal.sim.variability import SimGpus, uniform_gpus
 
-TUNABLE = ("pal", "pm-first")
+TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
+PASS_THROUGH = "packed"
 
-app = typer.Typer(help="Recommend the advisor's locality penalty and class count for a site.")
+app = typer.Typer(help="Should the advisor run on this site, and with which settings?")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting of the advisor to try: a policy and the knobs that change its decisions."""
+
+    policy: str
+    label: str
+    options: dict[str, object]
+    settings: dict[str, object]  # what to write into [advisor]/[locality] to get it
+    classes: int | None = None
+    default_class: str | None = None
 
 
 def parse_numbers(text: str, what: str) -> list[float]:
@@ -58,8 +75,71 @@ def merged_classes(order: tuple[str, ...], keep: int) -> tuple[tuple[str, str], 
     return tuple((name, order[keep - 1]) for name in order[keep:])
 
 
+def candidates_for(
+    policies: list[str],
+    site: SiteConfig,
+    penalties: list[float],
+    thresholds: list[float],
+    counts: list[int],
+    defaults: list[str | None],
+    order: tuple[str, ...],
+) -> list[Candidate]:
+    """Every setting to try, the configured advisor first."""
+    out: list[Candidate] = []
+    for policy in policies:
+        for k in counts:
+            for default in defaults:
+                shared: dict[str, object] = {"advised_classes": merged_classes(order, k)}
+                extra = f", {k} classes" if k != len(order) else ""
+                if default is not None:
+                    shared["default_class"] = default
+                    extra += f", default class {default}"
+                if policy == "advisor":
+                    options = {**advisor_sim_options(site), **shared}
+                    label = f"advisor ({site.advisor.policy}, as configured){extra}"
+                    out.append(Candidate(policy, label, options, {}, k, default))
+                    continue
+                knobs: list[tuple[str, dict[str, object], dict[str, object]]]
+                if policy == "packed-pm":
+                    knobs = [
+                        (
+                            f"avoid_above {t:g}",
+                            {"advisor_settings": (("avoid_above", t),)},
+                            {"avoid_above": t},
+                        )
+                        for t in thresholds
+                    ]
+                else:
+                    knobs = [
+                        (
+                            f"L {p:g}",
+                            {
+                                "locality_penalty": p,
+                                "advisor_settings": (
+                                    ("pack_tolerance", site.advisor.pack_tolerance),
+                                ),
+                            },
+                            {"across_switches": p, "pack_tolerance": site.advisor.pack_tolerance},
+                        )
+                        for p in penalties
+                    ]
+                for text, options, settings in knobs:
+                    out.append(
+                        Candidate(
+                            policy,
+                            f"{policy}, {text}{extra}",
+                            {"placement": "advisor", "advisor_policy": policy, **options, **shared},
+                            {"policy": policy, **settings},
+                            k,
+                            default,
+                        )
+                    )
+    return out
+
+
 @app.callback(invoke_without_command=True)
 def tune(
+    ctx: typer.Context,
     trace: Path | None = typer.Option(
         None, "--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False
     ),
@@ -69,12 +149,28 @@ def tune(
     profile: list[str] = typer.Option(
         [], "--profile", help="CLASS=PATH campaign file per class, most sensitive first."
     ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Site config whose advisor is the first candidate (default: the global --config, "
+        "$SLURM_PAL_CONFIG or the built-in defaults, as serve reads it).",
+        show_default=False,
+    ),
     cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
-    site_penalty: float = typer.Option(
-        1.7, "--site-penalty", help="The site's measured slowdown of a job spanning nodes."
+    seeds: int = typer.Option(
+        10, "--seeds", help="Paired runs per candidate: GPU draws (and Poisson traces) 0..N-1."
+    ),
+    site_penalty: float | None = typer.Option(
+        None,
+        "--site-penalty",
+        help="The site's measured slowdown of a job spanning nodes (default: the config's).",
+        show_default=False,
     ),
     penalties: str = typer.Option(
-        "1.0,1.3,1.5,1.7,2.0,2.5,3.0", "--penalties", help="Advisor penalties to try."
+        "1.3,1.7,2.5", "--penalties", help="pal/pm-first: advisor penalties to try."
+    ),
+    avoid_above: str = typer.Option(
+        "1.25,1.5,2.0", "--avoid-above", help="packed-pm: outlier thresholds to try."
     ),
     class_counts: str = typer.Option(
         "", "--class-counts", help="Numbers of classes to try, e.g. 4,3,2 (default: all)."
@@ -89,29 +185,43 @@ def tune(
         "--unknown-share",
         help="Treat this seeded share of identified jobs as unidentified too (0-1).",
     ),
-    placement: str = typer.Option("pal,pm-first", "--placement", help="Policies to tune."),
-    mode: str = typer.Option("slurm", "--mode", help="slurm (production-like) or rounds."),
+    placement: str = typer.Option(
+        "advisor,packed-pm,pal", "--placement", help=f"Candidates: {', '.join(TUNABLE)}."
+    ),
+    mode: str = typer.Option("slurm", "--mode", help="slurm (production) or rounds."),
     scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las or srtf."),
     round_seconds: float = typer.Option(360.0, "--round", help="Round length (rounds mode)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the GPU draw."),
     pal_artifact: bool = typer.Option(False, "--pal-artifact", help="PAL's artifact GPUs."),
     class_map: list[str] = typer.Option([], "--class-map", help="MODEL/JOBNAME=CLASS."),
     default_class: str = typer.Option(PAL_DEFAULT_CLASS, "--default-class"),
     workers: int = typer.Option(2, "--workers", help="Worker processes."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
 ) -> None:
-    """Sweep the advisor's locality penalty (and class count) and recommend settings."""
+    """Compare the advisor's settings with Slurm's packing over paired runs; recommend one
+    only when its gain is clear of the noise."""
+    with reported_errors():
+        site = load_config(config) if config is not None else state(ctx).config
     policies = split_names(placement, list(TUNABLE), "placement")
     (scheduler_name,) = split_names(scheduler, list(SCHEDULERS), "scheduler")[:1]
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    if seeds < 2:
+        fail("--seeds must be >= 2: one run says nothing about the noise")
     try:
         n_nodes, per_node = parse_cluster(cluster)
     except ValueError as exc:
         fail(str(exc))
+    if site_penalty is None:
+        site_penalty = site.locality.across_switches
     advisor_penalties = parse_numbers(penalties, "--penalties")
+    thresholds = parse_numbers(avoid_above, "--avoid-above")
+    if any(t < 1.0 for t in thresholds):
+        fail("--avoid-above thresholds are PM-scores >= 1.0")
+    if not 0.0 <= unknown_share <= 1.0:
+        fail("--unknown-share must be within 0..1")
     profiles = parse_pairs(profile, "--profile")
-    with reported_errors():
+
+    def draw(seed: int) -> tuple[list[SimJob], SimGpus]:
         if profiles:
             gpus = load_gpus(
                 {name: Path(path) for name, path in profiles.items()},
@@ -124,7 +234,27 @@ def tune(
             gpus = uniform_gpus(
                 sorted({default_class, *PAL_MODEL_CLASS.values()}), n_nodes, per_node
             )
-        order = gpus.classes
+        jobs = load_jobs(
+            trace,
+            trace_format,
+            poisson,
+            load,
+            seed,
+            parse_pairs(class_map, "--class-map"),
+            {},
+            default_class,
+            gpus.classes,
+            spanned_penalty=site_penalty,
+        )
+        if unknown_share > 0:
+            rng = np.random.default_rng(seed)
+            hidden = rng.random(len(jobs)) < unknown_share
+            jobs = [replace(j, known=False) if h else j for j, h in zip(jobs, hidden, strict=True)]
+        return jobs, gpus
+
+    with reported_errors():
+        draws = [draw(seed) for seed in range(seeds)]
+        order = draws[0][1].classes
         counts = (
             [int(k) for k in parse_numbers(class_counts, "--class-counts")]
             if class_counts
@@ -138,137 +268,121 @@ def tune(
             unknown_names = [name for name in defaults if name not in order]
             if unknown_names:
                 fail(f"unknown default class(es) {', '.join(map(str, unknown_names))}")
-        if not 0.0 <= unknown_share <= 1.0:
-            fail("--unknown-share must be within 0..1")
-        jobs = load_jobs(
-            trace,
-            trace_format,
-            poisson,
-            load,
-            seed if seed is not None else 0,
-            parse_pairs(class_map, "--class-map"),
-            {},
-            default_class,
-            order,
-            spanned_penalty=site_penalty,
-        )
-        if unknown_share > 0:
-            rng = np.random.default_rng(seed if seed is not None else 0)
-            hidden = rng.random(len(jobs)) < unknown_share
-            jobs = [replace(j, known=False) if h else j for j, h in zip(jobs, hidden, strict=True)]
-        if default_classes and all(job.known for job in jobs):
+        if default_classes and all(job.known for job in draws[0][0]):
             console.print(
                 "[yellow]every job's class is known: --default-classes changes nothing "
                 "(see --unknown-share)[/]"
             )
+        candidates = candidates_for(
+            policies, site, advisor_penalties, thresholds, counts, defaults, order
+        )
         common = {
             "scheduler": scheduler_name,
             "mode": mode,
             "round_seconds": round_seconds,
-            "site_locality_penalty": site_penalty,
             "pal_artifact": pal_artifact,
-            "seed": seed if seed is not None else 0,
+            "locality_penalty": site_penalty,
+            "site_locality_penalty": site_penalty,
         }
+        reference = [Candidate("packed-sticky", BASELINE, {"placement": BASELINE}, {})]
+        noise = [Candidate("null", "null (PM-blind: the queue's noise)", {"placement": "null"}, {})]
+        everything = reference + noise + candidates
+        results: dict[tuple[int, int], dict[str, float]] = {}
         try:
-            candidates = [
-                (policy, penalty, k, default)
-                for policy in policies
-                for k in counts
-                for default in defaults
-                for penalty in advisor_penalties
-            ]
-            configs = [
-                SimConfig(placement=BASELINE, locality_penalty=site_penalty, **common),
-                *(
-                    SimConfig(
-                        placement=policy,
-                        locality_penalty=penalty,
-                        advised_classes=merged_classes(order, k),
-                        default_class=default,
-                        **common,
-                    )
-                    for policy, penalty, k, default in candidates
-                ),
-            ]
-            results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
+            with stdout_kept_clean(as_json):
+                for seed, (jobs, gpus) in enumerate(draws):
+                    configs = [SimConfig(seed=seed, **{**common, **c.options}) for c in everything]
+                    runs = run_with_progress(jobs, gpus, configs, workers, quiet=True)
+                    for index, run in enumerate(runs):
+                        summary = run.summary()
+                        results[(index, seed)] = {
+                            k: float(summary[k]) for k in ("avg_jct", "p99_jct", "makespan")
+                        }
         except ValueError as exc:
             fail(str(exc).replace("[", "\\["))
-    baseline = results[0].summary()
+
     rows = []
-    for (policy, penalty, k, default), result in zip(candidates, results[1:], strict=True):
-        summary = result.summary()
+    for index, candidate in enumerate(everything[1:], start=1):
+        ratios = [
+            results[(index, seed)]["avg_jct"] / results[(0, seed)]["avg_jct"]
+            for seed in range(seeds)
+        ]
+        p99 = [
+            results[(index, seed)]["p99_jct"] / results[(0, seed)]["p99_jct"]
+            for seed in range(seeds)
+        ]
+        paired = PairedRatios.of(ratios)
         rows.append(
             {
-                "placement": policy,
-                "advisor_penalty": penalty,
-                "classes": k,
-                "default_class": default,
-                "avg_jct": summary["avg_jct"],
-                "p99_jct": summary["p99_jct"],
-                "avg_wait": summary["avg_wait"],
-                "makespan": summary["makespan"],
-                "gain_vs_baseline": improvement(summary["avg_jct"], baseline["avg_jct"]),
+                "candidate": candidate.label,
+                "placement": candidate.policy,
+                "settings": candidate.settings,
+                "classes": candidate.classes,
+                "default_class": candidate.default_class,
+                **paired.summary(),
+                "p99_jct_geomean_ratio": float(np.exp(np.mean(np.log(p99)))),
+                "clear_gain": paired.clear_gain,
+                "noise_reference": candidate.policy == "null",
             }
         )
-    rows.sort(key=lambda r: (r["avg_jct"], r["p99_jct"]))
-    best = rows[0]
-    default = next(
-        (
-            r
-            for r in rows
-            if r["placement"] == "pal"
-            and math.isclose(r["advisor_penalty"], site_penalty)
-            and r["classes"] == len(order)
-        ),
-        None,
+    judged = [r for r in rows if not r["noise_reference"]]
+    winners = sorted(
+        (r for r in judged if r["clear_gain"]), key=lambda r: -float(r["geomean_gain"])
     )
+    if winners:
+        recommended = {"advisor": "on", **winners[0]}
+    else:
+        recommended = {
+            "advisor": "pass-through",
+            "candidate": f"packing (policy = {PASS_THROUGH!r})",
+            "settings": {"policy": PASS_THROUGH},
+            "why": "no candidate's gain is clear of the noise (95 % interval lower bound > 0)",
+        }
     report = {
         "site_penalty": site_penalty,
         "mode": mode,
         "scheduler": scheduler_name,
-        "baseline": {"placement": BASELINE, "avg_jct": baseline["avg_jct"]},
-        "recommended": best,
+        "seeds": seeds,
+        "baseline": {
+            "placement": BASELINE,
+            "avg_jct": [results[(0, seed)]["avg_jct"] for seed in range(seeds)],
+        },
+        "recommended": recommended,
         "candidates": rows,
     }
     if as_json:
         print_json(report)
         return
     table = Table(
-        title=f"{len(jobs)} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, site penalty "
-        f"{site_penalty:g}; baseline {BASELINE} avg JCT {hours(baseline['avg_jct'])} h",
+        title=f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, site penalty "
+        f"{site_penalty:g}; {seeds} paired runs each vs {BASELINE} (ratios: lower is better)",
         box=box.SIMPLE_HEAD,
     )
-    columns = ("placement", "L (advisor)", "classes", "default", "JCT h", "gain", "p99 h", "wait h")
+    columns = ("candidate", "gain", "95% CI", "median", "p90", "worst", "p99 JCT")
     for column in columns:
-        table.add_column(column, justify="left" if column == "placement" else "right")
+        table.add_column(column, justify="left" if column == "candidate" else "right")
     for row in rows:
+        low, high = row["gain_ci95"]
         table.add_row(
-            row["placement"],
-            f"{row['advisor_penalty']:g}",
-            str(row["classes"]),
-            row["default_class"] or "-",
-            hours(row["avg_jct"]),
-            f"{row['gain_vs_baseline']:+.1%}",
-            hours(row["p99_jct"]),
-            hours(row["avg_wait"]),
+            row["candidate"],
+            f"{row['geomean_gain']:+.1%}",
+            f"{low:+.1%}..{high:+.1%}",
+            f"{row['median_ratio']:.3f}",
+            f"{row['p90_ratio']:.3f}",
+            f"{row['worst_ratio']:.3f}",
+            f"{row['p99_jct_geomean_ratio']:.3f}",
         )
     console.print(table)
-    if not best["gain_vs_baseline"] > 0:
-        console.print(
-            f"[yellow]no candidate beats {BASELINE} on this trace:[/] the advisor would cost "
-            "average JCT here (variability too small to pay for the locality it gives up); "
-            "the best candidate is listed first"
-        )
-    console.print(
-        f"recommended: placement {best['placement']}, locality penalty "
-        f"{best['advisor_penalty']:g}, {best['classes']} classes"
-        + (f", default class {best['default_class']}" if best["default_class"] else "")
-        + " "
-        f"({best['gain_vs_baseline']:+.1%} average JCT vs {BASELINE})"
+    settings = (
+        ", ".join(f"{k} = {v!r}" for k, v in recommended["settings"].items())
+        or "keep the site config as it is"
     )
-    if default is not None and default is not best:
-        gap = improvement(best["avg_jct"], default["avg_jct"])
+    if winners:
         console.print(
-            f"vs PAL with the site penalty and all classes: {gap:+.1%} average JCT"
-            + (" (within noise: keep the defaults)" if abs(gap) < 0.01 else "")
+            f"recommended: {recommended['candidate']} ({settings}): "
+            f"{recommended['geomean_gain']:+.1%} average JCT vs {BASELINE}, clear of the noise"
+        )
+    else:
+        console.print(
+            f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
         )
