@@ -26,4 +26,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         ),
         "locality_penalty": float(site.locality.across_switches),
         "default_class": site.classes.default,
+        # Without the Epilog's round the advisor decides at submit; a job that waited starts
+        # where Slurm puts it (the periodic replan_s round usually comes too late: testbed).
+        "decisions": "every-event" if advisor.replan_on_epilog else "at-submit",
     }

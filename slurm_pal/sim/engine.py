@@ -76,6 +76,7 @@ from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
     "ALL_PLACEMENTS",
+    "DECISIONS",
     "MODES",
     "PAPER_PLACEMENTS",
     "PLACEMENTS",
@@ -120,6 +121,10 @@ not apply to them, ``scheduler`` only orders ``gimbal`` and ``pal-share``)."""
 
 SCHEDULERS = ("fifo", "las", "srtf")
 MODES = ("rounds", "slurm")
+DECISIONS = ("every-event", "at-submit")
+"""When the advisor places a job in Slurm mode: at every arrival and job end (the Epilog's
+re-planning round, ``advisor.replan_on_epilog``), or only at the job's own submission; a job
+that found no GPUs then is started where Slurm's own packing puts it."""
 _EPSILON = 1e-9
 
 
@@ -160,6 +165,7 @@ class SimConfig:
     policy_params: tuple[tuple[str, float | int | bool | str], ...] = ()
     advisor_policy: str = "packed-pm"
     advisor_settings: tuple[tuple[str, float], ...] = ()
+    decisions: str = "every-event"
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -172,6 +178,8 @@ class SimConfig:
             )
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.decisions not in DECISIONS:
+            raise ValueError(f"unknown decisions {self.decisions!r}; valid: {', '.join(DECISIONS)}")
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
         for penalty in (self.locality_penalty, self.site_locality_penalty):
@@ -270,6 +278,8 @@ class _Simulation:
         self.site_penalty = config.site_locality_penalty
         self.by_id = {job.request.job_id: job for job in self.jobs}
         self.timeline: list[tuple[float, int]] = []
+        self.at_submit_only = config.decisions == "at-submit"
+        self.slurm_packing: PlacementPolicy = get_policy("packed")
         # Random draws differ call by call: its rounds are never replayed from the last plan.
         self.replayable = config.policy_name != "random" and config.placement != "null"
         self.last_plan: tuple[list[str], bool] = ([], False)
@@ -518,7 +528,10 @@ class _Simulation:
             ends_in_time = shadow is not None and now + job.spec.work <= shadow
             if shadow is not None and not (ends_in_time or job.spec.gpus <= spare):
                 continue
-            result = self.policy.place(request, self.cluster)
+            policy = self.policy
+            if self.at_submit_only and job.spec.submit_time != now:
+                policy = self.slurm_packing
+            result = policy.place(request, self.cluster)
             if result.allocation is not None:
                 self._start(job, result.allocation, now)
                 heapq.heappush(running, (now + job.remaining / job.rate, job.order, job))
