@@ -1,5 +1,11 @@
 """One placement round over a pending queue, with PAL's placement priority (paper, section III-B).
 
+This is the project's one queue loop: the advisor's re-planning rounds, the simulator's Slurm
+mode and the paper's round mode all run :func:`queue_round`; they differ only in how a job is
+placed (a policy, or the advisor's decision around it), in whether a placement may be taken
+(``review``: a pending job Slurm cannot move is kept) and in when jobs may start (the
+:class:`StartRule`: PAL stops at the first job that does not fit; a simulated Slurm backfills).
+
 The scheduler decides *which* jobs run (its priority order); the placement decides *where*. PAL
 keeps the two apart: it cuts the queue at the longest prefix whose total GPU demand fits in the
 free GPUs (those jobs are due this round whatever their class), sorts that prefix by class, most
@@ -14,16 +20,100 @@ job (backfill-like; it can delay the job that did not fit).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, Protocol
 
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement.base import PlacementPolicy, PlacementResult
 from slurm_pal.core.request import PlacementRequest
 
-__all__ = ["placement_order", "plan_round"]
+__all__ = [
+    "Outcome",
+    "StartRule",
+    "Step",
+    "StopAtMisfit",
+    "placement_order",
+    "plan_round",
+    "queue_round",
+]
 
 OnMisfit = Literal["stop", "skip"]
+
+
+class Outcome(StrEnum):
+    """What a round did with one pending job."""
+
+    PLACED = "placed"
+    """GPUs chosen and taken: the job starts there (simulator) or is routed there (advisor)."""
+    UNCHANGED = "unchanged"
+    """GPUs chosen equal what the job already holds: taken, nothing to send."""
+    KEPT = "kept"
+    """GPUs chosen, but the job cannot be moved there (Slurm would refuse or mishandle the
+    change): it keeps its request and the GPUs stay free for the jobs after it."""
+    WAITS = "waits"
+    """The policy holds the job back although it could start (only outlier GPUs are free)."""
+    NO_FIT = "no-fit"
+    """No GPUs fit the job now."""
+    HELD = "held"
+    """The start rule does not let the job start now (it would delay a reserved job)."""
+    NOT_CONSIDERED = "not-considered"
+    """The round stopped before this job."""
+
+    @property
+    def takes_gpus(self) -> bool:
+        return self in (Outcome.PLACED, Outcome.UNCHANGED)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pending job's outcome in a round, with the policy's answer (None: not asked)."""
+
+    request: PlacementRequest
+    outcome: Outcome
+    result: PlacementResult | None
+
+    @property
+    def reason(self) -> str:
+        return self.result.reason if self.result is not None else self.outcome.value
+
+
+class StartRule(Protocol):
+    """When jobs may start, in priority order: the scheduler's part of a round."""
+
+    def admits(self, request: PlacementRequest) -> bool:
+        """May this job start now, if it fits?"""
+        ...
+
+    def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        """This job was placed and its GPUs taken (it starts now, where the rule starts jobs)."""
+        ...
+
+    def blocked(self, request: PlacementRequest) -> bool:
+        """This job did not get GPUs now; True goes on with the next job (backfill)."""
+        ...
+
+
+class StopAtMisfit:
+    """PAL's rule: no backfilling, the round ends at the first job that does not fit, so the
+    head of the queue is never overtaken (``go_on``: skip it and go on instead)."""
+
+    def __init__(self, go_on: bool = False) -> None:
+        self.go_on = go_on
+
+    def admits(self, request: PlacementRequest) -> bool:
+        return True
+
+    def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        return None
+
+    def blocked(self, request: PlacementRequest) -> bool:
+        return self.go_on
+
+
+Review = Callable[[PlacementRequest, PlacementResult], Outcome]
+"""Whether a placed job's GPUs are taken: PLACED, UNCHANGED (taken) or KEPT (not taken)."""
 
 
 def placement_order(
@@ -42,6 +132,51 @@ def placement_order(
     rank = {name: position for position, name in enumerate(class_order)}
     head = sorted(requests[:cut], key=lambda request: rank.get(request.job_class, len(rank)))
     return [*head, *requests[cut:]]
+
+
+def queue_round(
+    requests: Sequence[PlacementRequest],
+    cluster: Cluster,
+    place: Callable[[PlacementRequest, Cluster], PlacementResult],
+    *,
+    class_order: Sequence[str] | None = None,
+    start: StartRule | None = None,
+    review: Review | None = None,
+) -> list[Step]:
+    """One round over ``requests`` (in the scheduler's priority order) on ``cluster``, which is
+    changed in place: every job whose GPUs are taken is allocated on it.
+
+    1. PAL's cut and class sort (:func:`placement_order`; ``class_order=()`` keeps the
+       scheduler's order);
+    2. each job in that order: the start rule may hold it; ``place`` chooses its GPUs among the
+       free ones; ``review`` says whether they are taken (default: yes);
+    3. a job without GPUs (no fit, or the policy waits) asks the start rule whether to go on.
+    """
+    rule = start if start is not None else StopAtMisfit()
+    order = placement_order(
+        requests, cluster.n_free, class_order if class_order is not None else cluster.class_order
+    )
+    steps: list[Step] = []
+    for position, request in enumerate(order):
+        if not rule.admits(request):
+            steps.append(Step(request, Outcome.HELD, None))
+            continue
+        result = place(request, cluster)
+        if result.allocation is None:
+            outcome = Outcome.WAITS if result.waits else Outcome.NO_FIT
+            steps.append(Step(request, outcome, result))
+            if not rule.blocked(request):
+                steps.extend(
+                    Step(later, Outcome.NOT_CONSIDERED, None) for later in order[position + 1 :]
+                )
+                break
+            continue
+        outcome = review(request, result) if review is not None else Outcome.PLACED
+        if outcome.takes_gpus:
+            cluster.allocate(result.allocation)
+            rule.placed(request, result)
+        steps.append(Step(request, outcome, result))
+    return steps
 
 
 def plan_round(
@@ -64,17 +199,21 @@ def plan_round(
     if on_misfit not in ("stop", "skip"):
         raise ValueError(f"on_misfit must be 'stop' or 'skip', got {on_misfit!r}")
     state = cluster if in_place else cluster.copy()
-    order = placement_order(
-        requests, state.n_free, class_order if class_order is not None else state.class_order
+    steps = queue_round(
+        requests,
+        state,
+        policy.place,
+        class_order=class_order,
+        start=StopAtMisfit(go_on=on_misfit == "skip"),
     )
     results: list[PlacementResult] = []
-    for position, request in enumerate(order):
-        result = policy.place(request, state)
-        results.append(result)
-        if result.allocation is not None:
-            state.allocate(result.allocation)
-        elif on_misfit == "stop":
-            note = f"not considered: the round stopped at job {request.job_id}, which did not fit"
-            results.extend(PlacementResult(later, None, note) for later in order[position + 1 :])
-            break
+    stopped_at: str | None = None
+    for step in steps:
+        if step.result is not None:
+            results.append(step.result)
+            if step.result.allocation is None and on_misfit == "stop":
+                stopped_at = step.request.job_id
+        else:
+            note = f"not considered: the round stopped at job {stopped_at}, which did not fit"
+            results.append(PlacementResult(step.request, None, note))
     return results

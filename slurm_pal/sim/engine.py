@@ -63,10 +63,11 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import (
     Allocation,
     PlacementPolicy,
+    PlacementResult,
     configured_policy,
     get_policy,
 )
-from slurm_pal.core.queue import placement_order, plan_round
+from slurm_pal.core.queue import placement_order, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
@@ -164,7 +165,7 @@ class SimConfig:
     xi: float | None = None
     policy_params: tuple[tuple[str, float | int | bool | str], ...] = ()
     advisor_policy: str = "packed-pm"
-    advisor_settings: tuple[tuple[str, float], ...] = ()
+    advisor_settings: tuple[tuple[str, float | bool], ...] = ()
     decisions: str = "every-event"
 
     def __post_init__(self) -> None:
@@ -304,6 +305,10 @@ class _Simulation:
 
     def _start(self, job: _Job, alloc: Allocation, now: float) -> None:
         self.cluster.allocate(alloc.gpu_ids)
+        self._started(job, alloc, now)
+
+    def _started(self, job: _Job, alloc: Allocation, now: float) -> None:
+        """``job`` runs on ``alloc`` from ``now`` (its GPUs are already allocated)."""
         job.alloc = alloc
         job.rate = self._rate(job, alloc)
         if job.start is None:
@@ -517,32 +522,24 @@ class _Simulation:
     def _slurm_plan(
         self, order: list[_Job], running: list[tuple[float, int, _Job]], now: float
     ) -> bool:
-        requests = placement_order(
-            [job.request for job in order], self.cluster.n_free, self.cut_order
-        )
-        shadow: float | None = None
-        spare = 0
-        started = False
-        for request in requests:
-            job = self.by_id[request.job_id]
-            ends_in_time = shadow is not None and now + job.spec.work <= shadow
-            if shadow is not None and not (ends_in_time or job.spec.gpus <= spare):
-                continue
+        """One round of the advisor's engine at ``now``, Slurm's FIFO + EASY backfill deciding
+        which placed jobs may start: the core's one queue loop."""
+        rule = _EasyBackfill(self, running, now)
+
+        def place(request: PlacementRequest, cluster: Cluster) -> PlacementResult:
             policy = self.policy
-            if self.at_submit_only and job.spec.submit_time != now:
-                policy = self.slurm_packing
-            result = policy.place(request, self.cluster)
-            if result.allocation is not None:
-                self._start(job, result.allocation, now)
-                heapq.heappush(running, (now + job.remaining / job.rate, job.order, job))
-                started = True
-                if shadow is not None and not ends_in_time:
-                    spare -= job.spec.gpus
-            elif shadow is None:
-                if not self.config.backfill:
-                    break
-                shadow, spare = self._reservation(job.spec.gpus, running)
-        return started
+            if self.at_submit_only and self.by_id[request.job_id].spec.submit_time != now:
+                policy = self.slurm_packing  # not decided at its submission: Slurm places it
+            return policy.place(request, cluster)
+
+        queue_round(
+            [job.request for job in order],
+            self.cluster,
+            place,
+            class_order=self.cut_order,
+            start=rule,
+        )
+        return rule.started
 
     def _reservation(
         self, needed: int, running: list[tuple[float, int, _Job]]
@@ -554,6 +551,50 @@ class _Simulation:
             if free >= needed:
                 return end, free - needed
         return math.inf, 0
+
+
+class _EasyBackfill:
+    """Slurm's start rule in the simulator: jobs start in priority order; the first job that
+    cannot start gets a reservation (the time enough GPUs free up, from the running jobs' end
+    times, i.e. perfect time limits, and the GPUs left over then); a later job may start before
+    it only if it ends by then (judged on its median-GPU work: Slurm does not know slowdowns)
+    or fits in the leftover GPUs. Without backfill the round stops at that first job."""
+
+    def __init__(
+        self, simulation: _Simulation, running: list[tuple[float, int, _Job]], now: float
+    ) -> None:
+        self.simulation = simulation
+        self.running = running
+        self.now = now
+        self.shadow: float | None = None
+        self.spare = 0
+        self.started = False
+
+    def _ends_in_time(self, job: _Job) -> bool:
+        return self.shadow is not None and self.now + job.spec.work <= self.shadow
+
+    def admits(self, request: PlacementRequest) -> bool:
+        job = self.simulation.by_id[request.job_id]
+        return self.shadow is None or self._ends_in_time(job) or job.spec.gpus <= self.spare
+
+    def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        simulation = self.simulation
+        job = simulation.by_id[request.job_id]
+        assert result.allocation is not None
+        simulation._started(job, result.allocation, self.now)  # GPUs already taken
+        heapq.heappush(self.running, (self.now + job.remaining / job.rate, job.order, job))
+        self.started = True
+        if self.shadow is not None and not self._ends_in_time(job):
+            self.spare -= job.spec.gpus
+
+    def blocked(self, request: PlacementRequest) -> bool:
+        if self.shadow is not None:
+            return True
+        if not self.simulation.config.backfill:
+            return False
+        job = self.simulation.by_id[request.job_id]
+        self.shadow, self.spare = self.simulation._reservation(job.spec.gpus, self.running)
+        return True
 
 
 def simulate(jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> SimResult:
