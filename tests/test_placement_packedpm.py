@@ -57,6 +57,9 @@ def test_an_outlier_is_kept_when_leaving_it_would_break_a_larger_hole_or_span() 
     # Exact fit on n0 (2 free, one outlier); the only other place is a whole 4-GPU node.
     cluster = cluster_of({"n0": [2.8, 1.0, 1.0, 1.0], "n1": [1.0] * 4}, busy=("n0-2", "n0-3"))
     assert uuids(PackedPMPolicy(), cluster, 2) == ["n0-0", "n0-1"]
+    # With waiting, the job neither breaks the whole node nor takes the outlier.
+    waits = PackedPMPolicy(wait=True).place(PlacementRequest("j", "A", 2), cluster)
+    assert waits.allocation is None and waits.waits and waits.waits_off == (0,)
     # Leaving the outlier out would make a 3-GPU job span two nodes: it stays.
     cluster = cluster_of({"n0": [2.8, 1.0, 1.0], "n1": [1.0, 1.0, 1.0]}, busy=("n1-1", "n1-2"))
     assert uuids(PackedPMPolicy(), cluster, 3) == ["n0-0", "n0-1", "n0-2"]
@@ -67,6 +70,10 @@ def test_wait_holds_a_job_that_fits_only_on_outliers_but_never_for_ever() -> Non
     assert uuids(PackedPMPolicy(), cluster, 1) == ["n0-0"]  # last resort
     result = PackedPMPolicy(wait=True).place(PlacementRequest("j", "A", 1), cluster)
     assert result.allocation is None and WAIT_REASON in result.reason
+    assert result.waits_off == (cluster.uuid_index["n0-0"],)
+    # A job pinned to nodes takes what it gets rather than wait for ever.
+    pinned = PlacementRequest("j", "A", 1, required_nodes=frozenset({"n0"}))
+    assert PackedPMPolicy(wait=True).place(pinned, cluster).allocation is not None
     # A memory-bound job is not slowed there and takes it.
     assert uuids(PackedPMPolicy(wait=True), cluster, 1, "D") == ["n0-0"]
     # A job that needs every GPU of the cluster can never avoid the outlier: it does not wait.

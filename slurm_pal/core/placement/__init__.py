@@ -57,13 +57,13 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     PMFirstPolicy.name: ("pack_tolerance",),
     PALPolicy.name: ("pack_tolerance",),
     PackedPolicy.name: (),
-    PackedPMPolicy.name: ("avoid_above",),
+    PackedPMPolicy.name: ("avoid_above", "wait"),
     RandomPolicy.name: (),
 }
 """Which of the site's placement settings (``[advisor]``) each policy takes."""
 
 
-def configured_policy(name: str, **settings: float) -> PlacementPolicy:
+def configured_policy(name: str, **settings: float | bool) -> PlacementPolicy:
     """The policy ``name`` with the site settings that apply to it (the others are ignored):
     one builder for the advisor service and the simulator, so both run the same policy."""
     wanted = SETTINGS.get(name, ())

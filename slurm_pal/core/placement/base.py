@@ -52,11 +52,20 @@ class Allocation:
 
 @dataclass(frozen=True)
 class PlacementResult:
-    """A policy's answer: an allocation, or None with the reason it could not place the job."""
+    """A policy's answer: an allocation, or None with the reason it could not place the job.
+
+    ``waits_off``: the policy holds the job back although it could start now, because the only
+    GPUs it fits on are these (internal GPU rows; e.g. outliers for its class). Whoever drives
+    the policy must keep the job off them until others free up."""
 
     request: PlacementRequest
     allocation: Allocation | None
     reason: str
+    waits_off: tuple[int, ...] = ()
+
+    @property
+    def waits(self) -> bool:
+        return self.allocation is None and bool(self.waits_off)
 
     @property
     def placed(self) -> bool:

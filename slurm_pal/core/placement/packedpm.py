@@ -17,8 +17,12 @@ FIFO + backfill's chaos hides. What pays is keeping jobs off GPUs that are far s
    runs lost up to 1.41x;
 3. inside a node, GPUs that are outliers for another class but not for this job's go first
    (a memory-bound job takes the GPU a compute-bound one must not get), then by local index;
-4. with ``wait``, a job that could only start on an outlier now waits for other GPUs (unless it
-   could never fit without them); without it, the outlier is the last resort.
+4. otherwise, with ``wait``, the job waits for other GPUs (unless it could never fit without the
+   outliers): it neither takes an outlier nor breaks a larger hole to avoid one. Without
+   ``wait``, the outlier is the last resort. Measured (Slurm mode, PAL's artifact draws, 40
+   paired runs): last resort +5.9 % average JCT vs packing; waiting only when no outlier-free
+   placement exists +27.9 %; waiting also rather than breaking a larger hole +38.5 %, and no run
+   worse than packing.
 
 On a site whose GPUs are all within ``avoid_above`` (Longhorn's V100s: 1.12x at most; H100s:
 2.2 %) this is exactly packing.
@@ -47,8 +51,8 @@ class PackedPMPolicy:
     """Packing's nodes, outlier GPUs only where they cost nothing else, or as a last resort.
 
     ``avoid_above``: a PM-score (1.0 = the median GPU) above which a GPU is an outlier for the
-    job's class; ``inf`` never avoids (plain packing). ``wait``: a job that fits now only on
-    outliers waits instead of taking them.
+    job's class; ``inf`` never avoids (plain packing). ``wait``: a job that cannot leave the
+    outliers out at no cost waits instead of taking them.
     """
 
     name = "packed-pm"
@@ -77,8 +81,13 @@ class PackedPMPolicy:
             better = _describe(view, alternative[0], how)
             if _costs_nothing_more(view, allocation, better):
                 return placed(better, request)
-        elif self.wait and _fits_without(view, slow):
-            return unplaced(request, f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g})")
+        if self.wait and _fits_without(view, slow):
+            return PlacementResult(
+                request,
+                None,
+                f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g})",
+                waits_off=tuple(_free_gpus_from_bin(view, slow)),
+            )
         return placed(allocation, request)
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -159,12 +168,38 @@ def _without_bins_from(view: RequestView, first_unusable: int) -> RequestView | 
     return capped
 
 
+def _usable_mask(view: RequestView) -> np.ndarray:
+    """Per GPU of the cluster, free or not: may this request ever run on it (its nodes'
+    exclusions, features and GPU model)?"""
+    cluster, request = view.cluster, view.request
+    allowed = np.ones(cluster.n_nodes, dtype=bool)
+    for name in request.excluded_nodes:
+        if name in cluster.node_index:
+            allowed[cluster.node_index[name]] = False
+    if request.required_features:
+        allowed &= cluster.nodes_with_features(request.required_features)
+    usable = allowed[cluster.gpu_node]
+    if request.gpu_model is not None and request.gpu_model.lower() in cluster.models:
+        usable &= cluster.gpu_model == cluster.models.index(request.gpu_model.lower())
+    return usable
+
+
 def _fits_without(view: RequestView, first_unusable: int) -> bool:
-    """Could the job ever run without the outliers? Only plain GPU counts wait: a job pinned
-    to nodes, features or a model takes what it can get rather than risk waiting forever."""
-    request = view.request
-    if not view.shape.simple or request.required_features or request.excluded_nodes:
+    """Could the job ever run without the outliers, once GPUs free up? Counted on the GPUs its
+    exclusions, features and model allow: a GPU count needs that many, GPUs per node need that
+    many nodes with that many. A job pinned to nodes or node bounds takes what it can get
+    rather than risk waiting for ever."""
+    shape = view.shape
+    good = _usable_mask(view) & (view.klass.bin_of < first_unusable)
+    if shape.simple:
+        return int(good.sum()) >= shape.n
+    if shape.per_node is None or shape.required.size or shape.node_count is None:
         return False
-    if view.gpu_model is not None or request.gpu_model is not None:
-        return False
-    return int((view.klass.bin_of < first_unusable).sum()) >= view.shape.n
+    per_node = np.bincount(view.cluster.gpu_node[good], minlength=view.cluster.n_nodes)
+    return int((per_node >= shape.per_node).sum()) >= shape.node_count
+
+
+def _free_gpus_from_bin(view: RequestView, first: int) -> list[int]:
+    """The free GPUs the request could use whose bin for its class is ``first`` or above."""
+    mask = view.cluster.free & _usable_mask(view) & (view.klass.bin_of >= first)
+    return np.flatnonzero(mask).tolist()
