@@ -902,3 +902,35 @@ def test_example_campaign_jobs_are_routed_to_their_labels(
         if len(chosen) == 1 and d.request is not None and d.request.gpus == 1:
             best = min(float(s) for s in cluster.classes[job_class].scores)
             assert d.allocation is not None and d.allocation.max_score == pytest.approx(best)
+
+
+def test_a_job_that_fits_only_on_outliers_waits_off_their_nodes() -> None:
+    """packed-pm with waiting: the only free GPU is an outlier for class A (1.6 > 1.5), so the
+    job keeps its request but is excluded from that node (with the user's own exclusions
+    kept); a class-B job is not slowed there (1.3) and is routed to it."""
+    cluster, labels = site(
+        {"n01": [A0, AX], "n02": [A0, A0]},
+        busy=[("n01", 0), ("n02", 0), ("n02", 1)],
+    )
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
+    fields = {"tres_per_node": "gres:gpu:v100:1", "exc_nodes": "n09"}
+    decision = run(fields, cluster, labels, policy=policy)
+    assert decision.action == "wait" and decision.retry
+    assert decision.kept_off == ("n01",)
+    assert decision.set_fields["exc_nodes"] == "n[01,09]"
+    assert decision.set_fields["tres_per_node"] == "gres:gpu:1"  # model type translated
+    assert "req_nodes" not in decision.set_fields
+    comment = parse_admin_comment(str(decision.set_fields["admin_comment"]))
+    assert comment is not None and comment["action"] == "wait" and comment["exc"] == "n01"
+    assert comment["r"] == "tok-1"
+    assert decision.to_wire()["action"] == "wait"
+    as_slurm_holds_it = applied(fields, decision)
+    assert node_set(as_slurm_holds_it.exc_nodes, "exc_nodes") == {"n01", "n09"}
+
+    routed = run(fields, cluster, labels, policy=policy, job_class="B")
+    assert routed.action == "route" and routed.allocation is not None
+    assert routed.allocation.uuids == ("GPU-n01-1",)
+    # Without waiting, the outlier is the last resort: the class-A job is routed there.
+    last_resort = run(fields, cluster, labels, policy=get_policy("packed-pm", avoid_above=1.5))
+    assert last_resort.action == "route" and last_resort.allocation is not None
+    assert last_resort.allocation.uuids == ("GPU-n01-1",)

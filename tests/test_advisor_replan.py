@@ -232,3 +232,40 @@ def test_changes_slurm_refuses_are_not_sent(st) -> None:
     assert "typed GPU request into an untyped" in str(transition_problem(to_untyped))
     assert scontrol_steps(to_untyped) == []
     assert "untyped" in str(ScontrolApplier().apply(to_untyped))  # no scontrol run
+
+
+def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_lifted() -> None:
+    from slurm_pal.advisor.replan import kept_off
+    from slurm_pal.core.placement import get_policy
+    from tests.test_advisor_decide import A0, AX, site
+
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
+    job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    waiting = PendingJob(7, "t7", job, "A", "test", None, tres_per_node="gres:gpu:1")
+    # Only an outlier (n01-1) is free: the job waits off n01; the exclusion goes out once.
+    cluster, labels = site({"n01": [A0, AX], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
+    cluster.allocate([cluster.uuid_index["GPU-n02-1"]])
+    result = plan_replan([waiting], cluster, labels=labels, policy=policy, version="t")
+    assert result.waiting == [7] and not result.not_placed
+    (update,) = result.updates
+    assert update.decision.action == "wait" and update.decision.kept_off == ("n01",)
+    assert scontrol_steps(update) == [
+        [
+            "update",
+            "JobId=7",
+            "ExcNodeList=n01",
+            f"AdminComment={update.decision.set_fields['admin_comment']}",
+        ]
+    ]
+    again = PendingJob(**{**waiting.__dict__, "kept_off": ("n01",)})
+    result = plan_replan([again], cluster, labels=labels, policy=policy, version="t")
+    assert result.waiting == [7] and not result.updates  # nothing changed: nothing sent
+    # A good GPU frees on n02: the job is routed there, the advisor's exclusion lifted first.
+    cluster.release([cluster.uuid_index["GPU-n02-1"]])
+    (update,) = plan_replan([again], cluster, labels=labels, policy=policy, version="t").updates
+    assert update.decision.action == "route" and update.chosen == {"n02": (A0,)}
+    steps = scontrol_steps(update)
+    assert steps[0] == ["update", "JobId=7", "ExcNodeList="]
+    assert any(a == "ReqNodeList=n02" for a in steps[-1])
+    assert kept_off({"action": "wait", "exc": "n[01-02]"}) == ("n01", "n02")
+    assert kept_off({"action": "route", "exc": "n01"}) == ()

@@ -458,6 +458,23 @@ def test_pass_answer_with_translation(short_dir: Path, serve) -> None:
     assert not out["logs"]
 
 
+def test_wait_answer_keeps_the_request_and_excludes_the_nodes(short_dir: Path, serve) -> None:
+    server = serve(
+        answer(
+            action="wait",
+            set={
+                "exc_nodes": "n[1-2]",
+                "admin_comment": "slurm-pal/0.1.0 wait r=abc exc=n[1-2] why=x",
+            },
+        )
+    )
+    script = _render(short_dir, str(server.path))
+    out = submit(script, GPU_JOB)
+    assert out["job"]["exc_nodes"] == "n[1-2]" and "req_nodes" not in out["job"]
+    assert out["job"]["admin_comment"].startswith("slurm-pal/0.1.0 wait r=abc")
+    assert not out["logs"]
+
+
 def test_a_field_slurm_refuses_is_undone(short_dir: Path, serve) -> None:
     """A job_desc that raises on one assignment (as slurmctld's does for a bad value): the
     fields already applied are restored and the job fails open."""

@@ -48,7 +48,9 @@ from slurm_pal.core.placement.base import Allocation, PlacementPolicy, Placement
 from slurm_pal.core.request import PlacementRequest
 
 __all__ = [
+    "ACTIONS",
     "ADMIN_COMMENT_MAX",
+    "NO_FIT",
     "SET_FIELDS",
     "Decision",
     "LabelEntry",
@@ -62,9 +64,15 @@ __all__ = [
 ]
 
 ADMIN_COMMENT_MAX = 1024
+NO_FIT = "no free GPUs fit now"
+#: What an answer does: ``route`` rewrites the GPU request to the chosen GPUs; ``wait`` keeps
+#: the request but adds ``exc_nodes`` so Slurm cannot start the job on GPUs the policy holds it
+#: off (outliers for its class) until re-planning routes it; ``pass`` accepts the job as written.
+ACTIONS = ("route", "wait", "pass")
 #: The job_desc fields job_submit.lua applies from ``set`` (PROTOCOL.md); others are ignored.
 SET_FIELDS = (
     "req_nodes",
+    "exc_nodes",
     "tres_per_node",
     "tres_per_job",
     "tres_per_task",
@@ -310,9 +318,11 @@ def format_admin_comment(
     job_class: str | None = None,
     lv: float | None = None,
     gpus: Mapping[str, Sequence[str]] | None = None,
+    exc: str | None = None,
 ) -> str:
-    """``slurm-pal/<version> <action> r=<token> class=<C> lv=<x.xxxx> gpus=<node>:<l>+<l>;...
-    why=<reason>``; absent values are left out, ``why`` is last and may hold spaces.
+    """``slurm-pal/<version> <action> r=<token> class=<C> lv=<x.xxxx> exc=<hostlist>
+    gpus=<node>:<l>+<l>;... why=<reason>``; absent values are left out, ``why`` is last and may
+    hold spaces. ``exc`` names the nodes a waiting job is kept off (its ``exc_nodes``).
 
     At most :data:`ADMIN_COMMENT_MAX` characters: when too long, repeated labels are counted
     (``node:L*3``), then ``why`` is cut, then the gpus list is cut and ends in ``...``."""
@@ -325,6 +335,8 @@ def format_admin_comment(
         head.append(f"class={_UNSAFE.sub('_', job_class) or '_'}")
     if lv is not None:
         head.append(f"lv={lv:.4f}")
+    if exc:
+        head.append(f"exc={exc}")
     head_text = " ".join(head)
     why_text = f" why={_clean(why)}"
     if not gpus:
@@ -352,7 +364,7 @@ def parse_admin_comment(text: str) -> dict[str, str] | None:
         return None
     head, sep, why = text.partition(" why=")
     words = head.split(" ")
-    if len(words) < 2 or words[1] not in ("route", "pass"):
+    if len(words) < 2 or words[1] not in ACTIONS:
         return None
     out = {"version": words[0][len(_PREFIX) :], "action": words[1]}
     for word in words[2:]:
@@ -391,7 +403,7 @@ def parse_gpus_field(value: str) -> dict[str, list[str]]:
 class Decision:
     """The answer to one decide request (see :meth:`to_wire`) plus what it was based on."""
 
-    action: Literal["route", "pass"]
+    action: Literal["route", "wait", "pass"]
     set_fields: Mapping[str, str | int]
     job_class: str | None
     reason: str
@@ -401,6 +413,12 @@ class Decision:
     request: PlacementRequest | None = None
     encoding: int | None = None
     """1-4 for the routing encodings of PROTOCOL.md, 0 for a per-task job; None when passed."""
+    retry: bool = False
+    """Passed or waiting only for want of suitable free GPUs now: re-planning retries it."""
+    kept_off: tuple[str, ...] = ()
+    """``wait``: the nodes the advisor keeps the job off (besides the user's own exclusions)."""
+    waits_off: tuple[int, ...] = ()
+    """``wait``: the free GPUs (cluster rows) the policy holds the job off."""
 
     def to_wire(self) -> dict[str, object]:
         """PROTOCOL.md's decide answer."""
@@ -432,6 +450,44 @@ def _pass(
         version=version, action="pass", job_class=job_class, why=reason
     )
     return Decision("pass", MappingProxyType(fields), job_class, reason, request=request)
+
+
+def _wait(
+    reason: str,
+    *,
+    kept_off: set[str],
+    job: JobDescription,
+    labels: LabelTable,
+    job_class: str,
+    version: str,
+    request: PlacementRequest,
+    token: str,
+) -> Decision:
+    """Keep the job as written (model types translated) but off ``kept_off`` until re-planning
+    routes it: the only GPUs it fits on now are ones the policy holds it off. Its request is
+    unsatisfiable elsewhere for now, so Slurm cannot start it there either."""
+    user = set(node_set(job.exc_nodes, "exc_nodes"))
+    ours = sorted(kept_off - user)
+    fields: dict[str, str | int] = dict(_translations(job, labels))
+    fields["exc_nodes"] = compress(sorted(user | kept_off))
+    fields["admin_comment"] = format_admin_comment(
+        version=version,
+        action="wait",
+        token=token,
+        job_class=job_class,
+        exc=compress(ours),
+        why=reason,
+    )
+    return Decision(
+        "wait",
+        MappingProxyType(fields),
+        job_class,
+        reason,
+        token=token,
+        request=request,
+        retry=True,
+        kept_off=tuple(ours),
+    )
 
 
 def _remainder(text: str | None) -> str:
@@ -636,6 +692,8 @@ def decide(
         return _pass(candidates, job_class=job_class, request=request, **common)
     best: PlacementResult | None = None
     reasons: list[str] = []
+    kept_off: set[str] = set()
+    waits_off: set[int] = set()
     for partition, outside in candidates:
         attempt = request
         if outside:
@@ -643,15 +701,29 @@ def decide(
         result = policy.place(attempt, cluster)
         if result.allocation is None:
             reasons.append(f"{partition}: {result.reason}" if partition else result.reason)
+            if result.waits:
+                waits_off.update(result.waits_off)
+                kept_off.update(cluster.node_names[cluster.gpu_node[g]] for g in result.waits_off)
         elif best is None or result.allocation.lv_product < best.allocation.lv_product:  # type: ignore[union-attr]
             best = result
     if best is None or best.allocation is None:
-        return _pass(
-            f"no free GPUs fit now ({'; '.join(reasons)}); re-planning retries",
+        if kept_off:
+            decision = _wait(
+                f"{'; '.join(reasons)}; re-planning routes it when other GPUs free up",
+                kept_off=kept_off,
+                job_class=job_class,
+                request=request,
+                token=token,
+                **common,
+            )
+            return replace(decision, waits_off=tuple(sorted(waits_off)))
+        decision = _pass(
+            f"{NO_FIT} ({'; '.join(reasons)}); re-planning retries",
             job_class=job_class,
             request=request,
             **common,
         )
+        return replace(decision, retry=True)
     allocation = best.allocation
     try:
         fields, chosen, encoding = _encode(job, ask, allocation, labels)

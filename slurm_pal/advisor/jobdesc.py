@@ -68,6 +68,7 @@ _OPT_STR_FIELDS = (
 )
 _SETTABLE = (
     "req_nodes",
+    "exc_nodes",
     "tres_per_node",
     "tres_per_job",
     "tres_per_task",

@@ -7,10 +7,11 @@ GPUs) and the user did not pin get PAL's queue cut and class order against the f
 (:func:`plan_replan`, pure); a job whose GPUs changed is updated with ``scontrol update``
 (:class:`ScontrolApplier`). Running jobs are never touched.
 
-Equal to :func:`slurm_pal.core.queue.plan_round` with ``on_misfit="stop"``: the requests are
-put in :func:`~slurm_pal.core.queue.placement_order`, then each is placed by ``decide`` (the
-same policy ``plan_round`` calls) on a cluster that takes every earlier allocation, which also
-encodes the answer the way submit-time routing does.
+The round is the core's one queue loop (:func:`slurm_pal.core.queue.queue_round`, PAL's rule:
+it stops at the first job that gets no GPUs): each job is placed by ``decide`` (the policy, plus
+the encoding submit-time routing uses), and a job whose new request Slurm 22.05 would refuse or
+mishandle is kept as it is. A job the policy holds off outlier GPUs (``wait``) keeps its request
+and gets its ``exc_nodes`` brought up to date; routed later, the advisor's exclusion is lifted.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_pal.advisor.decide import Decision, LabelTable, decide, parse_gpus_field
-from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.advisor.jobdesc import JobDescription, node_set
 from slurm_pal.core.cluster import Cluster
-from slurm_pal.core.placement import PlacementPolicy
-from slurm_pal.core.queue import placement_order
+from slurm_pal.core.hostlist import compress, expand
+from slurm_pal.core.placement import PlacementPolicy, PlacementResult
+from slurm_pal.core.queue import Outcome, StopAtMisfit, queue_round
+from slurm_pal.core.request import PlacementRequest
 
 __all__ = [
     "SKIP_REASONS",
@@ -33,6 +36,7 @@ __all__ = [
     "ScontrolApplier",
     "Update",
     "gpu_types",
+    "kept_off",
     "plan_replan",
     "replannable",
     "scontrol_steps",
@@ -64,11 +68,13 @@ class PendingJob:
     tres_per_node: str = ""  # as Slurm holds them now
     tres_per_job: str = ""
     priority: int = 0
+    kept_off: tuple[str, ...] = ()  # nodes the advisor excludes while the job waits
 
 
 @dataclass(frozen=True)
 class Update:
-    """A pending job's new placement."""
+    """A pending job's new placement (``decision.action`` "route"), or its new exclusion while
+    it waits for GPUs that are not outliers for it ("wait": ``chosen`` is empty)."""
 
     job_id: int
     token: str
@@ -87,6 +93,7 @@ class ReplanResult:
     unchanged: list[int] = field(default_factory=list)
     not_placed: list[int] = field(default_factory=list)
     kept: dict[int, str] = field(default_factory=dict)  # planned elsewhere, Slurm can't move it
+    waiting: list[int] = field(default_factory=list)  # held off outlier GPUs, exclusion up to date
     applied: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
 
@@ -97,9 +104,21 @@ class ReplanResult:
             "unchanged": self.unchanged,
             "not_placed": self.not_placed,
             "kept": {str(k): v for k, v in self.kept.items()},
+            "waiting": self.waiting,
             "applied": self.applied,
             "failed": {str(k): v for k, v in self.failed.items()},
         }
+
+
+def kept_off(admin_comment: Mapping[str, str]) -> tuple[str, ...]:
+    """The nodes an admin comment's ``exc=`` says the advisor keeps a waiting job off."""
+    value = admin_comment.get("exc")
+    if admin_comment.get("action") != "wait" or not value:
+        return ()
+    try:
+        return tuple(expand(value))
+    except ValueError:
+        return ()
 
 
 def current_gpus(admin_comment: Mapping[str, str]) -> dict[str, tuple[str, ...]] | None:
@@ -149,7 +168,7 @@ def plan_replan(
         "default_partition": default_partition,
     }
     jobs: dict[str, PendingJob] = {}
-    requests = []
+    requests: list[PlacementRequest] = []
     for p in pending:
         job = replace(p.job, job_id=p.job_id)
         probe = decide(
@@ -165,11 +184,9 @@ def plan_replan(
             continue
         jobs[probe.request.job_id] = replace(p, job=job)
         requests.append(probe.request)
-    state = cluster.copy()
-    order = placement_order(
-        requests, state.n_free, class_order if class_order is not None else state.class_order
-    )
-    for position, request in enumerate(order):
+    decisions: dict[str, Decision] = {}
+
+    def place(request: PlacementRequest, state: Cluster) -> PlacementResult:
         p = jobs[request.job_id]
         decision = decide(
             p.job,
@@ -179,26 +196,48 @@ def plan_replan(
             token=p.token,
             **common,  # type: ignore[arg-type]
         )
-        if decision.action != "route" or decision.allocation is None:
-            result.not_placed.extend(jobs[r.job_id].job_id for r in order[position:])
-            break
+        decisions[request.job_id] = decision
+        if decision.action == "route" and decision.allocation is not None:
+            return PlacementResult(request, decision.allocation, decision.reason)
+        return PlacementResult(request, None, decision.reason, waits_off=decision.waits_off)
+
+    def review(request: PlacementRequest, placement: PlacementResult) -> Outcome:
+        p, decision = jobs[request.job_id], decisions[request.job_id]
         chosen = _chosen(decision, labels)
-        if p.current is not None and dict(p.current) == chosen:
-            state.allocate(decision.allocation)
+        if p.current is not None and dict(p.current) == chosen and not p.kept_off:
             result.unchanged.append(p.job_id)
-            continue
+            return Outcome.UNCHANGED
         update = Update(p.job_id, p.token, decision, chosen, p.current, p)
         problem = transition_problem(update)
         if problem is not None:
             result.kept[p.job_id] = problem
-            continue
-        state.allocate(decision.allocation)
+            return Outcome.KEPT
         result.updates.append(update)
+        return Outcome.PLACED
+
+    steps = queue_round(
+        requests,
+        cluster.copy(),
+        place,
+        class_order=class_order,
+        start=StopAtMisfit(),
+        review=review,
+    )
+    for step in steps:
+        p = jobs[step.request.job_id]
+        if step.outcome is Outcome.WAITS:
+            decision = decisions[step.request.job_id]
+            result.waiting.append(p.job_id)
+            if set(decision.kept_off) != set(p.kept_off):
+                result.updates.append(Update(p.job_id, p.token, decision, {}, p.current, p))
+        elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
+            result.not_placed.append(p.job_id)
     return result
 
 
 # -- applying ---------------------------------------------------------------------------------
 _KEYS = {
+    "exc_nodes": "ExcNodeList",
     "req_nodes": "ReqNodeList",
     "tres_per_node": "TresPerNode",
     "tres_per_job": "TresPerJob",
@@ -234,7 +273,7 @@ def transition_problem(update: Update) -> str | None:
     keep every type (new counts, other nodes, added types) are exact."""
     fields = update.decision.set_fields
     now = update.pending.tres_per_node or update.pending.tres_per_job
-    if not now:
+    if update.decision.action == "wait" or not now:
         return None
     gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
     new_types = frozenset().union(*(gpu_types(v) for v in gpu_fields))
@@ -269,12 +308,18 @@ def scontrol_steps(update: Update) -> list[list[str]]:
     if low is not None:
         final.append(f"NumNodes={low}-{high}" if high not in (None, low) else f"NumNodes={low}")
     steps: list[list[str]] = []
+    if update.decision.action == "route" and update.pending.kept_off:
+        # Lift the advisor's exclusion first: the chosen nodes may be among the excluded ones.
+        user = compress(sorted(node_set(update.pending.job.exc_nodes, "exc_nodes")))
+        steps.append([*head, f"ExcNodeList={user}"])
     now = update.pending.tres_per_node or update.pending.tres_per_job
     new_typed = any(
         _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
     )
     if transition_problem(update) is not None:
         return []
+    if update.decision.action == "wait":
+        return [*steps, [*head, *final]]
     if new_typed and now and not _is_gpu_typed(now):
         count = update.decision.allocation.n_gpus if update.decision.allocation else 1
         steps.append([*head, "TresPerNode=", f"TresPerJob=gres:gpu:{count}"])

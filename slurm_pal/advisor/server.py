@@ -38,6 +38,7 @@ from slurm_pal.advisor.replan import (
     ReplanResult,
     ScontrolApplier,
     current_gpus,
+    kept_off,
     plan_replan,
     replannable,
 )
@@ -382,6 +383,7 @@ class AdvisorServer:
                     job_class=str(resolution_class),
                     class_reason=f"re-planned; class {resolution_class} at submit",
                     current=current_gpus(parsed) if parsed["action"] == "route" else None,
+                    kept_off=kept_off(parsed),
                     tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
                     tres_per_job=",".join(f"gres:{g}" for g in job.tres_per_job),
                     priority=job.priority,
@@ -419,10 +421,17 @@ class AdvisorServer:
                 log.warning("re-plan of job %d failed: %s", update.job_id, error)
                 continue
             result.applied.append(update.job_id)
-            allocation = update.decision.allocation
-            assert allocation is not None
-            state.reserve(update.token, allocation.uuids, update.job_id)
             answer = update.decision.to_wire()
+            allocation = update.decision.allocation
+            if allocation is None:  # a waiting job's exclusion brought up to date
+                state.writer.submit(
+                    lambda s, t=update.token, a=answer: s.update_decision(
+                        t, state="waiting", answer=a
+                    )
+                )
+                log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
+                continue
+            state.reserve(update.token, allocation.uuids, update.job_id)
             state.writer.submit(
                 lambda s, t=update.token, a=answer: s.update_decision(
                     t, state="replanned", answer=a

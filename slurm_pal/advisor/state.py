@@ -64,7 +64,6 @@ UNAVAILABLE_STATES = frozenset({"down", "drained", "drain", "fail", "future", "u
 UNAVAILABLE_FLAGS = frozenset(
     {"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "FAIL", "POWERED_DOWN", "MAINTENANCE"}
 )
-NO_FIT = "no free GPUs fit now"
 T = TypeVar("T")
 
 
@@ -79,7 +78,10 @@ def node_unavailable(node: NodeState) -> str | None:
 def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
     """The configured policy, built as the simulator builds placement ``advisor``."""
     return configured_policy(
-        name, pack_tolerance=advisor.pack_tolerance, avoid_above=advisor.avoid_above
+        name,
+        pack_tolerance=advisor.pack_tolerance,
+        avoid_above=advisor.avoid_above,
+        wait=advisor.outliers == "wait",
     )
 
 
@@ -545,7 +547,9 @@ class AdvisorState:
                     self.clock() + self.config.advisor.reservation_ttl_s,
                 )
                 state = "reserved"
-            elif decision.request is not None and decision.reason.startswith(NO_FIT):
+            elif decision.action == "wait":
+                state = "waiting"  # kept off GPUs the policy avoids; re-planning routes it
+            elif decision.retry and decision.request is not None:
                 decision = self._waiting(decision, token)
                 state = "waiting"
             else:

@@ -23,7 +23,6 @@ from slurm_pal.advisor.replan import ScontrolApplier
 from slurm_pal.advisor.server import AdvisorServer
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.placement import get_policy
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
 from slurm_pal.example_campaign import generate_example_campaign
@@ -200,7 +199,7 @@ def test_a_job_passed_for_lack_of_gpus_gets_the_pal_choice_when_gpus_free_up(
         assert summary["ok"] and summary["applied"] == [job_id], (summary, svc.jobs()[job_id])
     finally:
         tb.run(["scontrol", "update", "PartitionName=debug", "State=UP"])
-    core = get_policy("pal", pack_tolerance=SiteConfig().advisor.pack_tolerance).place(
+    core = svc.server.state.policy.place(  # the configured policy, as the service runs it
         PlacementRequest(str(job_id), "A", 1),
         Cluster.from_gpus(svc.specs, Topology.flat(across_nodes=1.7), busy=busy),
     )
@@ -222,3 +221,66 @@ def test_a_job_passed_for_lack_of_gpus_gets_the_pal_choice_when_gpus_free_up(
     # a second round leaves the running job alone
     again = svc.client.request({"op": "replan"}, timeout_s=60)
     assert again["considered"] == 0 and again["applied"] == []
+
+
+def test_a_job_that_fits_only_on_outliers_waits_off_them_and_is_routed_when_gpus_free(
+    svc: Service,
+) -> None:
+    """The shipped policy (packed-pm, outliers = "wait") on a real Slurm 22.05: with only the
+    example campaign's two outlier GPUs free (n01 at 2.3x and n04 at 1.9x class A's median),
+    a class-A job keeps its request but gets ``exc_nodes``, so Slurm does not start it there;
+    when a node frees up, the re-planning round lifts the exclusion and routes it (the update
+    sequence ExcNodeList=, then the typed request, is accepted), and it runs there."""
+    # The fillers take every GPU but the outliers, one job per GPU, so one can be freed alone.
+    tb = svc.tb
+    good = "v100-a0b0c0d0"
+    fillers = {
+        (node, g["slurm_index"]): tb.submit(f"--gres=gpu:{good}:1", "-N1", "-w", node, SLEEP)
+        for node, gpus in svc.labels["nodes"].items()
+        for g in gpus
+        if g["label"] == good
+    }
+    for job_id in fillers.values():
+        svc.wait(job_id, "RUNNING")
+    svc.server.state.refresh()
+    wire = {"user": "root", "uid": 0, "name": "train", "comment": "pal:app=resnet"}
+    wire["tres_per_node"] = "gres:gpu:1"
+    answer = svc.client.request({"op": "decide", "job": wire})
+    assert answer["action"] == "wait", answer
+    assert answer["set"]["exc_nodes"] == "n[01,04]"
+    comment = answer["set"]["admin_comment"]
+    parsed = parse_admin_comment(comment)
+    assert parsed is not None and parsed["exc"] == "n[01,04]" and parsed["r"] == answer["token"]
+    # What job_submit.lua makes of it: the job as written, excluded from n01 and n04.
+    job_id = tb.submit("--gres=gpu:1", "--exclude=n[01,04]", "-J", "train", SLEEP)
+    tb.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={comment}"])
+    tb.run(["scontrol", "reconfigure"])  # a scheduling pass: the two free GPUs stay unused
+    time.sleep(2)
+    assert svc.jobs()[job_id].state == "PENDING"
+    assert svc.busy_uuids() == {
+        svc.slurm_to_uuid(node, g["slurm_index"])
+        for node, gpus in svc.labels["nodes"].items()
+        for g in gpus
+        if g["label"] == good
+    }
+    tb.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
+    try:
+        # One good GPU frees on n02 (the whole node free would be a larger hole than the job
+        # needs: it would wait on rather than break it).
+        tb.run(["scancel", str(fillers[("n02", 0)])])
+        deadline = time.monotonic() + 60
+        while len(svc.busy_uuids()) != 13 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        summary = svc.client.request({"op": "replan"}, timeout_s=60)
+        assert summary["ok"] and summary["applied"] == [job_id], (summary, svc.jobs()[job_id])
+        fields = parse_key_values(
+            tb.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
+        )
+        assert fields["ReqNodeList"] == "n02" and fields["ExcNodeList"] == "(null)"
+        assert fields["TresPerNode"] == f"gres:gpu:{good}:1"
+    finally:
+        tb.run(["scontrol", "update", "PartitionName=debug", "State=UP"])
+    job = svc.wait(job_id, "RUNNING")
+    assert list(job.allocated_gpu_indices()) == ["n02"]
+    routed = parse_admin_comment(job.admin_comment)
+    assert routed is not None and routed["action"] == "route" and routed["r"] == answer["token"]
