@@ -108,6 +108,7 @@ class ClassificationConfig:
 
 
 ADVISOR_POLICIES = ("packed-pm", "pal", "pm-first", "packed", "random")
+OUTLIER_CHOICES = ("wait", "last-resort")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 
@@ -129,9 +130,12 @@ class AdvisorConfig:
     """pal/pm-first accept an LV product this much worse than the best (0.05 = 5 %) to pack:
     Slurm cannot migrate, and unpacked single-GPU picks fragment the nodes (ARCHITECTURE.md)."""
     avoid_above: float = 1.5
-    """packed-pm keeps a job off GPUs whose PM-score for its class is above this (1.5 = 50 %
-    slower than the median GPU) when that costs no extra node and breaks no larger hole, and
-    otherwise uses them only as a last resort."""
+    """packed-pm: a GPU whose PM-score for a job's class is above this (1.5 = 50 % slower than
+    the median GPU) is an outlier for that job; it is left out when that costs no extra node
+    and breaks no larger hole."""
+    outliers: str = "wait"
+    """packed-pm, when a job fits now only on outliers: wait (keep it off them, through its
+    exc_nodes, until re-planning finds it other GPUs) or last-resort (take them)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
     refresh_s: float = 5.0
@@ -392,6 +396,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         )
     if a.replan_s < 0:
         raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")
+    if a.outliers not in OUTLIER_CHOICES:
+        raise ConfigError(
+            f"{src}: 'advisor.outliers' is {a.outliers!r}; valid values: "
+            f"{', '.join(OUTLIER_CHOICES)}"
+        )
     if not a.avoid_above >= 1.0:
         raise ConfigError(
             f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "

@@ -104,8 +104,13 @@ def candidates_for(
                     knobs = [
                         (
                             f"avoid_above {t:g}",
-                            {"advisor_settings": (("avoid_above", t),)},
-                            {"avoid_above": t},
+                            {
+                                "advisor_settings": (
+                                    ("avoid_above", t),
+                                    ("wait", site.advisor.outliers == "wait"),
+                                )
+                            },
+                            {"avoid_above": t, "outliers": site.advisor.outliers},
                         )
                         for t in thresholds
                     ]

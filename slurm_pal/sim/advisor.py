@@ -23,6 +23,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         "advisor_settings": (
             ("pack_tolerance", float(advisor.pack_tolerance)),
             ("avoid_above", float(advisor.avoid_above)),
+            ("wait", advisor.outliers == "wait"),
         ),
         "locality_penalty": float(site.locality.across_switches),
         "default_class": site.classes.default,
