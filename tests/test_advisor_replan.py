@@ -7,21 +7,25 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
+from slurm_pal.adapters.slurm.update import ScontrolApplier, scontrol_steps, transition_problem
 from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.replan import (
     PendingJob,
-    ScontrolApplier,
     current_gpus,
     plan_replan,
-    scontrol_steps,
 )
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster
-from slurm_pal.core.queue import plan_round
+from slurm_pal.core.placement import configured_policy
+from slurm_pal.core.queue import Outcome, StopAtMisfit, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
+from tests.test_advisor_decide import A0, A1, A2, AX, site
 from tests.test_advisor_state import Env, make_env
 
 
@@ -123,7 +127,7 @@ def test_untyped_jobs_move_through_an_untyped_per_job_request(st) -> None:
         [_pending(7, 2, "A", tres="gres:gpu:2")], cluster, labels=labels, policy=state.policy,
         version="t",
     ).updates  # fmt: skip
-    steps = scontrol_steps(update)
+    steps = scontrol_steps(update.change)
     assert steps[0] == ["update", "JobId=7", "TresPerNode=", "TresPerJob=gres:gpu:2"]
     final = steps[1]
     assert final[:2] == ["update", "JobId=7"] and "TresPerJob=" in final
@@ -133,7 +137,7 @@ def test_untyped_jobs_move_through_an_untyped_per_job_request(st) -> None:
     assert any(a.startswith("AdminComment=slurm-pal/") for a in final)
     (label,) = {lab for labs in update.chosen.values() for lab in labs}
     typed = PendingJob(**{**update.pending.__dict__, "tres_per_node": f"gres:gpu:{label}:1"})
-    steps = scontrol_steps(type(update)(**{**update.__dict__, "pending": typed}))
+    steps = scontrol_steps(type(update)(**{**update.__dict__, "pending": typed}).change)
     assert len(steps) == 1  # typed -> typed keeping the type: one update
 
 
@@ -160,13 +164,11 @@ def _with_request(update, now: str, new: str):  # type: ignore[no-untyped-def]
     ],
 )
 def test_updates_that_drop_a_gpu_type_are_refused(st, now: str, new: str, refused: bool) -> None:
-    from slurm_pal.advisor.replan import transition_problem
-
     state, labels = st
     (update,) = plan_replan(
         [_pending(7, 1, "A")], _cluster(st), labels=labels, policy=state.policy, version="t"
     ).updates
-    problem = transition_problem(_with_request(update, now, new))
+    problem = transition_problem(_with_request(update, now, new).change)
     assert (problem is not None) == refused, problem
     if refused:
         assert "keeps a dropped GPU type" in problem
@@ -203,7 +205,7 @@ def test_the_applier_reports_the_failing_step(st) -> None:
             code = 1 if len(calls) == 2 else 0
             return subprocess.CompletedProcess(args, code, "", "Invalid GRES specification")
 
-    error = Fake().apply(update)
+    error = Fake().apply(update.change)
     assert error is not None and "Invalid GRES" in error and len(calls) == 2
 
 
@@ -216,28 +218,25 @@ def test_only_jobs_the_scheduler_would_start_are_replanned() -> None:
 
 
 def test_changes_slurm_refuses_are_not_sent(st) -> None:
-    from slurm_pal.advisor.replan import transition_problem
-
     state, labels = st
     (update,) = plan_replan(
         [_pending(7, 1, "A", tres="gres:gpu:1")], _cluster(st), labels=labels,
         policy=state.policy, version="t",
     ).updates  # fmt: skip
-    assert transition_problem(update) is None  # untyped -> typed per node: two steps
+    assert transition_problem(update.change) is None  # untyped -> typed per node: two steps
     fields = dict(update.decision.set_fields)
     fields["tres_per_node"] = "gres:gpu:1"  # as encoding 3 writes it
     decision = type(update.decision)(**{**update.decision.__dict__, "set_fields": fields})
     typed_now = PendingJob(**{**update.pending.__dict__, "tres_per_node": "gres:gpu:v100-x:1"})
     to_untyped = type(update)(**{**update.__dict__, "decision": decision, "pending": typed_now})
-    assert "typed GPU request into an untyped" in str(transition_problem(to_untyped))
-    assert scontrol_steps(to_untyped) == []
-    assert "untyped" in str(ScontrolApplier().apply(to_untyped))  # no scontrol run
+    assert "typed GPU request into an untyped" in str(transition_problem(to_untyped.change))
+    assert scontrol_steps(to_untyped.change) == []
+    assert "untyped" in str(ScontrolApplier().apply(to_untyped.change))  # no scontrol run
 
 
 def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_lifted() -> None:
     from slurm_pal.advisor.replan import kept_off
     from slurm_pal.core.placement import get_policy
-    from tests.test_advisor_decide import A0, AX, site
 
     policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
     job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
@@ -249,7 +248,7 @@ def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_li
     assert result.waiting == [7] and not result.not_placed
     (update,) = result.updates
     assert update.decision.action == "wait" and update.decision.kept_off == ("n01",)
-    assert scontrol_steps(update) == [
+    assert scontrol_steps(update.change) == [
         [
             "update",
             "JobId=7",
@@ -264,8 +263,52 @@ def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_li
     cluster.release([cluster.uuid_index["GPU-n02-1"]])
     (update,) = plan_replan([again], cluster, labels=labels, policy=policy, version="t").updates
     assert update.decision.action == "route" and update.chosen == {"n02": (A0,)}
-    steps = scontrol_steps(update)
+    steps = scontrol_steps(update.change)
     assert steps[0] == ["update", "JobId=7", "ExcNodeList="]
     assert any(a == "ReqNodeList=n02" for a in steps[-1])
     assert kept_off({"action": "wait", "exc": "n[01-02]"}) == ("n01", "n02")
     assert kept_off({"action": "route", "exc": "n01"}) == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st_.integers(0, 2**32 - 1))
+def test_the_services_round_decides_what_the_simulators_round_decides(seed: int) -> None:
+    """The same state (free GPUs, a queue in priority order) through the service's round
+    (decide, its encodings and kept/wait rules) and through the core round the simulator runs,
+    with the shipped policy (packed-pm, outliers wait) on a cluster with outliers: the same GPUs
+    for every job up to the first that gets none, which both then hold back alike."""
+    rng = np.random.default_rng(seed)
+    kinds = [A0, A1, A2, AX]
+    layout = {
+        f"n{i:02d}": list(rng.choice(kinds, size=4, p=[0.4, 0.3, 0.2, 0.1])) for i in range(5)
+    }
+    slots = [(node, i) for node in layout for i in range(4)]
+    busy = [slot for slot in slots if rng.random() < 0.45]
+    cluster, labels = site(layout, busy=busy)
+    policy = configured_policy("packed-pm", avoid_above=1.5, wait=True)
+    pending = []
+    for job_id in range(1, 7):
+        n = int(rng.choice([1, 1, 2, 3, 4]))
+        job = JobDescription.from_wire({"user": "u", "tres_per_job": f"gres:gpu:{n}"})
+        job_class = str(rng.choice(["A", "B"]))
+        pending.append(PendingJob(job_id, f"t{job_id}", job, job_class, "t", None))
+    service = plan_replan(pending, cluster, labels=labels, policy=policy, version="t")
+    requests = [
+        PlacementRequest(str(p.job_id), p.job_class, int(p.job.tres_per_job[-1])) for p in pending
+    ]
+    steps = queue_round(requests, cluster.copy(), policy.place, start=StopAtMisfit())
+    routed = {
+        u.job_id: sorted(u.decision.allocation.uuids)
+        for u in service.updates
+        if u.decision.allocation
+    }
+    for step in steps:
+        job_id = int(step.request.job_id)
+        if step.outcome is Outcome.PLACED:
+            assert step.result is not None and step.result.allocation is not None
+            assert routed.get(job_id) == sorted(step.result.allocation.uuids)
+        elif step.outcome is Outcome.WAITS:
+            assert job_id in service.waiting
+        else:
+            assert job_id in service.not_placed
+    assert set(routed) == {int(s.request.job_id) for s in steps if s.outcome is Outcome.PLACED}

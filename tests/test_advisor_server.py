@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.decide import decide
 from slurm_pal.advisor.jobdesc import JobDescription
-from slurm_pal.advisor.replan import ScontrolApplier
 from slurm_pal.advisor.server import AdvisorServer, sweep_spool
 from slurm_pal.core.resolve import resolve
 from tests.test_advisor_state import Env, FakeJob, make_env
@@ -417,7 +417,7 @@ def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) 
     assert got["ok"] is True and got["replan"]["applied"] == [9] and got["replan"]["kept"] == 0
     assert got["replan"]["ms"] >= 0
     (update,) = recorder.updates
-    assert update.job_id == 9 and set(update.chosen) == {"n02"}  # type: ignore[attr-defined]
+    assert update.job_id == 9 and update.fields["req_nodes"] == "n02"  # type: ignore[attr-defined]
     assert client.request({"op": "stats"})["replans_at_job_end"] == 1
     # the same record again (a spooled copy) is a duplicate: no second round
     again = client.request({"op": "record", "record": record})

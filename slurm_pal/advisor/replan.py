@@ -5,22 +5,24 @@ submit because nothing was free waits as an untyped request that Slurm will plac
 Every ``advisor.replan_s`` the pending jobs this advisor routed (or passed for lack of free
 GPUs) and the user did not pin get PAL's queue cut and class order against the free GPUs
 (:func:`plan_replan`, pure); a job whose GPUs changed is updated with ``scontrol update``
-(:class:`ScontrolApplier`). Running jobs are never touched.
+(:class:`~slurm_pal.adapters.slurm.update.ScontrolApplier`). Running jobs are never touched.
 
 The round is the core's one queue loop (:func:`slurm_pal.core.queue.queue_round`, PAL's rule:
 it stops at the first job that gets no GPUs): each job is placed by ``decide`` (the policy, plus
 the encoding submit-time routing uses), and a job whose new request Slurm 22.05 would refuse or
-mishandle is kept as it is. A job the policy holds off outlier GPUs (``wait``) keeps its request
-and gets its ``exc_nodes`` brought up to date; routed later, the advisor's exclusion is lifted.
+mishandle (:func:`slurm_pal.adapters.slurm.update.transition_problem`) is kept as it is; the
+updates go out through ``adapters/slurm/update.py``. A job the policy holds off outlier GPUs
+(``wait``) keeps its request and gets its ``exc_nodes`` brought up to date; routed later, the
+advisor's exclusion is lifted.
 """
 
 from __future__ import annotations
 
 import logging
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from slurm_pal.adapters.slurm.update import JobChange, transition_problem
 from slurm_pal.advisor.decide import Decision, LabelTable, decide, parse_gpus_field
 from slurm_pal.advisor.jobdesc import JobDescription, node_set
 from slurm_pal.core.cluster import Cluster
@@ -33,14 +35,10 @@ __all__ = [
     "SKIP_REASONS",
     "PendingJob",
     "ReplanResult",
-    "ScontrolApplier",
     "Update",
-    "gpu_types",
     "kept_off",
     "plan_replan",
     "replannable",
-    "scontrol_steps",
-    "transition_problem",
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
@@ -82,6 +80,22 @@ class Update:
     chosen: Mapping[str, tuple[str, ...]]
     before: Mapping[str, tuple[str, ...]] | None
     pending: PendingJob
+
+    @property
+    def change(self) -> JobChange:
+        """What Slurm must be told: the fields, against the request it holds now."""
+        decision, pending = self.decision, self.pending
+        lift = None
+        if decision.action == "route" and pending.kept_off:
+            lift = compress(sorted(node_set(pending.job.exc_nodes, "exc_nodes")))
+        return JobChange(
+            job_id=self.job_id,
+            fields=decision.set_fields,
+            held_tres=pending.tres_per_node or pending.tres_per_job,
+            n_gpus=decision.allocation.n_gpus if decision.allocation is not None else 0,
+            only_exclusion=decision.action == "wait",
+            lift_exclusion_to=lift,
+        )
 
 
 @dataclass
@@ -208,7 +222,7 @@ def plan_replan(
             result.unchanged.append(p.job_id)
             return Outcome.UNCHANGED
         update = Update(p.job_id, p.token, decision, chosen, p.current, p)
-        problem = transition_problem(update)
+        problem = transition_problem(update.change)
         if problem is not None:
             result.kept[p.job_id] = problem
             return Outcome.KEPT
@@ -233,133 +247,3 @@ def plan_replan(
         elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
             result.not_placed.append(p.job_id)
     return result
-
-
-# -- applying ---------------------------------------------------------------------------------
-_KEYS = {
-    "exc_nodes": "ExcNodeList",
-    "req_nodes": "ReqNodeList",
-    "tres_per_node": "TresPerNode",
-    "tres_per_job": "TresPerJob",
-    "admin_comment": "AdminComment",
-}
-
-
-def gpu_types(tres: str) -> frozenset[str]:
-    """The GPU types a Slurm tres string asks for (``gres:gpu:T:n`` -> ``{T}``; ``T:0`` asks for
-    none, and does not clear ``T`` on 22.05 either)."""
-    types = set()
-    for item in tres.split(","):
-        parts = item.strip().removeprefix("gres:").removeprefix("gres/").split(":")
-        if parts[0] == "gpu" and len(parts) == 3 and parts[2] != "0":
-            types.add(parts[1])
-    return frozenset(types)
-
-
-def _is_gpu_typed(tres: str) -> bool:
-    """Does a Slurm tres string name a GPU type (``gres:gpu:T:n``)?"""
-    return bool(gpu_types(tres))
-
-
-def transition_problem(update: Update) -> str | None:
-    """Why Slurm 22.05 would refuse or mishandle this change of GPU request (checked on the
-    testbed, ``tests/slurm/test_advisor_service.py``), or None.
-
-    Refused outright: typed -> untyped in every form tried, and an untyped request turned into
-    a typed *per-job* one. Accepted but wrong: an update that drops a GPU type. Slurm merges
-    the new typed entries into the job's GRES request and keeps the dropped type's entry with
-    its old count (also with an explicit ``T:0``), so ``ta:2 -> tb:2`` runs on 4 GPUs and
-    ``ta:3,tb:1 -> ta:4`` is held with BadConstraints on a node without ``tb``. Updates that
-    keep every type (new counts, other nodes, added types) are exact."""
-    fields = update.decision.set_fields
-    now = update.pending.tres_per_node or update.pending.tres_per_job
-    if update.decision.action == "wait" or not now:
-        return None
-    gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
-    new_types = frozenset().union(*(gpu_types(v) for v in gpu_fields))
-    old_types = gpu_types(now)
-    if old_types and gpu_fields and not new_types:
-        return "Slurm 22.05 cannot turn a typed GPU request into an untyped one"
-    if not old_types and _is_gpu_typed(str(fields.get("tres_per_job", ""))):
-        return "Slurm 22.05 cannot turn an untyped GPU request into a typed per-job one"
-    dropped = old_types - new_types
-    if old_types and new_types and dropped:
-        return (
-            "Slurm 22.05 keeps a dropped GPU type in the job's request "
-            f"({', '.join(sorted(dropped))}): the job would get more GPUs or never start"
-        )
-    return None
-
-
-def scontrol_steps(update: Update) -> list[list[str]]:
-    """The ``scontrol update`` argument lists for one update, in order (testbed findings in
-    PROTOCOL.md "Reservations and re-planning"): Slurm 22.05 refuses to turn an untyped GPU
-    request into a typed one in one update ("Invalid GRES specification (with and without type
-    identification)"), so such a job first moves its GPU count to an untyped per-job request
-    (the count is never dropped, so the job can not start without GPUs), then gets the typed one.
-    """
-    fields = update.decision.set_fields
-    head = ["update", f"JobId={update.job_id}"]
-    final: list[str] = []
-    for key, name in _KEYS.items():
-        if key in fields:
-            final.append(f"{name}={fields[key]}")
-    low, high = fields.get("min_nodes"), fields.get("max_nodes")
-    if low is not None:
-        final.append(f"NumNodes={low}-{high}" if high not in (None, low) else f"NumNodes={low}")
-    steps: list[list[str]] = []
-    if update.decision.action == "route" and update.pending.kept_off:
-        # Lift the advisor's exclusion first: the chosen nodes may be among the excluded ones.
-        user = compress(sorted(node_set(update.pending.job.exc_nodes, "exc_nodes")))
-        steps.append([*head, f"ExcNodeList={user}"])
-    now = update.pending.tres_per_node or update.pending.tres_per_job
-    new_typed = any(
-        _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
-    )
-    if transition_problem(update) is not None:
-        return []
-    if update.decision.action == "wait":
-        return [*steps, [*head, *final]]
-    if new_typed and now and not _is_gpu_typed(now):
-        count = update.decision.allocation.n_gpus if update.decision.allocation else 1
-        steps.append([*head, "TresPerNode=", f"TresPerJob=gres:gpu:{count}"])
-        if "tres_per_job" not in fields:
-            final.insert(0, "TresPerJob=")
-    steps.append([*head, *final])
-    return steps
-
-
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-
-
-class ScontrolApplier:
-    """Applies updates with ``scontrol`` (SLURM_CONF from ``env``); one failed job does not
-    stop the others."""
-
-    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> None:
-        self.env = None if env is None else dict(env)
-        self.timeout_s = timeout_s
-
-    def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["scontrol", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=self.timeout_s,
-            check=False,
-        )
-
-    def apply(self, update: Update) -> str | None:
-        """Run the steps; None on success, else the error text."""
-        problem = transition_problem(update)
-        if problem is not None:
-            return problem
-        for step in scontrol_steps(update):
-            try:
-                proc = self.run(step)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return f"scontrol {' '.join(step)}: {exc}"
-            if proc.returncode != 0:
-                return f"scontrol {' '.join(step)}: {proc.stderr.strip() or proc.returncode}"
-        return None

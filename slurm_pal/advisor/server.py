@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.advisor import protocol
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.replan import (
     PendingJob,
     ReplanResult,
-    ScontrolApplier,
     current_gpus,
     kept_off,
     plan_replan,
@@ -415,7 +415,7 @@ class AdvisorServer:
             default_partition=view.default_partition,
         )
         for update in result.updates:
-            error = self.applier.apply(update)
+            error = self.applier.apply(update.change)
             if error is not None:
                 result.failed[update.job_id] = error
                 log.warning("re-plan of job %d failed: %s", update.job_id, error)

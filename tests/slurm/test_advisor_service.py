@@ -16,10 +16,10 @@ from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.config import AdvisorConfig, HooksConfig, SiteConfig
 from slurm_pal.adapters.slurm.parse import parse_key_values
 from slurm_pal.adapters.slurm.state import CliStateReader, JobState
+from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient
 from slurm_pal.advisor.decide import parse_admin_comment
-from slurm_pal.advisor.replan import ScontrolApplier
 from slurm_pal.advisor.server import AdvisorServer
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster, GpuSpec

@@ -122,7 +122,7 @@ def test_an_update_that_drops_a_gpu_type_keeps_it(slurm_lab) -> None:
     job's GRES request. A type the update leaves out keeps its old count, so a job updated from
     ``T1:1,T2:1`` to ``T1:1`` still runs on both GPUs (and a node without T2 can never run it:
     pending with BadConstraints for ever). The re-planner never sends such an update
-    (``replan.transition_problem``)."""
+    (``adapters.slurm.update.transition_problem``)."""
     node, (l1, l2) = next(
         (n, sorted(set(g.values()))[:2])
         for n, g in slurm_lab.slurm_labels.items()

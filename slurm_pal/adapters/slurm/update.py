@@ -1,0 +1,163 @@
+"""Writing to Slurm: the ``scontrol update`` steps that carry a pending job to a new request,
+and which changes Slurm 22.05 refuses or mishandles (testbed findings, PROTOCOL.md
+"Reservations and re-planning", testbed/NOTES.md). The advisor plans; this module talks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "JobChange",
+    "ScontrolApplier",
+    "gpu_types",
+    "scontrol_steps",
+    "transition_problem",
+]
+
+
+@dataclass(frozen=True)
+class JobChange:
+    """A pending job's new request: the ``job_desc`` fields to set (``fields``, as a decide
+    answer's ``set``), against the GPU request Slurm holds now (``held_tres``).
+
+    ``only_exclusion``: only a waiting job's exclusion changes (no GPUs chosen).
+    ``lift_exclusion_to``: the job waited off nodes and is routed now: its exclusion goes back
+    to this (the user's own, possibly empty) before anything else."""
+
+    job_id: int
+    fields: Mapping[str, str | int]
+    held_tres: str
+    n_gpus: int = 0
+    only_exclusion: bool = False
+    lift_exclusion_to: str | None = None
+
+
+_KEYS = {
+    "exc_nodes": "ExcNodeList",
+    "req_nodes": "ReqNodeList",
+    "tres_per_node": "TresPerNode",
+    "tres_per_job": "TresPerJob",
+    "admin_comment": "AdminComment",
+}
+
+
+def gpu_types(tres: str) -> frozenset[str]:
+    """The GPU types a Slurm tres string asks for (``gres:gpu:T:n`` -> ``{T}``; ``T:0`` asks for
+    none, and does not clear ``T`` on 22.05 either)."""
+    types = set()
+    for item in tres.split(","):
+        parts = item.strip().removeprefix("gres:").removeprefix("gres/").split(":")
+        if parts[0] == "gpu" and len(parts) == 3 and parts[2] != "0":
+            types.add(parts[1])
+    return frozenset(types)
+
+
+def _is_gpu_typed(tres: str) -> bool:
+    """Does a Slurm tres string name a GPU type (``gres:gpu:T:n``)?"""
+    return bool(gpu_types(tres))
+
+
+def transition_problem(change: JobChange) -> str | None:
+    """Why Slurm 22.05 would refuse or mishandle this change of GPU request (checked on the
+    testbed, ``tests/slurm/test_advisor_service.py``), or None.
+
+    Refused outright: typed -> untyped in every form tried, and an untyped request turned into
+    a typed *per-job* one. Accepted but wrong: an update that drops a GPU type. Slurm merges
+    the new typed entries into the job's GRES request and keeps the dropped type's entry with
+    its old count (also with an explicit ``T:0``), so ``ta:2 -> tb:2`` runs on 4 GPUs and
+    ``ta:3,tb:1 -> ta:4`` is held with BadConstraints on a node without ``tb``. Updates that
+    keep every type (new counts, other nodes, added types) are exact."""
+    fields = change.fields
+    now = change.held_tres
+    if change.only_exclusion or not now:
+        return None
+    gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
+    new_types = frozenset().union(*(gpu_types(v) for v in gpu_fields))
+    old_types = gpu_types(now)
+    if old_types and gpu_fields and not new_types:
+        return "Slurm 22.05 cannot turn a typed GPU request into an untyped one"
+    if not old_types and _is_gpu_typed(str(fields.get("tres_per_job", ""))):
+        return "Slurm 22.05 cannot turn an untyped GPU request into a typed per-job one"
+    dropped = old_types - new_types
+    if old_types and new_types and dropped:
+        return (
+            "Slurm 22.05 keeps a dropped GPU type in the job's request "
+            f"({', '.join(sorted(dropped))}): the job would get more GPUs or never start"
+        )
+    return None
+
+
+def scontrol_steps(change: JobChange) -> list[list[str]]:
+    """The ``scontrol update`` argument lists for one update, in order (testbed findings in
+    PROTOCOL.md "Reservations and re-planning"): Slurm 22.05 refuses to turn an untyped GPU
+    request into a typed one in one update ("Invalid GRES specification (with and without type
+    identification)"), so such a job first moves its GPU count to an untyped per-job request
+    (the count is never dropped, so the job can not start without GPUs), then gets the typed one.
+    """
+    fields = change.fields
+    head = ["update", f"JobId={change.job_id}"]
+    final: list[str] = []
+    for key, name in _KEYS.items():
+        if key in fields:
+            final.append(f"{name}={fields[key]}")
+    low, high = fields.get("min_nodes"), fields.get("max_nodes")
+    if low is not None:
+        final.append(f"NumNodes={low}-{high}" if high not in (None, low) else f"NumNodes={low}")
+    steps: list[list[str]] = []
+    if change.lift_exclusion_to is not None:
+        # Lift the advisor's exclusion first: the chosen nodes may be among the excluded ones.
+        steps.append([*head, f"ExcNodeList={change.lift_exclusion_to}"])
+    now = change.held_tres
+    new_typed = any(
+        _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
+    )
+    if transition_problem(change) is not None:
+        return []
+    if change.only_exclusion:
+        return [*steps, [*head, *final]]
+    if new_typed and now and not _is_gpu_typed(now):
+        count = change.n_gpus or 1
+        steps.append([*head, "TresPerNode=", f"TresPerJob=gres:gpu:{count}"])
+        if "tres_per_job" not in fields:
+            final.insert(0, "TresPerJob=")
+    steps.append([*head, *final])
+    return steps
+
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+class ScontrolApplier:
+    """Applies updates with ``scontrol`` (SLURM_CONF from ``env``); one failed job does not
+    stop the others."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> None:
+        self.env = None if env is None else dict(env)
+        self.timeout_s = timeout_s
+
+    def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["scontrol", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s,
+            check=False,
+        )
+
+    def apply(self, change: JobChange) -> str | None:
+        """Run the steps; None on success, else the error text."""
+        problem = transition_problem(change)
+        if problem is not None:
+            return problem
+        for step in scontrol_steps(change):
+            try:
+                proc = self.run(step)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"scontrol {' '.join(step)}: {exc}"
+            if proc.returncode != 0:
+                return f"scontrol {' '.join(step)}: {proc.stderr.strip() or proc.returncode}"
+        return None
