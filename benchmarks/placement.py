@@ -3,7 +3,8 @@
 Setup (issue 3): clusters of 256, 4,096 and 32,768 GPUs, 8 per node, half of the GPUs busy;
 jobs of 1, 2, 4, 8 and 16 GPUs; 4 classes (A-D) with about 10 bins each plus a few outliers.
 
-- ``p50_ms_<G>`` / ``p99_ms_<G>``: one PAL decision (``PALPolicy.place``) on G GPUs.
+- ``p50_ms_<G>`` / ``p99_ms_<G>``: one PAL decision (``PALPolicy.place``) on G GPUs;
+  ``pmfirst_...`` PM-First's, ``packedpm_...`` the shipped default's (packed-pm, outliers wait).
 - ``speedup_vs_enumeration_256``: the same 4-GPU decisions made by a reference written the way
   PAL's ``placement/pal.py`` works (pandas frames, ``itertools.combinations`` over every node
   with enough GPUs under the threshold, the max score of each combination), as a ratio of median
@@ -15,7 +16,8 @@ jobs of 1, 2, 4, 8 and 16 GPUs; 4 classes (A-D) with about 10 bins each plus a f
   (``reference_mismatches`` counts the decisions where they do not).
 - ``p50_ms_32768_switches`` / ``p99_ms_32768_switches``: the same on 32,768 GPUs under 128 leaf
   switches (three locality levels).
-- ``round_s_1000x32768``: ``plan_round`` with PAL for 1,000 pending jobs on 32,768 GPUs.
+- ``round_s_1000x32768``: ``plan_round`` with PAL for 1,000 pending jobs on 32,768 GPUs;
+  ``packedpm_round_s_1000x32768`` the same round with the shipped default.
 
 Run ``python benchmarks/placement.py`` (about a minute on 2 cores), ``--quick`` for a smoke run,
 ``--json`` for one JSON object on stdout.
@@ -35,8 +37,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from slurm_pal.adapters.config import AdvisorConfig
 from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.placement import PALPolicy, PMFirstPolicy
+from slurm_pal.core.placement import PALPolicy, PMFirstPolicy, configured_policy
 from slurm_pal.core.queue import plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
@@ -227,13 +230,19 @@ def run(quick: bool, log: Callable[[str], None]) -> dict[str, float | int | str]
     decisions = 400 if quick else 3000
     results: dict[str, float | int | str] = {"mode": "quick" if quick else "default"}
     pal, pmfirst = PALPolicy(), PMFirstPolicy()
+    shipped = configured_policy(
+        AdvisorConfig().policy,
+        pack_tolerance=AdvisorConfig().pack_tolerance,
+        avoid_above=AdvisorConfig().avoid_above,
+        wait=AdvisorConfig().outliers == "wait",
+    )
     clusters = {}
     for n_gpus in sizes:
         start = time.perf_counter()
         cluster = clusters[n_gpus] = make_cluster(n_gpus, seed=n_gpus)
         log(f"{n_gpus:>6} GPUs: cluster built in {time.perf_counter() - start:.2f} s")
         requests = make_requests(decisions, seed=1)
-        for name, policy in (("", pal), ("pmfirst_", pmfirst)):
+        for name, policy in (("", pal), ("pmfirst_", pmfirst), ("packedpm_", shipped)):
             durations = time_decisions(lambda r, p=policy, c=cluster: p.place(r, c), requests)
             results[f"{name}p50_ms_{n_gpus}"] = round(percentile_ms(durations, 50), 4)
             results[f"{name}p99_ms_{n_gpus}"] = round(percentile_ms(durations, 99), 4)
@@ -309,6 +318,18 @@ def run(quick: bool, log: Callable[[str], None]) -> dict[str, float | int | str]
     results["round_s_1000x32768"] = round(statistics.median(rounds), 4)
     results["round_jobs_placed"] = placed
     log(f" 32768 GPUs: a round of 1000 jobs ({placed} placed) in {statistics.median(rounds):.3f} s")
+    rounds = []
+    for _ in range(1 if quick else 3):
+        start = time.perf_counter()
+        plan = plan_round(queue, cluster, shipped, on_misfit="skip")
+        rounds.append(time.perf_counter() - start)
+    placed = sum(result.placed for result in plan)
+    results["packedpm_round_s_1000x32768"] = round(statistics.median(rounds), 4)
+    results["packedpm_round_jobs_placed"] = placed
+    log(
+        f" 32768 GPUs: packed-pm, a round of 1000 jobs ({placed} placed) in "
+        f"{statistics.median(rounds):.3f} s"
+    )
     return results
 
 

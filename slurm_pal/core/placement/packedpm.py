@@ -38,7 +38,14 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement.base import Allocation, PlacementResult
 from slurm_pal.core.placement.packed import pack_pick
 from slurm_pal.core.placement.pmfirst import constraint_text
-from slurm_pal.core.placement.view import RequestView, build_allocation, placed, prepare, unplaced
+from slurm_pal.core.placement.view import (
+    RequestView,
+    build_allocation,
+    placed,
+    prepare,
+    span_level,
+    unplaced,
+)
 from slurm_pal.core.request import PlacementRequest
 
 __all__ = ["WAIT_REASON", "PackedPMPolicy"]
@@ -62,6 +69,11 @@ class PackedPMPolicy:
             raise ValueError(f"avoid_above must be a PM-score >= 1.0, got {avoid_above}")
         self.avoid_above = float(avoid_above)
         self.wait = bool(wait)
+        # (scores array kept alive, so its id is not reused) -> mask
+        self._outlying: dict[
+            tuple[int, str], tuple[np.ndarray, tuple[np.ndarray, list[bool]] | None]
+        ] = {}
+        self._slow: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
         view = prepare(request, cluster)
@@ -70,17 +82,14 @@ class PackedPMPolicy:
         picked = pack_pick(view, node_take=self._node_take)
         if picked is None:
             return unplaced(request, f"Packed-PM: no free GPUs satisfy {constraint_text(request)}")
-        allocation = _describe(view, *picked)
         slow = self._first_slow_bin(view)
-        if slow >= view.n_bins or max(view.klass.bin_of[picked[0]]) < slow:
-            return placed(allocation, request)
-        capped = _without_bins_from(view, slow)
+        if slow >= view.n_bins or view.klass.bin_of[picked[0]].max() < slow:
+            return placed(_describe(view, *picked), request)
+        capped = _without_bins_from(view, slow, self._slow_nodes(view, slow))
         alternative = None if capped is None else pack_pick(capped, node_take=self._node_take)
-        if alternative is not None:
+        if alternative is not None and _costs_nothing_more(view, picked[0], alternative[0]):
             how = f"{alternative[1]}, GPUs above {self.avoid_above:g} left out"
-            better = _describe(view, alternative[0], how)
-            if _costs_nothing_more(view, allocation, better):
-                return placed(better, request)
+            return placed(_describe(view, alternative[0], how), request)
         if self.wait and _fits_without(view, slow):
             return PlacementResult(
                 request,
@@ -88,31 +97,57 @@ class PackedPMPolicy:
                 f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g})",
                 waits_off=tuple(_free_gpus_from_bin(view, slow)),
             )
-        return placed(allocation, request)
+        return placed(_describe(view, *picked), request)
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Inside each chosen node: first the GPUs that are outliers for another class (but
-        usable for this job), then by local index as packing does. Plain Python: a node holds a
-        handful of GPUs."""
+        usable for this job), then by local index as packing does."""
+        outlying = self._others_outlying(view)
+        if outlying is None:
+            return view.take(nodes, counts, 0, view.top, by_score=False)
+        others, prefer = outlying
+        slots = view.cluster.node_gpus[nodes]
+        if not others[slots[slots >= 0]].any():
+            return view.take(nodes, counts, 0, view.top, by_score=False)
+        # A few nodes: plain Python over their handful of GPUs.
         cluster = view.cluster
         lists = cluster._gpu_lists
-        job_class = view.request.job_class
-        others = [lists[f"score:{name}"] for name in cluster.class_order if name != job_class]
-        if not others or not math.isfinite(self.avoid_above):
-            return view.take(nodes, counts, 0, view.top, by_score=False)
-        bins = lists[f"bin:{job_class}"]
+        bins = lists[f"bin:{view.request.job_class}"]
         models, wanted = lists["model"], view.gpu_model
-        free, top, limit = cluster.free, view.top, self.avoid_above
+        free, top = cluster.free, view.top
         picked: list[int] = []
         for node, count in zip(nodes.tolist(), counts.tolist(), strict=True):
-            slots = [
+            usable = [
                 gpu
                 for gpu in lists["node_gpus"][node]
                 if free[gpu] and bins[gpu] <= top and (wanted is None or models[gpu] == wanted)
             ]
-            slots.sort(key=lambda gpu: not any(scores[gpu] > limit for scores in others))
-            picked.extend(slots[:count])
+            usable.sort(key=lambda gpu: not prefer[gpu])
+            picked.extend(usable[:count])
         return np.array(picked, dtype=np.intp)
+
+    def _slow_nodes(self, view: RequestView, first: int) -> np.ndarray:
+        """The nodes holding a GPU of the job's class in bin ``first`` or above (cached)."""
+        cluster, job_class = view.cluster, view.request.job_class
+        key = (id(cluster.classes[job_class].scores), f"{job_class}:{first}")
+        if key not in self._slow:
+            rows = np.unique(cluster.gpu_node[view.klass.bin_of >= first])
+            self._slow[key] = (cluster.classes[job_class].scores, rows)
+        return self._slow[key][1]
+
+    def _others_outlying(self, view: RequestView) -> tuple[np.ndarray, list[bool]] | None:
+        """Per GPU: is it an outlier for some other class (as an array and a list)? None when
+        no GPU is. Cached per cluster layout (scores never change; copies share them)."""
+        cluster, job_class = view.cluster, view.request.job_class
+        key = (id(cluster.classes[job_class].scores), job_class)
+        if key not in self._outlying:
+            mask = np.zeros(cluster.n_gpus, dtype=bool)
+            for name in cluster.class_order:
+                if name != job_class and math.isfinite(self.avoid_above):
+                    mask |= cluster.classes[name].scores > self.avoid_above
+            found = (mask, mask.tolist()) if mask.any() else None
+            self._outlying[key] = (cluster.classes[job_class].scores, found)
+        return self._outlying[key][1]
 
     def _first_slow_bin(self, view: RequestView) -> int:
         """The first bin of the job's class scoring above ``avoid_above`` (``n_bins``: none)."""
@@ -134,36 +169,45 @@ def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
     )
 
 
-def _costs_nothing_more(view: RequestView, packed: Allocation, alternative: Allocation) -> bool:
-    """Is ``alternative`` faster for the job (LV product) without spanning more nodes or
-    breaking a larger hole (more free GPUs on the nodes it uses) than packing's choice?
+def _costs_nothing_more(view: RequestView, packed: np.ndarray, alternative: np.ndarray) -> bool:
+    """Are the ``alternative`` GPUs faster for the job (LV product) than packing's, without
+    spanning more nodes or breaking a larger hole (more free GPUs on the nodes used)?
     Fragmentation outlives the job, so it is never traded for speed here."""
-    if len(alternative.node_names) > len(packed.node_names):
+    cluster = view.cluster
+    nodes_a = np.unique(cluster.gpu_node[packed])
+    nodes_b = np.unique(cluster.gpu_node[alternative])
+    if nodes_b.size > nodes_a.size:
         return False
     counts = view.usable_counts()
-    index = view.cluster.node_index
+    if int(counts[nodes_b].sum()) > int(counts[nodes_a].sum()):
+        return False
+    scores = view.klass.scores
+    lv_a = float(scores[packed].max()) * span_level(cluster, nodes_a.tolist()).penalty
+    lv_b = float(scores[alternative].max()) * span_level(cluster, nodes_b.tolist()).penalty
+    return lv_b < lv_a
 
-    def hole(allocation: Allocation) -> int:
-        return int(sum(counts[index[node]] for node in allocation.node_names))
 
-    return hole(alternative) <= hole(packed) and alternative.lv_product < packed.lv_product
-
-
-def _without_bins_from(view: RequestView, first_unusable: int) -> RequestView | None:
-    """The same view without the GPUs in bins >= ``first_unusable`` (None: too few left)."""
-    sorted_bins = np.where(view.sorted >= first_unusable, view.n_bins, view.sorted)
+def _without_bins_from(
+    view: RequestView, first_unusable: int, rows: np.ndarray
+) -> RequestView | None:
+    """The same view without the GPUs in bins >= ``first_unusable`` (None: too few left).
+    ``rows``: the nodes holding such GPUs (few: only they change)."""
     totals = view.totals.copy()
     totals[first_unusable:] = 0
     if int(totals.sum()) < view.shape.n:
         return None
+    n_bins = view.n_bins
+    sorted_bins = view.sorted.copy()
+    part = sorted_bins[rows]
+    # Rows are sorted ascending, so the dropped bins are each row's tail: still sorted.
+    part[part >= first_unusable] = n_bins
+    sorted_bins[rows] = part
+    counts = view.usable_counts().copy()
+    counts[rows] = (part < n_bins).sum(axis=1)
     capped = RequestView(
-        view.request,
-        view.cluster,
-        view.shape,
-        sorted_bins.astype(np.int32),
-        totals,
-        view.gpu_model,
+        view.request, view.cluster, view.shape, sorted_bins, totals, view.gpu_model
     )
+    capped.counts = counts
     capped.top = first_unusable - 1
     return capped
 

@@ -34,6 +34,7 @@ __all__ = [
     "build_allocation",
     "placed",
     "prepare",
+    "span_level",
     "unplaced",
 ]
 
@@ -85,6 +86,7 @@ class RequestView:
     __slots__ = (
         "cluster",
         "columns",
+        "counts",
         "gpu_model",
         "klass",
         "n_bins",
@@ -112,6 +114,7 @@ class RequestView:
         self.sorted = sorted_bins
         self.totals = totals
         self.n_bins = self.klass.n_bins
+        self.counts: IntArray | None = None  # usable free GPUs per node, once asked
         self.top = self.n_bins - 1
         """The highest bin the request may use (lower when a policy leaves slow GPUs out)."""
         self.width = width = sorted_bins.shape[1]
@@ -133,8 +136,11 @@ class RequestView:
         return (self.sorted[rows] <= bin_index).sum(axis=1)
 
     def usable_counts(self) -> IntArray:
-        """Per node: usable free GPUs (any score)."""
-        return (self.sorted < self.n_bins).sum(axis=1)
+        """Per node: usable free GPUs (any score). Computed once per view; without node or model
+        filters it is the cluster's own per-node free count (kept up to date by allocate)."""
+        if self.counts is None:
+            self.counts = (self.sorted < self.n_bins).sum(axis=1)
+        return self.counts
 
     def cumulative(self, rows: IntArray) -> IntArray:
         """Per node of ``rows`` and bin: usable GPUs at or under that bin (rows x bins)."""
@@ -468,6 +474,8 @@ def prepare(request: PlacementRequest, cluster: Cluster) -> RequestView | str:
         required=required,
     )
     view = RequestView(request, cluster, shape, sorted_bins, totals, gpu_model)
+    if gpu_model is None and node_ok is None:
+        view.counts = cluster.node_free
     usable_total = int(totals.sum())
     if usable_total < shape.n:
         return (
@@ -569,6 +577,20 @@ def packed_within(
     return placed(packed, view.request)
 
 
+def span_level(cluster: Cluster, distinct_nodes: list[int]) -> Level:
+    """The locality level a set of (distinct) nodes spans: one node, one leaf switch, or more."""
+    if len(distinct_nodes) == 1:
+        rank = NODE_RANK
+    elif (
+        cluster.topology.has_switches
+        and len(set(cluster.node_switch[distinct_nodes].tolist())) == 1
+    ):
+        rank = SWITCH_RANK
+    else:
+        rank = CLUSTER_RANK
+    return cluster.topology.level(rank)
+
+
 def build_allocation(
     view: RequestView, gpu_ids: IntArray | list[int], explain: Callable[[Level, float, str], str]
 ) -> Allocation:
@@ -580,13 +602,7 @@ def build_allocation(
     node_of, scores = lists["node"], lists[f"score:{view.request.job_class}"]
     node_ids = [node_of[gpu] for gpu in id_list]
     distinct = list(dict.fromkeys(node_ids))
-    if len(distinct) == 1:
-        rank = NODE_RANK
-    elif cluster.topology.has_switches and len(set(cluster.node_switch[distinct].tolist())) == 1:
-        rank = SWITCH_RANK
-    else:
-        rank = CLUSTER_RANK
-    level = cluster.topology.level(rank)
+    level = span_level(cluster, distinct)
     max_score = max([scores[gpu] for gpu in id_list])
     names = [cluster.node_names[node] for node in distinct]
     node_text = f"node {names[0]}" if len(names) == 1 else f"nodes {_names_text(names)}"
