@@ -42,7 +42,8 @@ import numpy as np
 
 from slurm_pal.adapters.traces import read_sia_trace
 from slurm_pal.core.binning import PMBinner
-from slurm_pal.sim import PLACEMENTS, SimConfig, SimGpus, simulate
+from slurm_pal.sim import PAPER_PLACEMENTS as PLACEMENTS
+from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.experiments import geomean_gain
 from slurm_pal.sim.inputs import PAL_LONGHORN_PROFILES, load_gpus
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from slurm_pal.adapters.traces import read_sia_trace
 from slurm_pal.core.workload import poisson_workload
-from slurm_pal.sim import PLACEMENTS, SimConfig, simulate, uniform_gpus
+from slurm_pal.sim import PAPER_PLACEMENTS as PLACEMENTS
+from slurm_pal.sim import SimConfig, simulate, uniform_gpus
 from slurm_pal.sim.inputs import PAL_LONGHORN_PROFILES, load_gpus
 
 REPO = Path(__file__).resolve().parents[1]
