@@ -134,8 +134,9 @@ class AdvisorConfig:
     the median GPU) is an outlier for that job; it is left out when that costs no extra node
     and breaks no larger hole."""
     outliers: str = "wait"
-    """packed-pm, when a job fits now only on outliers: wait (keep it off them, through its
-    exc_nodes, until re-planning finds it other GPUs) or last-resort (take them)."""
+    """packed-pm, when a job can leave its outliers out only by breaking a larger hole, or not
+    at all: wait (keep it off them, through its exc_nodes, until re-planning finds it other
+    GPUs) or last-resort (take them)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
     refresh_s: float = 5.0
