@@ -425,3 +425,34 @@ def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) 
     server.replan_on_epilog = False
     other = {**record, "record_id": "3:n03:epilog", "job_id": 3, "node": "n03"}
     assert "replan" not in client.request({"op": "record", "record": other})
+
+
+def test_a_request_read_past_its_deadline_is_dropped_and_a_late_answer_frees_its_gpus(
+    served,
+) -> None:
+    """After a pause longer than the plugin's timeout the advisor must not reserve GPUs for
+    answers nobody reads: a request already past its deadline gets an error (the plugin has
+    let the job through as written), and a route sent after the deadline releases its GPUs."""
+    _, server, _ = served
+    now = [5000.0]
+    server.wall_clock = lambda: now[0]
+    stale = {"v": 1, "op": "decide", "deadline": 4999.7, "job": JOB}
+    answer = server.answer(json.dumps(stale).encode())
+    assert answer["ok"] is False and "past its deadline" in str(answer["error"])
+    assert server.counters.snapshot()["decide_late"] == 1
+    assert server.state.health()["reservations"] == 0
+    fresh = {"v": 1, "op": "decide", "deadline": 5000.3, "job": JOB}
+    after: list = []
+    answer = server.answer(json.dumps(fresh).encode(), after)
+    assert answer["action"] == "route" and server.state.health()["reservations"] == 1
+    now[0] = 5000.5  # the answer went out after the plugin gave up
+    for task in after:
+        task()
+    assert server.state.health()["reservations"] == 0
+    assert server.counters.snapshot()["answers_undelivered"] == 1
+    on_time = {"v": 1, "op": "decide", "deadline": 5001.0, "job": JOB}
+    after = []
+    assert server.answer(json.dumps(on_time).encode(), after)["action"] == "route"
+    for task in after:
+        task()
+    assert server.state.health()["reservations"] == 1

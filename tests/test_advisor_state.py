@@ -376,3 +376,23 @@ def test_a_failed_slurm_read_keeps_the_old_view(env: Env) -> None:
     with pytest.raises(Exception, match="does not answer"):
         st.refresh()
     assert st.view is before
+
+
+def test_a_reservation_no_job_carries_is_dropped_at_the_next_refresh(env: Env) -> None:
+    """An answer nobody received (the plugin timed out: the advisor was paused) leaves a
+    reservation under a token no job carries; the first Slurm read that starts well after it
+    was made drops it, instead of the GPUs looking taken for the whole TTL."""
+    st = env.state()
+    lost = st.decide(job(4), {})
+    kept = st.decide(job(4), {})
+    assert lost.action == kept.action == "route" and len(_free_uuids(st)) == 8
+    env.slurm.jobs.append(
+        FakeJob(7, "PENDING", admin_comment=str(kept.set_fields["admin_comment"]))
+    )
+    env.clock.now += 1.0  # within the plugin's timeout + 1 s: the job may not show yet
+    st.refresh()
+    assert st.health()["reservations"] == 2
+    env.clock.now += 1.0
+    st.refresh()
+    assert set(st.reservations()) == {kept.token}
+    assert len(_free_uuids(st)) == 12

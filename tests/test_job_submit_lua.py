@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -352,6 +353,8 @@ def test_route_answer_is_applied_and_request_carries_the_job(short_dir: Path, se
     assert "features" not in job and "partition" not in job
     (request,) = server.requests
     assert request["v"] == 1 and request["op"] == "decide"
+    # The plugin's deadline travels with the request: now + the timeout, in epoch seconds.
+    assert abs(request["deadline"] - time.time()) < 5  # same clock; a wide margin, not timing
     sent = request["job"]
     assert sent["uid"] == 1234 and sent["user"] == "uid:1234"
     assert sent["tres_per_node"] == "gres:gpu:v100:2"

@@ -73,6 +73,11 @@ def _check_decide(body: Mapping[str, object]) -> None:
     if not isinstance(job, dict):
         got = "missing" if job is None else f"a {type(job).__name__}"
         raise ProtocolError(f"decide needs 'job', an object of job_desc fields ({got})")
+    deadline = body.get("deadline")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0
+    ):
+        raise ProtocolError(f"decide.deadline must be epoch seconds > 0, got {deadline!r}")
 
 
 def _check_record(body: Mapping[str, object]) -> None:

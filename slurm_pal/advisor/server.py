@@ -64,7 +64,10 @@ class Counters:
         "decide_total",
         "decide_route",
         "decide_pass",
+        "decide_wait",
         "decide_errors",
+        "decide_late",
+        "answers_undelivered",
         "records_total",
         "records_duplicate",
         "replans",
@@ -202,8 +205,10 @@ class AdvisorServer:
         applier: ScontrolApplier | None = None,
         reload_config: Callable[[], None] | None = None,
         io_timeout_s: float = 10.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         cfg = state.config
+        self.wall_clock = wall_clock  # epoch seconds, as the plugin's deadlines are
         self.state = state
         self.socket_path = Path(socket_path)
         self.allowed = allowed_uids(cfg.advisor.allowed_users if allowed is None else allowed)
@@ -480,6 +485,8 @@ class AdvisorServer:
                 after: list[Callable[[], object]] = []
                 answer = self.answer(line, after)
                 sent = self._send(conn, answer)
+                if not sent:
+                    self._undelivered(answer, "the peer was gone")
                 for task in after:  # store writes, once the peer has its answer
                     task()
                 if not sent:
@@ -530,6 +537,15 @@ class AdvisorServer:
             return protocol.error_answer(f"{request.op} failed: {exc}")
         return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
 
+    def _undelivered(self, answer: Mapping[str, object], why: str) -> None:
+        """A route nobody received: the job went through as written, so the GPUs reserved for
+        it are free again at once (not after the reservation's TTL)."""
+        token = answer.get("token")
+        if answer.get("action") == "route" and isinstance(token, str):
+            self.state.release_reservation(token)
+            self.counters.add("answers_undelivered")
+            log.info("reservation %s released: answer not received (%s)", token, why)
+
     def _decide(
         self,
         body: Mapping[str, object],
@@ -538,6 +554,13 @@ class AdvisorServer:
     ) -> dict[str, object]:
         wire = body["job"]
         assert isinstance(wire, dict)
+        deadline = body.get("deadline")
+        if isinstance(deadline, int | float) and self.wall_clock() > deadline:
+            # The plugin has given up and let the job through as written (a pause, swap, GC):
+            # deciding now would reserve GPUs for an answer nobody reads.
+            self.counters.add("decide_late")
+            late = self.wall_clock() - deadline
+            return protocol.error_answer(f"request read {late:.3f} s past its deadline")
         try:
             job = JobDescription.from_wire(wire)
         except JobDescError as exc:
@@ -545,8 +568,18 @@ class AdvisorServer:
             return protocol.error_answer(str(exc))
         decision = self.state.decide(job, wire, after)
         answer = decision.to_wire()
+        if isinstance(deadline, int | float):
+
+            def check_deadline(answer: dict[str, object] = answer, limit: float = deadline) -> None:
+                if self.wall_clock() > limit:
+                    self._undelivered(answer, "sent past the plugin's deadline")
+
+            if after is None:
+                check_deadline()
+            else:
+                after.insert(0, check_deadline)
         self.counters.add("decide_total")
-        self.counters.add("decide_route" if decision.action == "route" else "decide_pass")
+        self.counters.add(f"decide_{decision.action}")
         self.counters.decide_ms((time.perf_counter() - start) * 1000)
 
         def note() -> None:

@@ -93,6 +93,7 @@ class Reservation:
     uuids: tuple[str, ...]
     expires: float  # on the state's clock
     job_id: int | None = None
+    made: float = 0.0  # on the state's clock: when the answer was made
 
 
 @dataclass(frozen=True)
@@ -347,6 +348,7 @@ class AdvisorState:
         # twice. The other order dropped the reservation of a job squeue shows RUNNING before
         # sinfo counted its GPUs, and a GPU looked free that was not (a routed job then waits
         # for it: seen in CI, tests/slurm/test_submit_advisor.py).
+        read_start = self.clock()
         jobs = self.reader.jobs()
         nodes = self.reader.nodes()
         default_partition = None
@@ -371,7 +373,7 @@ class AdvisorState:
                 return None  # a reload raced us; the next refresh uses the new campaign
             self._static = static
             self._view = view
-            bound = self._reconcile(view)
+            bound = self._reconcile(view, read_start)
             self._cluster = self._with_reservations(view.base)
         for token, job_id in bound:
             self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))
@@ -443,10 +445,19 @@ class AdvisorState:
             busy=frozenset(busy),
         )
 
-    def _reconcile(self, view: View) -> list[tuple[str, int]]:
-        """Bind reservations to the jobs Slurm shows; drop those running, gone or expired.
+    def _reconcile(self, view: View, read_start: float | None = None) -> list[tuple[str, int]]:
+        """Bind reservations to the jobs Slurm shows; drop those running, gone or expired, and
+        those no job carries although they were made well before this Slurm read started (an
+        answer nobody received: its job went through as written, or was never submitted).
         Returns the (token, job id) pairs newly bound. Called with the lock held."""
         now = self.clock()
+        # A received route becomes a job in the same slurmctld call; allow the plugin's timeout
+        # and a second for the read to see it.
+        orphan_before = (
+            None
+            if read_start is None
+            else read_start - self.config.advisor.submit_timeout_ms / 1000 - 1.0
+        )
         seen: dict[str, JobState] = {}
         for job in view.jobs:
             parsed = parse_admin_comment(job.admin_comment) if job.admin_comment else None
@@ -468,6 +479,10 @@ class AdvisorState:
                 res.job_id = job.job_id
             elif res.job_id is not None:
                 del self._reservations[token]  # the job left squeue
+                continue
+            elif orphan_before is not None and res.made < orphan_before:
+                del self._reservations[token]
+                log.info("reservation %s dropped: no job carries it", token)
                 continue
             if now >= res.expires:
                 del self._reservations[token]
@@ -541,10 +556,12 @@ class AdvisorState:
             )
             if decision.action == "route" and decision.allocation is not None:
                 cluster.allocate(decision.allocation)
+                made = self.clock()
                 self._reservations[token] = Reservation(
                     token,
                     decision.allocation.uuids,
-                    self.clock() + self.config.advisor.reservation_ttl_s,
+                    made + self.config.advisor.reservation_ttl_s,
+                    made=made,
                 )
                 state = "reserved"
             elif decision.action == "wait":
@@ -634,11 +651,9 @@ class AdvisorState:
     def reserve(self, token: str, uuids: Iterable[str], job_id: int | None) -> None:
         """Hold GPUs for a re-planned job (same TTL as a route)."""
         with self._lock:
+            made = self.clock()
             self._reservations[token] = Reservation(
-                token,
-                tuple(uuids),
-                self.clock() + self.config.advisor.reservation_ttl_s,
-                job_id,
+                token, tuple(uuids), made + self.config.advisor.reservation_ttl_s, job_id, made
             )
             if self._view is not None:
                 self._cluster = self._with_reservations(self._view.base)
