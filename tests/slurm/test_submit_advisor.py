@@ -518,6 +518,51 @@ def test_advisor_stopped_or_killed_jobs_run_as_written(clean: Lab) -> None:
     _runs_as_written(lab, "connect")
 
 
+def test_a_paused_advisor_is_routing_again_within_one_refresh(clean: Lab) -> None:
+    """SIGSTOP for 2 s during 20 submits (swap, a long GC): the jobs go through as written,
+    the requests it reads late are dropped or their answers' GPUs released, and once the jobs
+    are gone a new job is routed within one refresh, not after the reservation TTL (30 s)."""
+    import signal
+
+    lab = clean
+    assert lab.advisor is not None
+    before = lab.ask({"op": "stats"})
+    submitted: list[int] = []
+
+    def submit() -> None:
+        for _ in range(20):
+            submitted.append(
+                lab.sbatch("--gres=gpu:1", "--comment=pal:app=resnet", f"--wrap={WRAP}")
+            )
+
+    os.kill(lab.advisor.pid, signal.SIGSTOP)
+    worker = threading.Thread(target=submit)
+    try:
+        worker.start()
+        time.sleep(2.0)
+    finally:
+        os.kill(lab.advisor.pid, signal.SIGCONT)
+    worker.join(timeout=120)
+    assert len(submitted) == 20  # nothing was rejected
+    stats = lab.ask({"op": "stats"})
+    late = (stats["decide_late"] - before["decide_late"]) + (
+        stats["answers_undelivered"] - before["answers_undelivered"]
+    )
+    assert late >= 1, stats  # the pause made some answers too late for the plugin
+    lab.cancel_all()
+    # One refresh (1 s) after the read that follows, plus the plugin's timeout: every GPU free.
+    deadline = time.monotonic() + 1.0 + 1.0 + 0.3 + 1.0
+    health: dict = {}
+    while time.monotonic() < deadline:
+        health = lab.ask({"op": "health"})
+        if health.get("free") == 16 and not health.get("reservations"):
+            break
+        time.sleep(0.1)
+    assert health.get("free") == 16 and not health.get("reservations"), health
+    job_id = lab.sbatch("--gres=gpu:1", "--comment=pal:app=resnet", f"--wrap={WRAP}")
+    assert _admin(lab.wait_running(job_id)[job_id])["action"] == "route"
+
+
 def test_advisor_that_never_answers(clean: Lab) -> None:
     lab = clean
     lab.stand_in_server(lambda _line: None)
