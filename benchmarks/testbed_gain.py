@@ -2,10 +2,13 @@
 
 Runs `slurm-pal testbed run` (both arms on the same emulated cluster and trace) ``--repeats``
 times and prints, per run and over the runs, the measured ratios advisor / stock and the
-simulator's prediction for the same trace, cluster, profile and penalty (issue 8). Needs root
-and Slurm (scripts/install-slurm.sh); each run takes a few minutes.
+simulator's prediction for the same trace, cluster, profile and penalty. The advisor runs as
+the site config sets it up (``--config``, else $SLURM_PAL_CONFIG, else the shipped defaults:
+packed-pm); ``--policy pal`` reproduces the paper's policy. Needs root and Slurm
+(scripts/install-slurm.sh); each run takes a few minutes.
 
     nice python benchmarks/testbed_gain.py --repeats 3
+    nice python benchmarks/testbed_gain.py --repeats 3 --policy pal
     nice python benchmarks/testbed_gain.py --repeats 3 --profile longhorn --json
 """
 
@@ -20,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurm_pal.adapters.config import ConfigError, load_config
 from slurm_pal.testbed.cluster import TestbedError
 from slurm_pal.testbed.emulate import EmulationError
 from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
@@ -35,11 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="example")
     parser.add_argument("--profile-seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument(
+        "--config", type=Path, default=None, help="site config (default: $SLURM_PAL_CONFIG)"
+    )
+    parser.add_argument(
+        "--policy", default=None, help="the advisor's policy (default: the config's advisor.policy)"
+    )
     parser.add_argument("--replan-s", type=float, default=0.0, help="advisor re-planning (0: off)")
     parser.add_argument(
         "--no-replan-on-epilog",
-        action="store_true",
-        help="the advisor decides at submit only (no re-plan at each job's end)",
+        action="store_const",
+        const=False,
+        default=None,
+        dest="replan_on_epilog",
+        help="the advisor decides at submit only (default: the config's replan_on_epilog)",
     )
     parser.add_argument("--dir", type=Path, default=None, help="testbed folder (default: temp)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -49,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="spal-gain-", dir="/tmp"))
-    runs = []
-    for i in range(args.repeats):
-        t0 = time.monotonic()
+    try:
         settings = RunSettings(
             root=root,
             trace=args.trace,
@@ -59,9 +70,16 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             profile_seed=args.profile_seed,
             scale=args.scale,
+            policy=args.policy,
             replan_s=args.replan_s,
-            replan_on_epilog=not args.no_replan_on_epilog,
+            replan_on_epilog=args.replan_on_epilog,
+            config=load_config(args.config),
         )
+    except (ConfigError, EmulationError) as exc:
+        parser.error(str(exc))
+    runs = []
+    for i in range(args.repeats):
+        t0 = time.monotonic()
         try:
             report = public_report(run_testbed(settings, say))
         except (TestbedError, EmulationError) as exc:  # one bad run is a finding, not the end
@@ -87,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         "trace": args.trace,
         "profile": args.profile,
         "repeats": args.repeats,
+        "policy": ok[0]["policy"],
+        "decisions": ok[0]["sim"]["decisions"],  # type: ignore[index]
+        "sim_jobs_as_stock": ok[0]["sim"]["jobs_as_stock"],  # type: ignore[index]
         "sim_predicted_avg_jct_ratio": ok[0]["sim_predicted_avg_jct_ratio"],
         "sim_predicted_p99_jct_ratio": ok[0]["sim_predicted_p99_jct_ratio"],
         "sim_predicted_makespan_ratio": ok[0]["sim_predicted_makespan_ratio"],
@@ -109,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for key in KEYS:
             print(f"{key}: runs {summary[key]}, mean {summary[f'{key}_mean']}")
-        print(f"simulator: avg_jct_ratio {summary['sim_predicted_avg_jct_ratio']}")
+        print(
+            f"simulator, advisor {summary['policy']} deciding {summary['decisions']}: "
+            f"avg_jct_ratio {summary['sim_predicted_avg_jct_ratio']} "
+            f"({summary['sim_jobs_as_stock']} of {ok[0]['jobs']} jobs timed as under packing)"
+        )
         print(f"simulator, decisions at submit: {summary['sim_at_submit_avg_jct_ratio']}")
         if "prediction_error_mean" in summary:
             print(f"simulator vs measured mean: {100 * summary['prediction_error_mean']:+.1f} %")  # type: ignore[operator]

@@ -3,6 +3,7 @@ and the job script's own arithmetic (run as a process with a faked Slurm environ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,8 +16,12 @@ import pandas as pd
 import pytest
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.config import ClassesConfig, LocalityConfig, SiteConfig
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.binning import PMBinner
+from slurm_pal.core.workload import SimJob
+from slurm_pal.sim import SimConfig, simulate
+from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.site.render import plan_from_store
 from slurm_pal.testbed.emulate import (
     CLASSES,
@@ -255,8 +260,157 @@ def test_simulator_prediction(tmp_path: Path) -> None:
     p = simulate_prediction(prep, quiet)
     assert p["stock"]["avg_wait"] == 0 and p["advisor"]["avg_wait"] == 0
     assert p["at_submit_avg_jct_ratio"] == p["avg_jct_ratio"]
-    # the advisor keeps class A off the slow GPUs stock packing hands out
+    # the shipped default is what the testbed serves and predicts unless told otherwise
+    assert (p["advisor_policy"], p["decisions"]) == ("packed-pm", "every-event")
     busy = simulate_prediction(prep, make_trace("mixed48"))
     for key in ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio", "at_submit_avg_jct_ratio"):
         assert 0.3 < busy[key] < 2.0
-    assert busy["stock"]["placement"] == "packed-sticky" and busy["pack_tolerance"] == 0.05
+    assert busy["stock"]["placement"] == "packed-sticky"
+
+
+def _site(**advisor: object) -> SiteConfig:
+    base = SiteConfig()
+    return dataclasses.replace(base, advisor=dataclasses.replace(base.advisor, **advisor))
+
+
+def _direct(prep, trace: list[TraceJob], config: SiteConfig, **override: object):
+    """``simulate`` of the advisor exactly as ``advisor_sim_options`` sets ``config`` up, on
+    the testbed's GPUs and trace, in the testbed's Slurm mode (strict FIFO)."""
+    from slurm_pal.testbed.run import sim_gpus
+
+    jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base, j.job_class) for j in trace]
+    options = advisor_sim_options(config) | override
+    sim = SimConfig(
+        **options,
+        mode="slurm",
+        backfill=False,
+        site_locality_penalty=float(prep.table["across_nodes"]),
+    )
+    return simulate(jobs, sim_gpus(prep), sim).summary()
+
+
+def test_prediction_is_the_site_configs_advisor(tmp_path: Path) -> None:
+    """The served config file carries the site's placement settings, so the advisor arm's
+    prediction is a plain ``simulate`` of ``advisor_sim_options`` of the site's config, the
+    settings matter, and the stock arm is Slurm's packing."""
+    from slurm_pal.testbed.run import prepare, sim_gpus, simulate_prediction
+
+    trace = make_trace("mixed48")
+    predictions = {}
+    for avoid_above in (1.2, 1.5):
+        site = _site(policy="packed-pm", avoid_above=avoid_above, pack_tolerance=0.1)
+        prep = prepare(RunSettings(tmp_path / f"tb{avoid_above}", config=site))
+        served = prep.served_config()
+        assert served.advisor.avoid_above == avoid_above and served.advisor.pack_tolerance == 0.1
+        p = simulate_prediction(prep, trace)
+        want = _direct(prep, trace, site)
+        for key in ("avg_jct", "p99_jct", "makespan", "avg_wait"):
+            assert p["advisor"][key] == round(float(want[key]), 3)
+        late = _direct(prep, trace, site, decisions="at-submit")
+        assert p["advisor_at_submit"]["avg_jct"] == round(float(late["avg_jct"]), 3)
+        assert p["advisor_settings"]["avoid_above"] == avoid_above
+        jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base, j.job_class) for j in trace]
+        stock = simulate(
+            jobs,
+            sim_gpus(prep),
+            SimConfig(placement="packed-sticky", mode="slurm", backfill=False),
+        ).summary()
+        assert p["stock"]["avg_jct"] == round(float(stock["avg_jct"]), 3)
+        predictions[avoid_above] = p["advisor"]["avg_jct"]
+    # 1.2 makes the example GPUs' class-B outliers count: not a vacuous pass-through
+    assert predictions[1.2] != predictions[1.5]
+
+
+def test_served_config_keeps_the_sites_and_sets_the_testbeds(tmp_path: Path) -> None:
+    """What serve reads: the site's [advisor] settings, classes and penalty; the testbed's
+    socket, users, refresh and re-planning; ``policy`` and ``replan_on_epilog`` from the run
+    when it names them, else from the site."""
+    from slurm_pal.testbed.run import prepare
+
+    site = dataclasses.replace(
+        _site(policy="pm-first", pack_tolerance=0.2, submit_timeout_ms=450),
+        classes=ClassesConfig(names=("A", "B", "C", "D"), default="C"),
+        locality=LocalityConfig(across_switches=1.4),
+    )
+    own = {"socket", "allowed_users", "socket_group", "refresh_s", "replan_s", "labels_file"}
+    own |= {"reservation_ttl_s"}
+    prep = prepare(RunSettings(tmp_path / "a", config=site))
+    served = prep.served_config()
+    for f in dataclasses.fields(site.advisor):
+        if f.name not in own:
+            assert getattr(served.advisor, f.name) == getattr(site.advisor, f.name), f.name
+    assert served.advisor.socket == str(prep.socket_path)
+    assert served.advisor.allowed_users == ("root",) and served.advisor.replan_s == 0.0
+    assert served.classes == site.classes and served.locality.across_switches == 1.4
+    assert prep.table["across_nodes"] == 1.4
+    prep = prepare(RunSettings(tmp_path / "b", config=site, policy="pal", replan_on_epilog=False))
+    served = prep.served_config()
+    assert (served.advisor.policy, served.advisor.replan_on_epilog) == ("pal", False)
+    assert advisor_sim_options(served)["decisions"] == "at-submit"
+    with pytest.raises(EmulationError, match="unknown policy 'magic'"):
+        RunSettings(tmp_path, policy="magic")
+
+
+def test_at_submit_is_its_own_prediction(tmp_path: Path) -> None:
+    """PAL deciding only at submit (Slurm places a job that waited) is a different advisor on
+    a trace whose jobs queue; without the Epilog's re-planning it is the advisor's prediction."""
+    from slurm_pal.testbed.run import prepare, simulate_prediction
+
+    trace = make_trace("mixed48")
+    every = simulate_prediction(prepare(RunSettings(tmp_path / "e", policy="pal")), trace)
+    assert every["decisions"] == "every-event" and every["advisor_policy"] == "pal"
+    assert every["at_submit_avg_jct_ratio"] != every["avg_jct_ratio"]
+    settings = RunSettings(tmp_path / "s", policy="pal", replan_on_epilog=False)
+    late = simulate_prediction(prepare(settings), trace)
+    assert late["decisions"] == "at-submit"
+    assert late["avg_jct_ratio"] == late["at_submit_avg_jct_ratio"]
+    assert late["avg_jct_ratio"] == every["at_submit_avg_jct_ratio"]
+
+
+def test_packing_advisor_is_timed_as_stock(tmp_path: Path) -> None:
+    """An advisor that places as Slurm packs predicts a ratio of exactly 1, and says so."""
+    from slurm_pal.testbed.run import prepare, simulate_prediction
+
+    trace = make_trace("mixed48")
+    p = simulate_prediction(prepare(RunSettings(tmp_path / "tb", policy="packed")), trace)
+    assert p["jobs_as_stock"] == len(trace)
+    assert p["avg_jct_ratio"] == p["makespan_ratio"] == p["at_submit_avg_jct_ratio"] == 1.0
+    pal = simulate_prediction(prepare(RunSettings(tmp_path / "pal", policy="pal")), trace)
+    assert pal["jobs_as_stock"] < len(trace)
+
+
+def test_testbed_run_cli_passes_policy_and_config(tmp_path: Path, monkeypatch) -> None:
+    """`testbed run` serves the global config's policy unless --policy names one, and leaves
+    the Epilog's re-planning to the config unless told."""
+    from typer.testing import CliRunner
+
+    import slurm_pal.testbed.run as run
+    from slurm_pal.cli.main import app
+
+    seen: list[RunSettings] = []
+
+    def fake(settings: RunSettings, progress) -> dict:
+        seen.append(settings)
+        raise EmulationError("stopped by the test")
+
+    monkeypatch.setattr(run, "run_testbed", fake)
+    config = tmp_path / "site.toml"
+    config.write_text('[advisor]\npolicy = "pm-first"\nreplan_on_epilog = false\n')
+    cases = (
+        ([], "packed-pm", True),
+        (["--policy", "pal"], "pal", True),
+        (["--no-replan-on-epilog"], "packed-pm", False),
+        (["--config", str(config)], "pm-first", False),
+        (["--config", str(config), "--policy", "pal", "--replan-on-epilog"], "pal", True),
+    )
+    for args, policy, replans in cases:
+        glob = args[:2] if args[:1] == ["--config"] else []
+        result = CliRunner().invoke(
+            app,
+            [*glob, "testbed", "run", "--dir", str(tmp_path / "tb"), *args[len(glob) :]],
+            env={"SLURM_PAL_CONFIG": None},
+        )
+        assert result.exit_code == 2 and "stopped by the test" in result.output, result.output
+        assert (seen[-1].advisor_policy, seen[-1].replans_on_epilog) == (policy, replans), args
+    result = CliRunner().invoke(app, ["testbed", "run", "--policy", "magic"])
+    assert result.exit_code == 2 and "unknown policy 'magic'" in result.output

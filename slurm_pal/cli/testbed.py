@@ -119,22 +119,33 @@ def run(
         1.0, "--scale", help="Stretch arrivals and durations (2 = twice as long)."
     ),
     arms: str = typer.Option("stock,advisor", "--arms", help="Arms to run: stock, advisor."),
-    policy: str = typer.Option("pal", "--policy", help="The advisor's policy."),
+    policy: str | None = typer.Option(
+        None,
+        "--policy",
+        help="The advisor's policy: packed-pm, pal, pm-first, packed, random (default: the "
+        "config's advisor.policy; shipped: packed-pm). pal reproduces the paper's policy.",
+        show_default=False,
+    ),
     replan_s: float = typer.Option(
         0.0,
         "--replan-s",
-        help="The advisor's re-planning period (0 = off: see RunSettings.replan_s).",
+        help="The advisor's periodic re-planning (0 = off: with second-long jobs a period is too "
+        "coarse; the Epilog's re-planning is what counts).",
     ),
-    replan_on_epilog: bool = typer.Option(
-        True,
+    replan_on_epilog: bool | None = typer.Option(
+        None,
         "--replan-on-epilog/--no-replan-on-epilog",
-        help="The advisor re-plans pending jobs at every job's end (from its Epilog).",
+        help="The advisor re-plans pending jobs at every job's end, from its Epilog (default: "
+        "the config's advisor.replan_on_epilog; shipped: on).",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
     with the advisor, report JCTs and ratios (advisor / stock) next to the simulator's
-    prediction, and take down everything it started."""
+    prediction, and take down everything it started. The advisor runs as the site config
+    (the global --config) sets it up, with the testbed's socket, refresh and re-planning; the
+    prediction simulates that advisor, as `slurm-pal sim run --config` does."""
     from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
 
     cfg = state(ctx).config
@@ -212,6 +223,19 @@ def print_report(report: dict) -> None:
         console.print(
             f"simulator with the advisor deciding at submit only (queued jobs placed by Slurm): "
             f"avg_jct_ratio {late:.3f}"
+        )
+    settings = ", ".join(f"{k}={v}" for k, v in (sim.get("advisor_settings") or {}).items())
+    console.print(
+        f"advisor: policy {sim.get('advisor_policy')} ({settings}), deciding "
+        f"{sim.get('decisions')}; in the simulator {sim.get('jobs_as_stock')} of "
+        f"{report['jobs']} jobs start and end as under packing",
+        highlight=False,
+    )
+    if sim.get("jobs_as_stock") == report["jobs"]:
+        console.print(
+            "the advisor's policy places like packing on these GPUs: a ratio of 1.0 is the "
+            "expected result (differences are the testbed's noise)",
+            highlight=False,
         )
     if report.get("prediction_error") is not None:
         console.print(

@@ -67,7 +67,8 @@ def live_demo(console: Console, config: SiteConfig, *, trace: str = "demo16") ->
             "Every fake GPU gets the per-class speed of one GPU of the example campaign; the job "
             "script sleeps its base time x the worst PM-score of the GPUs Slurm gave it "
             "(SLURM_JOB_GPUS) x 1.7 when it spans nodes. The same 16 jobs run twice with plain "
-            "sbatch: stock Slurm, then job_submit.lua + `slurm-pal serve`.",
+            "sbatch: stock Slurm, then job_submit.lua + `slurm-pal serve` with policy "
+            f"{settings.advisor_policy}.",
             highlight=False,
         )
         try:
@@ -128,12 +129,19 @@ def _print_gain(console: Console, report: dict[str, object]) -> None:
         )
     ratio = report.get("avg_jct_ratio")
     predicted = report.get("sim_predicted_avg_jct_ratio")
+    sim: dict[str, object] = report.get("sim") or {}  # type: ignore[assignment]
     if ratio is not None:
         console.print(
-            f"measured average JCT advisor / stock: [bold]{ratio:.3f}[/] "
+            f"measured average JCT advisor ({report.get('policy')}) / stock: [bold]{ratio:.3f}[/] "
             f"({100 * (1 - float(ratio)):+.1f} % for the advisor); the simulator predicted "  # type: ignore[arg-type]
             f"{predicted:.3f}. One small run: Slurm's scheduling ticks and this machine's load "
             "move it by several per cent; `slurm-pal testbed run` runs the 48-job trace.",
+            highlight=False,
+        )
+    if sim.get("jobs_as_stock") == report.get("jobs"):
+        console.print(
+            f"In the simulator {report.get('policy')} times every job as packing does on these "
+            "GPUs, so 1.0 is the expected ratio.",
             highlight=False,
         )
     for arm, reason in (report.get("unavailable") or {}).items():  # type: ignore[attr-defined]

@@ -11,7 +11,10 @@ runs the same trace twice on the same emulated cluster:
 
 Both arms submit with plain ``sbatch`` at the trace's (compressed) arrival times, under strict
 FIFO (``sched/builtin``): Slurm's time limits are whole minutes, so backfill cannot be told
-when second-long jobs end; the simulator's prediction uses FIFO without backfill as well.
+when second-long jobs end; the simulator's prediction uses FIFO without backfill as well. The
+prediction simulates the advisor the arm serves, from the config file ``serve`` reads
+(:func:`slurm_pal.sim.advisor.advisor_sim_options`, as ``sim run --config`` does): the site's
+policy (shipped: packed-pm) unless ``--policy`` names another.
 Every job writes its own record (GPUs got, slowdown, start and end); ``squeue --json`` (jobs
 kept for MinJobAge) gives Slurm's view and the advisor's admin comments.
 
@@ -22,6 +25,7 @@ Prolog/Epilog) and what it starts and stops around the trace (the service).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -40,11 +44,11 @@ from pathlib import Path
 import numpy as np
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
-from slurm_pal.adapters.config import SiteConfig, load_config
+from slurm_pal.adapters.config import ADVISOR_POLICIES, SiteConfig, load_config
 from slurm_pal.adapters.store import Store
-from slurm_pal.core.placement import PALPolicy, PMFirstPolicy, get_policy
 from slurm_pal.core.workload import SimJob
-from slurm_pal.sim import SimConfig, SimGpus, SimResult, simulate
+from slurm_pal.sim import SimConfig, SimGpus, simulate
+from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.site.render import HookSettings, plan_from_store, render_files, write_site
 from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
 from slurm_pal.testbed.emulate import (
@@ -72,6 +76,7 @@ __all__ = [
     "RunSettings",
     "StockArm",
     "app_name",
+    "prediction_configs",
     "prepare",
     "public_report",
     "run_arm",
@@ -111,23 +116,41 @@ class RunSettings:
     trace_seed: int = 0
     scale: float = 1.0
     arms: tuple[str, ...] = ARMS
-    policy: str = "pal"
+    policy: str | None = None
+    """The advisor's policy; None: ``advisor.policy`` of ``config`` (shipped: packed-pm), so
+    the testbed measures the advisor a site would deploy. ``pal`` reproduces the paper's."""
     replan_s: float = 0.0
     """The advisor's periodic re-planning in the testbed (0 = off, the default): with second-long
     jobs a period is too coarse; ``replan_on_epilog`` re-plans at every job end instead."""
-    replan_on_epilog: bool = True
+    replan_on_epilog: bool | None = None
     """The advisor re-plans the pending jobs from each job's Epilog, before Slurm reuses its
-    GPUs (``advisor.replan_on_epilog``)."""
+    GPUs; None: ``advisor.replan_on_epilog`` of ``config`` (shipped: on)."""
     config: SiteConfig = field(default_factory=SiteConfig)
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise EmulationError(f"unknown arm(s) {bad}; valid: {', '.join(ARMS)}")
+        if self.advisor_policy not in ADVISOR_POLICIES:
+            raise EmulationError(
+                f"unknown policy {self.advisor_policy!r}; valid: {', '.join(ADVISOR_POLICIES)}"
+            )
         if not self.replan_s >= 0:
             raise EmulationError(f"replan_s must be >= 0 (0 = off), got {self.replan_s}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise EmulationError("a testbed needs >= 1 node and >= 1 GPU per node")
+
+    @property
+    def advisor_policy(self) -> str:
+        """The policy the advisor arm serves."""
+        return self.config.advisor.policy if self.policy is None else self.policy
+
+    @property
+    def replans_on_epilog(self) -> bool:
+        """Whether the advisor arm re-plans at every job's end."""
+        if self.replan_on_epilog is None:
+            return self.config.advisor.replan_on_epilog
+        return self.replan_on_epilog
 
     @property
     def node_names(self) -> list[str]:
@@ -154,6 +177,11 @@ class Prepared:
     specs: tuple[NodeSpec, ...]
     job_script: Path
     socket_path: Path
+
+    def served_config(self) -> SiteConfig:
+        """The config the advisor arm's ``slurm-pal serve`` runs with (it reads this file and
+        gets no overrides): what the simulator's prediction simulates."""
+        return load_config(self.config_path)
 
 
 def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepared:
@@ -244,31 +272,48 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
 
 
 def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> str:
-    """The advisor's config for the testbed: its socket, fast refresh/re-plan (compressed
-    time), root only, no telemetry; the site's classes, binning and locality otherwise."""
-    a = cfg.advisor
-    lines = [
-        "# written by `slurm-pal testbed run`",
-        "[advisor]",
-        f'socket = "{socket_path}"',
-        'allowed_users = ["root"]',
-        'socket_group = "root"',
-        f'policy = "{settings.policy}"',
-        f"pack_tolerance = {a.pack_tolerance}",
-        "refresh_s = 1.0",
-        f"replan_s = {settings.replan_s}",
-        f"replan_on_epilog = {'true' if settings.replan_on_epilog else 'false'}",
-        "reservation_ttl_s = 20.0",
-        "",
-        "[hooks]",
-        f'spool_dir = "{settings.work / "spool"}"',
-        "telemetry = false",
-        "",
-        "[locality]",
-        f"across_switches = {cfg.locality.across_switches}",
-        "",
-    ]
+    """The advisor's config for the testbed: its socket, root only, fast refresh and the run's
+    re-planning (compressed time), no telemetry, the run's policy. Every other ``[advisor]``
+    setting (pack_tolerance, avoid_above, ...), the classes and the locality penalty are the
+    site's, so the served advisor places as the site's would, and the prediction (which reads
+    this file) simulates that advisor."""
+    testbed: dict[str, object] = {
+        "socket": str(socket_path),
+        "allowed_users": ("root",),
+        "socket_group": "root",
+        "policy": settings.advisor_policy,
+        "refresh_s": 1.0,
+        "replan_s": settings.replan_s,
+        "replan_on_epilog": settings.replans_on_epilog,
+        "reservation_ttl_s": 20.0,
+        "labels_file": None,  # serve gets the testbed's labels.json with --labels
+    }
+    advisor = {f.name: getattr(cfg.advisor, f.name) for f in dataclasses.fields(cfg.advisor)}
+    tables: dict[str, dict[str, object]] = {
+        "advisor": advisor | testbed,
+        "classes": {"names": cfg.classes.names, "default": cfg.classes.default},
+        "hooks": {"spool_dir": str(settings.work / "spool"), "telemetry": False},
+        "locality": {"across_switches": cfg.locality.across_switches},
+    }
+    lines = ["# written by `slurm-pal testbed run`"]
+    for table, values in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {_toml(value)}" for key, value in values.items() if value is not None]
+        lines.append("")
     return "\n".join(lines)
+
+
+def _toml(value: object) -> str:
+    """A config value as TOML (the config holds strings, numbers, booleans and lists of them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
 
 
 def _job_python() -> str:
@@ -316,6 +361,9 @@ class AdvisorArm(Arm):
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
+        self.health: dict[str, object] = {}
+        """The service's health answer once it is up (its policy: what the prediction must
+        simulate)."""
 
     def check(self) -> None:
         missing = [
@@ -326,7 +374,7 @@ class AdvisorArm(Arm):
         if missing:
             raise ArmUnavailable(
                 "the advisor service is not installed in this checkout (missing "
-                f"{', '.join(missing)}; `slurm-pal serve` is issue 7's work)"
+                f"{', '.join(missing)}; `slurm-pal serve` needs them)"
             )
 
     def testbed_options(self, prep: Prepared) -> dict[str, object]:
@@ -357,9 +405,7 @@ class AdvisorArm(Arm):
             str(prep.socket_path),
             "--labels",
             str(prep.site_dir / "labels.json"),
-            "--policy",
-            prep.settings.policy,
-        ]
+        ]  # no --policy: the config file is the one source of what serve runs
         env = dict(tb.env)
         # PROTOCOL.md: serve may detach unless told --foreground; we own the process we start.
         helptext = subprocess.run(
@@ -386,6 +432,7 @@ class AdvisorArm(Arm):
             try:
                 answer = advisor_request(prep.socket_path, {"v": 1, "op": "health"})
                 if answer.get("ok"):
+                    self.health = answer
                     progress(
                         f"advisor up (pid {self.proc.pid}): policy {answer.get('policy')}, "
                         f"{answer.get('gpus')} GPUs, campaign {answer.get('campaign')}"
@@ -571,6 +618,7 @@ def run_arm(
         )
         if isinstance(arm, AdvisorArm):
             extra["advisor_stats"] = arm.stats(prep)
+            extra["served_policy"] = arm.health.get("policy")
     finally:
         watcher.stop()
         arm.stop()
@@ -661,10 +709,13 @@ def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str,
 
 def sim_gpus(prep: Prepared) -> SimGpus:
     """The emulated GPUs as the simulator takes them: the store's PM-scores are both what the
-    policies see and what jobs feel (the job script sleeps by them too)."""
+    policies see and what jobs feel (the job script sleeps by them too). Classes in the
+    config's order, which is the campaign's and so the served advisor's."""
     nodes = prep.table["nodes"]  # type: ignore[index]
     gpn = prep.settings.gpus_per_node
-    classes = sorted({c for n in nodes.values() for g in n.values() for c in g["scores"]})
+    present = {c for n in nodes.values() for g in n.values() for c in g["scores"]}
+    named = [c for c in prep.settings.config.classes.names if c in present]
+    classes = named + sorted(present - set(named))
     by_slot: dict[tuple[str, int], dict[str, float]] = {}
     for node, gpus in nodes.items():
         for gpu in gpus.values():
@@ -674,99 +725,60 @@ def sim_gpus(prep: Prepared) -> SimGpus:
     return SimGpus(len(prep.settings.node_names), gpn, scores, scores, source="testbed emulation")
 
 
+def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
+    """The simulations behind the prediction. ``stock``: Slurm's packing. ``advisor``: placement
+    ``advisor`` from :func:`advisor_sim_options` of the config the served advisor reads, the
+    composition ``sim run --config`` uses (the advisor believes the config's locality penalty,
+    jobs pay the site's: here the emulation's). ``advisor_at_submit``: the same advisor deciding
+    only at each job's submission (Slurm places a job that waited), what the advisor does
+    without the Epilog's re-planning. All in Slurm mode without backfill: the testbed runs
+    strict FIFO."""
+    penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
+    testbed = {"mode": "slurm", "backfill": False}
+    advisor = advisor_sim_options(prep.served_config())
+    advisor |= testbed | {"site_locality_penalty": penalty}
+    return {
+        "stock": SimConfig(placement="packed-sticky", locality_penalty=penalty, **testbed),  # type: ignore[arg-type]
+        "advisor": SimConfig(**advisor),  # type: ignore[arg-type]
+        "advisor_at_submit": SimConfig(**(advisor | {"decisions": "at-submit"})),  # type: ignore[arg-type]
+    }
+
+
+PREDICTED = ("avg_jct", "p99_jct", "makespan", "avg_wait")
+
+
 def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, object]:
-    """The simulator's Slurm mode on the same trace, GPUs and penalty: packed placement for
-    the stock arm, the advisor's policy (with its pack tolerance) for the advisor arm; FIFO
-    without backfill, as the testbed runs."""
+    """The simulator's figures for each of :func:`prediction_configs` on the same trace and
+    GPUs, the ratios advisor / stock (``at_submit_*``: of the at-submit advisor), what the
+    advisor ran with, and ``jobs_as_stock``: how many jobs the simulated advisor starts and ends
+    exactly as packing does (all of them: its policy picks packing's GPUs on these GPUs, so a
+    ratio of 1 is the expected outcome, not a failure)."""
     jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base, j.job_class) for j in trace]
     gpus = sim_gpus(prep)
-    penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
+    configs = prediction_configs(prep)
+    results = {arm: simulate(jobs, gpus, config) for arm, config in configs.items()}
     out: dict[str, object] = {}
-    tolerance = prep.settings.config.advisor.pack_tolerance
-    placements = {"packed": "packed-sticky", "random": "random-sticky"}
-    advised = placements.get(prep.settings.policy, prep.settings.policy)
-    for arm, placement in (("stock", "packed-sticky"), ("advisor", advised)):
-        config = SimConfig(
-            placement=placement,
-            mode="slurm",
-            backfill=False,
-            locality_penalty=penalty,
-        )
-        policy = None
-        if arm == "advisor" and prep.settings.policy in ("pal", "pm-first"):
-            policy = (PALPolicy if prep.settings.policy == "pal" else PMFirstPolicy)(
-                pack_tolerance=tolerance
-            )
-        result = _simulate(jobs, gpus, config, policy)
+    for arm, result in results.items():
+        config = configs[arm]
         s = result.summary()
-        out[arm] = {
-            k: round(float(s[k]), 3) for k in ("avg_jct", "p99_jct", "makespan", "avg_wait")
-        } | {"spread_jobs": s["spread_jobs"], "placement": config.placement}
-        if arm == "advisor" and policy is not None:
-            # What the service really does: decide at submit, while Slurm starts a queued job
-            # the moment GPUs free up (the re-plan runs every replan_s, usually too late).
-            try:
-                late = _simulate(jobs, gpus, config, policy, at_submit_only=True).summary()
-            except AttributeError:  # the engine's internals moved: no such prediction
-                continue
-            out["advisor_at_submit"] = {
-                k: round(float(late[k]), 3) for k in ("avg_jct", "p99_jct", "makespan", "avg_wait")
-            } | {"spread_jobs": late["spread_jobs"], "placement": f"{placement} at submit"}
-    stock, adv = out["stock"], out["advisor"]
+        placement = config.placement
+        if placement == "advisor":
+            placement = f"advisor ({config.advisor_policy}, {config.decisions})"
+        out[arm] = {k: round(float(s[k]), 3) for k in PREDICTED} | {  # type: ignore[arg-type]
+            "spread_jobs": s["spread_jobs"],
+            "placement": placement,
+        }
+    stock = out["stock"]
     for key in ("avg_jct", "p99_jct", "makespan"):
-        out[f"{key}_ratio"] = round(adv[key] / stock[key], 4)  # type: ignore[index]
-        if "advisor_at_submit" in out:
-            late = out["advisor_at_submit"]
-            out[f"at_submit_{key}_ratio"] = round(late[key] / stock[key], 4)  # type: ignore[index]
-    out["pack_tolerance"] = tolerance
+        for prefix, arm in (("", "advisor"), ("at_submit_", "advisor_at_submit")):
+            out[f"{prefix}{key}_ratio"] = round(out[arm][key] / stock[key], 4)  # type: ignore[index]
+    advisor = configs["advisor"]
+    out["advisor_policy"] = advisor.advisor_policy
+    out["advisor_settings"] = dict(advisor.advisor_settings)
+    out["decisions"] = advisor.decisions
+    timed = {(j.job_id, j.start, j.end) for j in results["stock"].jobs}
+    out["jobs_as_stock"] = sum((j.job_id, j.start, j.end) in timed for j in results["advisor"].jobs)
     return out
-
-
-class _AtSubmit:
-    """The advisor's policy for a job placed at the event of its own submission, packed (what
-    cons_tres does with the untyped request it passed) for a job that waited."""
-
-    def __init__(self, advisor: object, submits: Mapping[str, float]) -> None:
-        self.advisor = advisor
-        self.packed = get_policy("packed")
-        self.submits = submits
-        self.now = 0.0
-
-    def place(self, request, cluster):  # type: ignore[no-untyped-def]
-        fresh = abs(self.submits[request.job_id] - self.now) < 1e-9
-        return (self.advisor if fresh else self.packed).place(request, cluster)  # type: ignore[attr-defined]
-
-
-def _simulate(
-    jobs: list[SimJob],
-    gpus: SimGpus,
-    config: SimConfig,
-    policy: object,
-    *,
-    at_submit_only: bool = False,
-) -> SimResult:
-    """:func:`simulate`, with the policy's parameters when it has some: SimConfig has no knob
-    for the pack tolerance yet, so the engine's one run object gets the configured policy
-    (private API, read only). ``at_submit_only``: the policy places only jobs that start at
-    their own arrival (:class:`_AtSubmit`)."""
-    if policy is None:
-        return simulate(jobs, gpus, config)
-    from slurm_pal.sim import engine
-
-    run = engine._Simulation(jobs, gpus, config)  # private: no public knob yet
-    if not at_submit_only:
-        run.policy = policy  # type: ignore[assignment]
-        return run.run_slurm()
-    wrapper = _AtSubmit(policy, {j.request.job_id: j.spec.submit_time for j in run.jobs})
-    run.policy = wrapper  # type: ignore[assignment]
-    plan = run._slurm_plan
-
-    def timed(order, running, now):  # type: ignore[no-untyped-def]
-        wrapper.now = now
-        return plan(order, running, now)
-
-    run._slurm_plan = timed  # type: ignore[method-assign]
-    return run.run_slurm()
 
 
 # --- the whole run ------------------------------------------------------------------------------
@@ -810,8 +822,11 @@ def _run_testbed(
     prep = prepare(settings, progress)
     prediction = simulate_prediction(prep, trace)
     progress(
-        f"simulator (Slurm mode, FIFO): predicted avg JCT ratio advisor/stock "
-        f"{prediction['avg_jct_ratio']}"
+        f"simulator (Slurm mode, FIFO), advisor {prediction['advisor_policy']} deciding "
+        f"{prediction['decisions']}: predicted avg JCT ratio advisor/stock "
+        f"{prediction['avg_jct_ratio']} (deciding at submit only: "
+        f"{prediction['at_submit_avg_jct_ratio']}); {prediction['jobs_as_stock']} of "
+        f"{len(trace)} jobs timed as under packing"
     )
     report: dict[str, object] = {
         "trace": settings.trace,
@@ -821,9 +836,9 @@ def _run_testbed(
         "profile": settings.profile,
         "profile_seed": settings.profile_seed,
         "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
-        "policy": settings.policy,
+        "policy": settings.advisor_policy,
         "replan_s": settings.replan_s,
-        "replan_on_epilog": settings.replan_on_epilog,
+        "replan_on_epilog": settings.replans_on_epilog,
         "locality_penalty": prep.table["across_nodes"],
         "campaign": prep.campaign,
         "root": str(settings.root),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.cli.main import app
 from slurm_pal.testbed.run import AdvisorArm, ArmUnavailable, check_record
 
@@ -83,6 +84,8 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
         assert key in report
     assert report["jobs"] == 6 and report["cluster"] == "4x4"
     assert 0 < report["sim_predicted_avg_jct_ratio"] < 2
+    # no config, no --policy: the shipped default is served and predicted
+    assert report["policy"] == report["sim"]["advisor_policy"] == SiteConfig().advisor.policy
     for arm, figures in report["arms"].items():
         _check_arm(testbed_root, arm, figures)
         assert figures["avg_jct_s"] > 0 and figures["makespan_s"] >= figures["p99_jct_s"]
@@ -103,6 +106,8 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
     assert all(pid is None for pid in LocalSlurm.attach(testbed_root).running().values())
     if "advisor" in report["arms"]:
         assert report["avg_jct_ratio"] > 0 and report["prediction_error"] is not None
+        # the service ran the policy the prediction simulated
+        assert report["arms"]["advisor"]["served_policy"] == report["sim"]["advisor_policy"]
         # every job went through job_submit.lua and the advisor, which says so in admin_comment
         from slurm_pal.advisor.decide import parse_admin_comment
 
