@@ -115,7 +115,18 @@ def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     _saved(env, answer["token"])
     with Store(env.db) as store:
         row = store.decision(answer["token"])
-    assert row is not None and row["job"] == {**JOB, "comment": ""} and row["answer"] == answer
+    assert row is not None and row["answer"] == answer
+    # The store keeps the request without the batch script: its hash and the #PAL app only.
+    stored = {k: v for k, v in JOB.items() if k not in ("script", "comment")}
+    assert row["job"] == {
+        **stored,
+        "script_hash": JobDescription.from_wire(JOB).script_sha256,
+        "script_app": "resnet",
+    }
+    assert "script" not in json.dumps(row["job"]).replace("script_", "")
+    back = JobDescription.from_wire(row["job"])
+    assert back.script_sha256 == JobDescription.from_wire(JOB).script_sha256
+    assert back.job_request().history_key == JobDescription.from_wire(JOB).job_request().history_key
 
 
 def test_cpu_jobs_pass_untouched(served) -> None:

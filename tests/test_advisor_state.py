@@ -340,7 +340,7 @@ def test_reservation_binds_to_its_job_and_ends_when_it_runs(env: Env) -> None:
     st.writer.call(lambda s: None)
     with Store(env.db) as store:
         row = store.decision_for_job(43)
-    assert row is not None and row["job"] == {"name": "quick"} and st.reservations() == {}
+    assert row is not None and row["token"] == quick.token and st.reservations() == {}
 
 
 def test_no_fit_pass_carries_a_token_for_the_replanner(env: Env) -> None:
@@ -354,7 +354,7 @@ def test_no_fit_pass_carries_a_token_for_the_replanner(env: Env) -> None:
     st.writer.call(lambda s: None)
     with Store(env.db) as store:
         row = store.decision(waiting.token)  # type: ignore[arg-type]
-    assert row is not None and row["state"] == "waiting" and row["job"] == {"n": 1}
+    assert row is not None and row["state"] == "waiting" and row["job"]["name"] == "train"
 
 
 def test_no_campaign_passes_everything(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from slurm_pal.core.hostlist import expand
-from slurm_pal.core.resolve import JobRequest
+from slurm_pal.core.resolve import JobRequest, app_from_script
 
 __all__ = [
     "NO_VAL",
@@ -65,6 +65,8 @@ _OPT_STR_FIELDS = (
     "features",
     "script",
     "array",
+    "script_hash",
+    "script_app",
 )
 _SETTABLE = (
     "req_nodes",
@@ -132,6 +134,8 @@ class JobDescription:
     array: str | None = None
     modify: bool = False
     job_id: int | None = None
+    script_hash: str | None = None  # stored form: the script's hash instead of the script
+    script_app: str | None = None  # stored form: the application its #PAL line names
 
     @classmethod
     def from_wire(cls, data: Mapping[str, object]) -> JobDescription:
@@ -169,6 +173,20 @@ class JobDescription:
             out[f.name] = value
         return out
 
+    def stored(self) -> dict[str, object]:
+        """What the store keeps of this request: the wire form without the batch script (users'
+        scripts are theirs), with the script's hash and the application its ``#PAL app=`` line
+        names, which is all the history, drift and mismatch checks read back."""
+        out = self.to_wire()
+        out.pop("script", None)
+        sha = self.script_sha256
+        if sha is not None:
+            out["script_hash"] = sha
+        app = app_from_script(self.script) if self.script is not None else self.script_app
+        if app is not None:
+            out["script_app"] = app
+        return out
+
     def with_set(self, set_fields: Mapping[str, object]) -> JobDescription:
         """The job as Slurm holds it after job_submit.lua applied a decide answer's ``set``
         (``""`` clears a string field; ``admin_comment`` is not a job field here). What the
@@ -195,7 +213,7 @@ class JobDescription:
         so two long scripts that share a prefix but differ in length do not collide.
         """
         if self.script is None:
-            return None
+            return self.script_hash
         try:  # bytes that were not UTF-8 come back as they were sent (see protocol)
             data = self.script.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
@@ -214,6 +232,7 @@ class JobDescription:
             comment=self.comment,
             script=self.script,
             script_sha256=self.script_sha256,
+            script_app=self.script_app,
         )
 
 

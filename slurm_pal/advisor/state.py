@@ -575,7 +575,7 @@ class AdvisorState:
 
         def save() -> object:
             return self.writer.submit(
-                lambda s: s.save_decision(token, dict(wire), answer, state=state)
+                lambda s: s.save_decision(token, job.stored(), answer, state=state)
             )
 
         if defer is None:

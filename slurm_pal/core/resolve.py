@@ -124,6 +124,8 @@ class JobRequest:
     comment: str = ""
     script: str | None = None
     script_sha256: str | None = None
+    script_app: str | None = None
+    """A stored request keeps no script: the application its ``#PAL app=`` line named."""
 
     @property
     def history_key(self) -> HistoryKey:
@@ -139,7 +141,7 @@ def claimed_app(job: JobRequest) -> tuple[str | None, str]:
     name = app_from_comment(job.comment)
     if name is not None:
         return name, "comment"
-    name = app_from_script(job.script)
+    name = app_from_script(job.script) if job.script is not None else job.script_app
     if name is not None:
         return name, "script"
     return None, ""
