@@ -282,6 +282,11 @@ def run(
     ),
     mode: str = typer.Option("rounds", "--mode", help="rounds (PAL/Blox) or slurm."),
     round_seconds: float = typer.Option(360.0, "--round", help="Round length (s)."),
+    backfill: bool = typer.Option(
+        True,
+        "--backfill/--no-backfill",
+        help="Slurm mode: EASY backfill (Slurm's default), or strict FIFO (the testbed's).",
+    ),
     seed: int | None = typer.Option(
         None, "--seed", help="Seed (GPU draw and random placement; default 42 artifact, else 0)."
     ),
@@ -367,6 +372,7 @@ def run(
             common = {
                 "mode": mode,
                 "round_seconds": round_seconds,
+                "backfill": backfill,
                 "locality_penalty": locality_penalty,
                 "seed": seed if seed is not None else 0,
                 "pal_artifact": pal_artifact,

@@ -10,6 +10,7 @@ the simulator's verdict says nothing about the service a site deploys. Every ``[
 from __future__ import annotations
 
 from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.core.placement import SETTINGS
 
 __all__ = ["advisor_sim_options"]
 
@@ -17,14 +18,16 @@ __all__ = ["advisor_sim_options"]
 def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
     """``SimConfig`` keywords for placement ``advisor`` under ``site``."""
     advisor = site.advisor
+    settings = {
+        "pack_tolerance": float(advisor.pack_tolerance),
+        "avoid_above": float(advisor.avoid_above),
+        "wait": advisor.outliers == "wait",
+    }
+    used = SETTINGS.get(advisor.policy, ())  # only what the policy takes: reports read clearly
     return {
         "placement": "advisor",
         "advisor_policy": advisor.policy,
-        "advisor_settings": (
-            ("pack_tolerance", float(advisor.pack_tolerance)),
-            ("avoid_above", float(advisor.avoid_above)),
-            ("wait", advisor.outliers == "wait"),
-        ),
+        "advisor_settings": tuple((k, v) for k, v in settings.items() if k in used),
         "locality_penalty": float(site.locality.across_switches),
         "default_class": site.classes.default,
         # Without the Epilog's round the advisor decides at submit; a job that waited starts

@@ -17,6 +17,7 @@ from slurm_pal.core.placement.random import RandomPolicy
 
 __all__ = [
     "POLICIES",
+    "SETTINGS",
     "Allocation",
     "PALPolicy",
     "PMFirstPolicy",
