@@ -467,3 +467,42 @@ def test_a_request_read_past_its_deadline_is_dropped_and_a_late_answer_frees_its
     for task in after:
         task()
     assert server.state.health()["reservations"] == 1
+
+
+def test_connections_past_the_bound_are_refused_with_one_line(adv_env: Env) -> None:
+    env = adv_env
+    server = AdvisorServer(
+        env.state(), env.root / "bound.sock", refresh_s=3600, replan_s=0, max_connections=2
+    )
+    server.start()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(2):  # two idle connections hold both slots
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(env.root / "bound.sock"))
+            held.append(conn)
+        deadline = time.monotonic() + 10
+        refused = b""
+        while time.monotonic() < deadline:
+            try:
+                refused = _raw(env.root / "bound.sock", b'{"v":1,"op":"health"}\n')
+            except ConnectionResetError:  # our bytes came after the refusal was read: try again
+                continue
+            if b"busy" in refused:
+                break
+            time.sleep(0.05)  # the held connections' threads may not have started yet
+        answer = json.loads(refused)
+        assert answer["ok"] is False and "advisor.max_connections" in answer["error"]
+        assert server.counters.snapshot()["connections_refused"] >= 1
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            answer = json.loads(_raw(env.root / "bound.sock", b'{"v":1,"op":"health"}\n'))
+            if answer["ok"]:
+                break
+            time.sleep(0.05)
+        assert answer["ok"] is True
+    finally:
+        for conn in held:
+            conn.close()
+        server.stop()

@@ -139,6 +139,9 @@ class AdvisorConfig:
     GPUs) or last-resort (take them)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
+    max_connections: int = 64
+    """Connections served at once (a thread each); past that a connection is refused with a
+    one-line error: job_submit.lua lets the job through as written, a hook spools its record."""
     refresh_s: float = 5.0
     """Seconds between refreshes of the Slurm state (sinfo/squeue)."""
     replan_s: float = 10.0
@@ -384,6 +387,7 @@ def _validate_advisor(config: SiteConfig) -> None:
         "advisor.submit_timeout_ms": a.submit_timeout_ms,
         "advisor.refresh_s": a.refresh_s,
         "advisor.reservation_ttl_s": a.reservation_ttl_s,
+        "advisor.max_connections": a.max_connections,
         "hooks.deliver_timeout_ms": h.deliver_timeout_ms,
         "hooks.epilog_timeout_ms": h.epilog_timeout_ms,
         "hooks.sample_s": h.sample_s,

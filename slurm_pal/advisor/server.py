@@ -75,6 +75,7 @@ class Counters:
         "replan_updates",
         "refresh_errors",
         "peer_refused",
+        "connections_refused",
         "bad_requests",
         "spool_applied",
         "spool_bad",
@@ -179,13 +180,35 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One thread per connection, at most ``advisor.max_connections`` at once: past that a
+    connection gets a one-line refusal (the plugin fails open, a hook spools) instead of a
+    thread, so a flood of idle connections cannot exhaust the service."""
+
     daemon_threads = True
     allow_reuse_address = False
     request_queue_size = 128
 
     def __init__(self, path: str, advisor: AdvisorServer) -> None:
         self.advisor = advisor
+        self.slots = threading.BoundedSemaphore(advisor.max_connections)
         super().__init__(path, _Handler)
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        if not self.slots.acquire(blocking=False):
+            self.advisor.refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class AdvisorServer:
@@ -206,8 +229,12 @@ class AdvisorServer:
         reload_config: Callable[[], None] | None = None,
         io_timeout_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
+        max_connections: int | None = None,
     ) -> None:
         cfg = state.config
+        self.max_connections = (
+            cfg.advisor.max_connections if max_connections is None else max_connections
+        )
         self.wall_clock = wall_clock  # epoch seconds, as the plugin's deadlines are
         self.state = state
         self.socket_path = Path(socket_path)
@@ -452,6 +479,20 @@ class AdvisorServer:
         return result
 
     # -- connections ----------------------------------------------------------------------------
+    def refuse_busy(self, conn: socket.socket) -> None:
+        self.counters.add("connections_refused")
+        with contextlib.suppress(OSError):
+            conn.settimeout(1.0)
+            message = f"busy: {self.max_connections} connections open (advisor.max_connections)"
+            conn.sendall(protocol.encode(protocol.error_answer(message)))
+            conn.shutdown(socket.SHUT_WR)
+            # Read what the peer already sent: closing over unread bytes resets the connection,
+            # and the peer would lose the refusal. Non-blocking: this runs on the accept loop.
+            conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                while conn.recv(65536):
+                    pass
+
     def handle_connection(self, conn: socket.socket) -> None:
         try:
             uid = peer_uid(conn)
