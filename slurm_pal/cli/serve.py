@@ -41,7 +41,7 @@ def serve(
     policy: str | None = typer.Option(
         None,
         "--policy",
-        help="pal, pm-first, packed or random (default: advisor.policy).",
+        help="packed-pm, pal, pm-first, packed or random (default: advisor.policy).",
         show_default=False,
     ),
     labels: Path | None = typer.Option(
@@ -64,6 +64,12 @@ def serve(
         show_default=False,
     ),
     pidfile: Path | None = typer.Option(None, "--pidfile", help="Write our pid here."),
+    init_store: bool = typer.Option(
+        False,
+        "--init-store",
+        help="Create a new store even where an empty (0-byte) or foreign file is (it is "
+        "replaced); without it serve refuses to start on one.",
+    ),
     foreground: bool = typer.Option(
         True,
         "--foreground/--no-foreground",
@@ -78,7 +84,7 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     with reported_errors():
-        _run(app_state, socket, policy, labels, refresh_s, replan_s, pidfile)
+        _run(app_state, socket, policy, labels, refresh_s, replan_s, pidfile, init_store)
 
 
 def _run(
@@ -89,6 +95,7 @@ def _run(
     refresh_s: float | None,
     replan_s: float | None,
     pidfile: Path | None,
+    init_store: bool = False,
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
     from slurm_pal.adapters.slurm.state import CliStateReader
@@ -104,6 +111,15 @@ def _run(
             fail(f"{name} must be >= 0, got {value}")
     if refresh_s is not None and refresh_s == 0:
         fail("--refresh-s must be > 0")
+    from slurm_pal.adapters.store import StoreError
+    from slurm_pal.adapters.store_guard import StoreGuardError, open_store_for_service
+
+    try:
+        open_store_for_service(app_state.db_path, init=init_store)
+    except StoreGuardError as exc:
+        fail(str(exc))
+    except StoreError as exc:
+        fail(f"cannot open the store: {exc}")
     advisor_state = AdvisorState(
         config,
         app_state.db_path,
