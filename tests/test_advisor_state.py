@@ -396,3 +396,36 @@ def test_a_reservation_no_job_carries_is_dropped_at_the_next_refresh(env: Env) -
     st.refresh()
     assert set(st.reservations()) == {kept.token}
     assert len(_free_uuids(st)) == 12
+
+
+def test_a_job_naming_a_pm_label_is_translated_allowed_or_denied_by_site_policy(env: Env) -> None:
+    """A user who learns the labels could pick the fastest bin; the site decides."""
+    label = sorted(env.table.labels)[0]
+    named = job(1, tres_per_node=f"gres:gpu:{label}:1")
+    st = env.state()
+    translated = st.decide(named, {})  # default: translate, then place like a model request
+    assert translated.action == "route", translated.reason
+    assert "pinned" not in translated.reason
+    st.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        row = store.decision(str(translated.token))
+    assert row is not None and row["job"]["tres_per_node"] == "gres:gpu:v100:1"
+    allow = env.state()
+    allow.set_config(
+        replace(env.config, advisor=replace(env.config.advisor, label_requests="allow"))
+    )
+    allow.reload()
+    allow.refresh()
+    kept = allow.decide(named, {})
+    assert kept.action == "pass" and "pinned by the user" in kept.reason
+    deny = env.state()
+    deny.set_config(replace(env.config, advisor=replace(env.config.advisor, label_requests="deny")))
+    deny.reload()
+    deny.refresh()
+    refused = deny.decide(named, {})
+    assert refused.action == "deny" and "ask for the GPU model instead (gres:gpu:v100:1)" in (
+        refused.reason
+    )
+    assert deny.decide(job(1), {}).action == "route"  # a model or untyped request is fine
+    root = JobDescription.from_wire({**named.to_wire(), "user": "root", "uid": 0})
+    assert deny.decide(root, {}).action == "pass"  # the advisor's own users may pin

@@ -42,6 +42,8 @@ MOCK = """
 slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534}
 LOGS = {}
 slurm.log_info = function(fmt, ...) LOGS[#LOGS + 1] = string.format(fmt, ...) end
+USER_MESSAGES = {}
+slurm.log_user = function(fmt, ...) USER_MESSAGES[#USER_MESSAGES + 1] = string.format(fmt, ...) end
 dofile(%s)
 J = slurm_pal_lua
 function emit(v) io.write(J.encode(v), "\\n") end
@@ -150,7 +152,7 @@ def answer(**fields: object) -> Callable[[bytes], bytes]:
 SUBMIT = """
 local job = %s
 local rc = slurm_job_submit(job, {}, %d)
-emit({rc = rc, job = job, logs = LOGS})
+emit({rc = rc, job = job, logs = LOGS, user_messages = USER_MESSAGES})
 """
 
 
@@ -476,6 +478,16 @@ def test_wait_answer_keeps_the_request_and_excludes_the_nodes(short_dir: Path, s
     assert out["job"]["exc_nodes"] == "n[1-2]" and "req_nodes" not in out["job"]
     assert out["job"]["admin_comment"].startswith("slurm-pal/0.1.0 wait r=abc")
     assert not out["logs"]
+
+
+def test_deny_answer_refuses_the_job_and_tells_the_user(short_dir: Path, serve) -> None:
+    why = "GPU types here are PM labels the advisor assigns; ask for the GPU model instead (v100)"
+    server = serve(answer(action="deny", set={}, reason=why))
+    script = _render(short_dir, str(server.path))
+    out = submit(script, GPU_JOB)
+    assert out["rc"] == -1  # slurm.ERROR: sbatch fails with the message
+    assert out["user_messages"] == [f"slurm-pal: {why}"]
+    assert len(out["logs"]) == 1 and "refused" in out["logs"][0]
 
 
 def test_a_field_slurm_refuses_is_undone(short_dir: Path, serve) -> None:

@@ -109,6 +109,7 @@ class ClassificationConfig:
 
 ADVISOR_POLICIES = ("packed-pm", "pal", "pm-first", "packed", "random")
 OUTLIER_CHOICES = ("wait", "last-resort")
+LABEL_REQUEST_CHOICES = ("translate", "allow", "deny")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 
@@ -139,6 +140,10 @@ class AdvisorConfig:
     GPUs) or last-resort (take them)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
+    label_requests: str = "translate"
+    """A job (of a user other than allowed_users and root) that names a PM label itself as
+    its GPU type: translate (placed like a request for the label's GPU model), allow (the user
+    picks the bin), or deny (refused at submit with a message naming the model to ask for)."""
     max_connections: int = 64
     """Connections served at once (a thread each); past that a connection is refused with a
     one-line error: job_submit.lua lets the job through as written, a hook spools its record."""
@@ -401,6 +406,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         )
     if a.replan_s < 0:
         raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")
+    if a.label_requests not in LABEL_REQUEST_CHOICES:
+        raise ConfigError(
+            f"{src}: 'advisor.label_requests' is {a.label_requests!r}; valid values: "
+            f"{', '.join(LABEL_REQUEST_CHOICES)}"
+        )
     if a.outliers not in OUTLIER_CHOICES:
         raise ConfigError(
             f"{src}: 'advisor.outliers' is {a.outliers!r}; valid values: "

@@ -58,6 +58,7 @@ __all__ = [
     "LabelTableError",
     "decide",
     "format_admin_comment",
+    "labels_as_models",
     "parse_admin_comment",
     "parse_gpus_field",
     "translate_model_types",
@@ -67,8 +68,9 @@ ADMIN_COMMENT_MAX = 1024
 NO_FIT = "no free GPUs fit now"
 #: What an answer does: ``route`` rewrites the GPU request to the chosen GPUs; ``wait`` keeps
 #: the request but adds ``exc_nodes`` so Slurm cannot start the job on GPUs the policy holds it
-#: off (outliers for its class) until re-planning routes it; ``pass`` accepts the job as written.
-ACTIONS = ("route", "wait", "pass")
+#: off (outliers for its class) until re-planning routes it; ``pass`` accepts the job as written;
+#: ``deny`` refuses it (only a site's ``advisor.label_requests = "deny"`` does).
+ACTIONS = ("route", "wait", "pass", "deny")
 #: The job_desc fields job_submit.lua applies from ``set`` (PROTOCOL.md); others are ignored.
 SET_FIELDS = (
     "req_nodes",
@@ -246,6 +248,24 @@ def _tres_text(entry_name: str, gpu_type: str | None, count: int) -> str:
     return f"{head}:{count}"
 
 
+def labels_as_models(tres: str, labels: LabelTable) -> str:
+    """GPU entries typed with a PM label rewritten to the label's GPU model
+    (``gres:gpu:v100-a0b1:2`` -> ``gres:gpu:v100:2``), so the job is placed like any request
+    for that model instead of picking its own bin. Other entries are kept verbatim."""
+    out: list[str] = []
+    for item in (part.strip() for part in tres.split(",") if part.strip()):
+        try:
+            (entry,) = parse_tres(item)
+        except (JobDescError, ValueError):
+            out.append(item)
+            continue
+        if entry.is_gpu and entry.type is not None and labels.is_label(entry.type):
+            out.append(_tres_text("gpu", entry.type.split("-", 1)[0], entry.count))
+        else:
+            out.append(item)
+    return ",".join(out)
+
+
 def translate_model_types(tres: str, labels: LabelTable) -> str:
     """Drop GPU *model* types, which no GPU carries once its Type is a PM label:
     ``gres:gpu:v100:2`` -> ``gres:gpu:2``. Label-typed and untyped GPU entries and other gres
@@ -403,7 +423,7 @@ def parse_gpus_field(value: str) -> dict[str, list[str]]:
 class Decision:
     """The answer to one decide request (see :meth:`to_wire`) plus what it was based on."""
 
-    action: Literal["route", "wait", "pass"]
+    action: Literal["route", "wait", "pass", "deny"]
     set_fields: Mapping[str, str | int]
     job_class: str | None
     reason: str

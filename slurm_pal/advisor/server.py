@@ -65,6 +65,7 @@ class Counters:
         "decide_route",
         "decide_pass",
         "decide_wait",
+        "decide_deny",
         "decide_errors",
         "decide_late",
         "answers_undelivered",

@@ -39,6 +39,7 @@ from slurm_pal.advisor.decide import (
     LabelTable,
     decide,
     format_admin_comment,
+    labels_as_models,
     parse_admin_comment,
 )
 from slurm_pal.advisor.jobdesc import JobDescription
@@ -542,6 +543,9 @@ class AdvisorState:
             if view is None or cluster is None:
                 why = self._problem if self._view is None and self._problem else "no Slurm view yet"
                 return self._plain_pass(why, resolution.job_class)
+            job, denied = self._label_policy(job, view.static.labels)
+            if denied is not None:
+                return Decision("deny", MappingProxyType({}), resolution.job_class, denied)
             decision = decide(
                 job,
                 job_class=resolution.job_class,
@@ -583,6 +587,28 @@ class AdvisorState:
         else:
             defer.append(save)
         return decision
+
+    def _label_policy(
+        self, job: JobDescription, labels: LabelTable
+    ) -> tuple[JobDescription, str | None]:
+        """``advisor.label_requests`` for a job that names a PM label itself (a user could
+        otherwise pick the fastest bin): allow it, translate it to the label's GPU model (the
+        job is then placed like any other; what is stored is the translated request), or deny
+        it. The advisor's own users (``allowed_users``, root) are always allowed."""
+        rule = self.config.advisor.label_requests
+        if rule == "allow" or job.user in self.config.advisor.allowed_users or job.uid == 0:
+            return job, None
+        fields = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
+        named = {f: getattr(job, f) for f in fields if getattr(job, f)}
+        translated = {f: labels_as_models(v, labels) for f, v in named.items()}
+        if translated == named:
+            return job, None
+        if rule == "deny":
+            return job, (
+                "GPU types here are PM labels the advisor assigns; ask for the GPU model "
+                f"instead ({', '.join(sorted(set(translated.values())))})"
+            )
+        return replace(job, **translated), None
 
     def _waiting(self, decision: Decision, token: str) -> Decision:
         """A pass because nothing fits now: its admin comment carries ``r=<token>`` so the
