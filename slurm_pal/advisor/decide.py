@@ -61,6 +61,7 @@ __all__ = [
     "labels_as_models",
     "parse_admin_comment",
     "parse_gpus_field",
+    "plannable_request",
     "translate_model_types",
 ]
 
@@ -650,6 +651,29 @@ def _partition_candidates(
         return f"unknown partition(s) {', '.join(unknown)} (valid: {valid})"
     everyone = frozenset(cluster.node_names)
     return [(p, everyone - frozenset(partition_nodes[p])) for p in names]
+
+
+def plannable_request(
+    job: JobDescription, *, job_class: str, labels: LabelTable, cluster: Cluster, job_id: str
+) -> PlacementRequest | None:
+    """The placement request ``decide`` would place for ``job``, or None when it would pass
+    the job whatever is free (unreadable, not modelled, unsatisfiable, unknown class). Cheap:
+    no placement; a re-planning round needs every pending job's size before it places any."""
+    try:
+        ask = gpu_ask(job)
+    except JobDescError:
+        return None
+    if ask is None or _why_not_modelled(job, ask, labels) is not None:
+        return None
+    try:
+        request = _request(job, ask, job_class, labels, job_id)
+    except JobDescError:
+        return None
+    if job.min_nodes is None and job.num_tasks is not None and job.num_tasks > request.gpus:
+        return None
+    if request.problem() is not None or job_class not in cluster.classes:
+        return None
+    return request
 
 
 def decide(

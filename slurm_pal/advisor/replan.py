@@ -19,11 +19,17 @@ advisor's exclusion is lifted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_pal.adapters.slurm.update import JobChange, transition_problem
-from slurm_pal.advisor.decide import Decision, LabelTable, decide, parse_gpus_field
+from slurm_pal.advisor.decide import (
+    Decision,
+    LabelTable,
+    decide,
+    parse_gpus_field,
+    plannable_request,
+)
 from slurm_pal.advisor.jobdesc import JobDescription, node_set
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
@@ -165,6 +171,7 @@ def plan_replan(
     class_order: Sequence[str] | None = None,
     partition_nodes: Mapping[str, Sequence[str]] | None = None,
     default_partition: str | None = None,
+    known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -172,7 +179,8 @@ def plan_replan(
     A job whose chosen labels per node equal what it holds gets no update; the round stops at
     the first job that does not fit (PAL: the head of the queue is never overtaken). A job
     whose new request Slurm 22.05 would mishandle (:func:`transition_problem`) keeps its
-    request (``kept``) and the GPUs planned for it stay free for the jobs after it."""
+    request (``kept``) and the GPUs planned for it stay free for the jobs after it.
+    ``known`` caches each pending job's request across rounds (its GPU ask is read once)."""
     result = ReplanResult(considered=len(pending))
     common = {
         "labels": labels,
@@ -184,24 +192,25 @@ def plan_replan(
     jobs: dict[str, PendingJob] = {}
     requests: list[PlacementRequest] = []
     for p in pending:
-        job = replace(p.job, job_id=p.job_id)
-        probe = decide(
-            job,
-            job_class=p.job_class,
-            class_reason=p.class_reason,
-            cluster=cluster,
-            token=p.token,
-            **common,  # type: ignore[arg-type]
-        )
-        if probe.request is None:
+        key = (p.token, p.job_id, p.job_class)
+        if known is not None and key in known:
+            request = known[key]
+        else:
+            request = plannable_request(
+                p.job, job_class=p.job_class, labels=labels, cluster=cluster, job_id=str(p.job_id)
+            )
+            if known is not None:
+                known[key] = request
+        if request is None:
             result.not_placed.append(p.job_id)
             continue
-        jobs[probe.request.job_id] = replace(p, job=job)
-        requests.append(probe.request)
+        jobs[request.job_id] = p
+        requests.append(request)
     decisions: dict[str, Decision] = {}
 
     def place(request: PlacementRequest, state: Cluster) -> PlacementResult:
         p = jobs[request.job_id]
+        p = jobs[request.job_id] = replace(p, job=replace(p.job, job_id=p.job_id))
         decision = decide(
             p.job,
             job_class=p.job_class,

@@ -43,6 +43,7 @@ from slurm_pal.advisor.replan import (
     replannable,
 )
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.core.request import PlacementRequest
 
 __all__ = ["AdvisorServer", "Counters", "peer_uid", "sweep_spool"]
 
@@ -73,6 +74,7 @@ class Counters:
         "records_duplicate",
         "replans",
         "replans_at_job_end",
+        "replans_coalesced",
         "replan_updates",
         "refresh_errors",
         "peer_refused",
@@ -255,6 +257,14 @@ class AdvisorServer:
         self._threads: list[threading.Thread] = []
         self._server: _UnixServer | None = None
         self._replan_lock = threading.Lock()
+        self._end_lock = threading.Lock()  # job ends waiting for a round (coalescing)
+        self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
+        self._next_round = 1
+        self._done_round = 0
+        self._last_end_result: ReplanResult | None = None
+        # Pending jobs' placement requests, read once per job (rounds run under the lock).
+        self._known_requests: dict[tuple[str, int, str], PlacementRequest | None] = {}
+        self._known_campaign: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -364,15 +374,53 @@ class AdvisorServer:
                 log.warning("re-planning round failed: %s", exc)
 
     def replan(self, refresh: bool = True, freed: Iterable[str] = ()) -> ReplanResult:
-        """One re-planning round now (the ``replan`` op, the background loop, and an Epilog's
-        record); ``freed``: UUIDs to count as free although Slurm still shows them used."""
+        """One re-planning round now (the ``replan`` op and the background loop re-read Slurm
+        first); ``freed``: UUIDs to count as free although Slurm still shows them used."""
         with self._replan_lock:
             if refresh:
                 self._refresh_once()
-            result = self._replan_round(frozenset(freed))
-            self.counters.add("replans")
-            self.counters.add("replan_updates", len(result.applied))
+            return self._counted_round(self._freed_now(frozenset(freed)))
+
+    def replan_at_job_end(self, freed: Iterable[str]) -> ReplanResult:
+        """The round for a job's end, from the advisor's view as it is (no Slurm re-read: the
+        Epilog names the GPUs, and GPUs freed by earlier ends since the last read still count).
+        Ends that arrive together share one round: each end's GPUs join the next round to
+        start, and an end whose round already ran while it waited for the lock returns that
+        round's result. A round whose writes fail re-reads Slurm for the next one."""
+        with self._end_lock:
+            now = self.state.clock()
+            for uuid in freed:
+                self._freed_at[uuid] = now
+            ticket = self._next_round
+        with self._replan_lock:
+            with self._end_lock:
+                if self._done_round >= ticket and self._last_end_result is not None:
+                    self.counters.add("replans_coalesced")
+                    return self._last_end_result
+                this_round = self._next_round
+                self._next_round += 1
+            result = self._counted_round(self._freed_now(frozenset()))
+            with self._end_lock:
+                self._done_round = this_round
+                self._last_end_result = result
+            if result.failed:
+                self._refresh_once()  # a write lost to Slurm: the view is stale somewhere
             return result
+
+    def _freed_now(self, extra: frozenset[str]) -> frozenset[str]:
+        """``extra`` plus the GPUs job ends freed that Slurm's last read may not show free yet
+        (added less than 2 s before that read began); older ones are dropped."""
+        read_start = self.state.last_read_start
+        with self._end_lock:
+            if read_start is not None:
+                self._freed_at = {u: t for u, t in self._freed_at.items() if t > read_start - 2.0}
+            return extra | frozenset(self._freed_at)
+
+    def _counted_round(self, freed: frozenset[str]) -> ReplanResult:
+        result = self._replan_round(freed)
+        self.counters.add("replans")
+        self.counters.add("replan_updates", len(result.applied))
+        return result
 
     def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
         state = self.state
@@ -392,29 +440,20 @@ class AdvisorServer:
             steered.append((job, parsed))
         if not steered:
             return ReplanResult()
-        rows = state.writer.call(
-            lambda s: {p["r"]: s.decision(p["r"]) for _, p in steered}, timeout_s=30
-        )
+        requests = state.requests_for(p["r"] for _, p in steered)
         pending: list[PendingJob] = []
         for job, parsed in steered:
-            row = rows.get(parsed["r"])
-            if row is None:
+            known = requests.get(parsed["r"])
+            if known is None:
                 continue
-            try:
-                original = JobDescription.from_wire(row["job"])
-            except JobDescError:
-                continue
-            answer = row["answer"]
-            resolution_class = answer.get("class") if isinstance(answer, dict) else None
-            if not resolution_class:
-                continue
+            original, job_class = known
             pending.append(
                 PendingJob(
                     job_id=job.job_id,
                     token=parsed["r"],
                     job=original,
-                    job_class=str(resolution_class),
-                    class_reason=f"re-planned; class {resolution_class} at submit",
+                    job_class=job_class,
+                    class_reason=f"re-planned; class {job_class} at submit",
                     current=current_gpus(parsed) if parsed["action"] == "route" else None,
                     kept_off=kept_off(parsed),
                     tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
@@ -437,9 +476,15 @@ class AdvisorServer:
             ]
             if ids:
                 cluster.allocate(ids)
+        if self._known_campaign != view.static.campaign:
+            self._known_campaign, self._known_requests = view.static.campaign, {}
+        current = {(p.token, p.job_id, p.job_class) for p in pending}
+        known = {k: v for k, v in self._known_requests.items() if k in current}
+        self._known_requests = known
         result = plan_replan(
             pending,
             cluster,
+            known=known,
             labels=view.static.labels,
             policy=state.policy,
             version=state.version,
@@ -660,7 +705,7 @@ class AdvisorServer:
         PM-First/PAL's choice when they start, not only when they were submitted."""
         start = time.perf_counter()
         try:
-            result = self.replan(freed=self.state.released_by(record))
+            result = self.replan_at_job_end(self.state.released_by(record))
         except Exception as exc:  # the record is kept; re-planning is best effort
             log.warning("re-planning at the end of job %s failed: %s", record.get("job_id"), exc)
             return None

@@ -42,7 +42,7 @@ from slurm_pal.advisor.decide import (
     labels_as_models,
     parse_admin_comment,
 )
-from slurm_pal.advisor.jobdesc import JobDescription
+from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy, configured_policy
 from slurm_pal.core.resolve import JobRecord, StoreView, claimed_app, resolve
@@ -239,6 +239,10 @@ class AdvisorState:
         self._problem = "not loaded yet"
         self._gres_diffs: tuple[str, ...] = ()
         self._bound: dict[str, int] = {}
+        # token -> (the request as decided on, its class, when): what a re-planning round needs
+        # of every steered pending job, without reading the store for each one.
+        self._requests: dict[str, tuple[JobDescription, str, float]] = {}
+        self.last_read_start: float | None = None
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
@@ -375,6 +379,7 @@ class AdvisorState:
             self._static = static
             self._view = view
             bound = self._reconcile(view, read_start)
+            self.last_read_start = read_start
             self._cluster = self._with_reservations(view.base)
         for token, job_id in bound:
             self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))
@@ -469,6 +474,13 @@ class AdvisorState:
         # Until the write succeeds (the decision row may still be in the writer's queue), a
         # token is tried again at every refresh.
         bound = [(t, j.job_id) for t, j in seen.items() if self._bound.get(t) != j.job_id]
+        if orphan_before is not None:
+            gone = [
+                t for t, (_, _, made) in self._requests.items()
+                if t not in seen and made < orphan_before
+            ]  # fmt: skip
+            for token in gone:
+                del self._requests[token]
         self._bound = {t: j for t, j in self._bound.items() if t in seen}
         for token, res in list(self._reservations.items()):
             job = seen.get(token)
@@ -576,6 +588,9 @@ class AdvisorState:
             else:
                 return decision
         answer = decision.to_wire()
+        if decision.job_class is not None:
+            with self._lock:
+                self._requests[token] = (job, decision.job_class, self.clock())
 
         def save() -> object:
             return self.writer.submit(
@@ -635,6 +650,33 @@ class AdvisorState:
         job history. True when the record was new."""
         classifier = self._classifier
         return self.writer.call(lambda s: _apply_record(s, dict(record), classifier), timeout_s)
+
+    def requests_for(self, tokens: Iterable[str]) -> dict[str, tuple[JobDescription, str]]:
+        """The decided request and class of each token: from memory, and in one store read for
+        the ones it does not hold (decided before a restart). Tokens without a readable
+        decision are left out."""
+        wanted = list(tokens)
+        with self._lock:
+            found = {t: self._requests[t][:2] for t in wanted if t in self._requests}
+        missing = [t for t in wanted if t not in found]
+        if missing:
+            rows = self.writer.call(lambda s: {t: s.decision(t) for t in missing}, timeout_s=60)
+            now = self.clock()
+            for token, row in rows.items():
+                if row is None:
+                    continue
+                answer = row["answer"]
+                job_class = answer.get("class") if isinstance(answer, dict) else None
+                if not job_class:
+                    continue
+                try:
+                    job = JobDescription.from_wire(row["job"])
+                except JobDescError:
+                    continue
+                found[token] = (job, str(job_class))
+                with self._lock:
+                    self._requests[token] = (job, str(job_class), now)
+        return found
 
     def released_by(self, record: Mapping[str, object]) -> list[str]:
         """The UUIDs of the GPUs an Epilog record's job gives back on the record's node

@@ -21,9 +21,8 @@ job (backfill-like; it can delay the job that did not fit).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement.base import PlacementPolicy, PlacementResult
@@ -66,9 +65,9 @@ class Outcome(StrEnum):
         return self in (Outcome.PLACED, Outcome.UNCHANGED)
 
 
-@dataclass(frozen=True)
-class Step:
-    """One pending job's outcome in a round, with the policy's answer (None: not asked)."""
+class Step(NamedTuple):
+    """One pending job's outcome in a round, with the policy's answer (None: not asked). A
+    tuple: a round over 10,000 pending jobs makes one per job, most of them not considered."""
 
     request: PlacementRequest
     outcome: Outcome
@@ -166,9 +165,8 @@ def queue_round(
             outcome = Outcome.WAITS if result.waits else Outcome.NO_FIT
             steps.append(Step(request, outcome, result))
             if not rule.blocked(request):
-                steps.extend(
-                    Step(later, Outcome.NOT_CONSIDERED, None) for later in order[position + 1 :]
-                )
+                skipped = Outcome.NOT_CONSIDERED
+                steps.extend([Step(later, skipped, None) for later in order[position + 1 :]])
                 break
             continue
         outcome = review(request, result) if review is not None else Outcome.PLACED
