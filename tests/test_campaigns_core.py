@@ -9,6 +9,7 @@ from slurm_pal.core.campaigns import (
     CSV_COLUMNS,
     PlannedGpu,
     RecordError,
+    RunClockEvents,
     RunRecord,
     check_campaign,
     diff_campaigns,
@@ -17,6 +18,7 @@ from slurm_pal.core.campaigns import (
     measurement_rows,
     node_unavailable,
     progress_counts,
+    summarize_clock_events,
     task_progress,
     waiting_for_unavailable_nodes,
 )
@@ -349,6 +351,76 @@ def test_record_clock_events_are_read_and_checked() -> None:
     r = RunRecord.from_dict(base | {"clock_events": {"sw_power_cap": 1.0, "hw_slowdown": 0.1}})
     assert r.clock_events == (("hw_slowdown", 0.1), ("sw_power_cap", 1.0))
     assert r.cooling_events == ("hw_slowdown",)
-    assert RunRecord.from_dict(base).clock_events == ()  # records from before the field
+    assert RunRecord.from_dict(base).clock_events is None  # records from before the field
+    # the runner's record when NVML gave no reasons: unknown, not clean
+    no_nvml = base | {"clock_events": {}, "clock_event_samples": 0}
+    assert RunRecord.from_dict(no_nvml).clock_events is None
+    clean = RunRecord.from_dict(base | {"clock_events": {}, "clock_event_samples": 40})
+    assert clean.clock_events == () and clean.cooling_events == ()
     with pytest.raises(RecordError, match="clock_events"):
         RunRecord.from_dict(base | {"clock_events": {"sw_thermal": 3}})
+    with pytest.raises(RecordError, match="clock_event_samples"):
+        RunRecord.from_dict(base | {"clock_events": {}, "clock_event_samples": -1})
+
+
+def test_runs_without_clock_event_readings_are_unknown_not_clean() -> None:
+    runs = [
+        r if r.key == ("n1", 0) else rec(r.node, r.gpu_index, r.job_class, r.repeat,
+                                         clock_events=())
+        for r in full({}, classes=("A",), repeats=2)
+    ]  # fmt: skip
+    check = check_campaign(PLAN, ["A"], 2, runs)
+    assert check.slowdowns == ()
+    assert check.clock_events_unknown == (("n1", 0, 2),)
+    assert check.to_dict()["clock_events_unknown"] == [{"node": "n1", "gpu_index": 0, "runs": 2}]
+
+
+def _row(node: str, cls: str, rep: int, events) -> RunClockEvents:  # type: ignore[no-untyped-def]
+    return RunClockEvents(node, 0, cls, rep, f"GPU-{node}", events)
+
+
+def test_clock_event_summary_tells_unknown_partial_and_known_apart() -> None:
+    gpus = ["GPU-a", "GPU-b", "GPU-c"]
+    old = summarize_clock_events("old", gpus, [])  # kept before the store had the table
+    assert (old.status, old.unknown_gpus, old.slowdowns) == ("unknown", tuple(gpus), ())
+    assert old.gpu_state("GPU-a") is None
+
+    capped = (("sw_power_cap", 1.0),)
+    hot = (("hw_thermal", 0.2), ("sw_power_cap", 1.0))
+    rows = [
+        _row("a", "A", 0, capped),
+        _row("a", "A", 1, hot),
+        _row("b", "A", 0, capped),
+        _row("b", "A", 1, None),  # one run without readings
+        _row("c", "A", 0, capped),
+        _row("c", "A", 1, ()),
+    ]
+    partial = summarize_clock_events("new", gpus, rows)
+    assert partial.status == "partial" and partial.unknown_runs == 1
+    assert partial.unknown_gpus == ("GPU-b",)  # clean on one run is not clean
+    (slow,) = partial.slowdowns
+    assert (slow.uuid, slow.events, slow.runs, slow.of_runs) == ("GPU-a", ("hw_thermal",), 1, 2)
+    assert [partial.gpu_state(g) for g in gpus] == [("hw_thermal",), None, ()]
+    assert partial.gpu_state("GPU-unmeasured") is None and partial.clean_gpus == ("GPU-c",)
+
+    rows[3] = _row("b", "A", 1, capped)
+    known = summarize_clock_events("new", gpus, rows)
+    assert known.status == "known" and known.unknown_gpus == ()
+    assert known.to_dict()["slowdowns"][0]["events"] == ("hw_thermal",)
+    # a measured GPU with no stored run at all is unknown too
+    assert summarize_clock_events("new", [*gpus, "GPU-d"], rows).unknown_gpus == ("GPU-d",)
+
+
+def test_diff_carries_both_campaigns_clock_events() -> None:
+    frame = _scores([("GPU-a", "A", "a", 0, 0, 1.0)])
+    labels = {"GPU-a": "v-a0"}
+    old = summarize_clock_events("x", ["GPU-a"], [])
+    new = summarize_clock_events("y", ["GPU-a"], [_row("a", "A", 0, (("sw_thermal", 0.5),))])
+    d = diff_campaigns("x", "y", frame, frame, labels, labels,
+                       old_clock_events=old, new_clock_events=new)  # fmt: skip
+    out = d.to_dict()["clock_events"]
+    assert out["old"]["status"] == "unknown" and out["old"]["unknown_gpus"] == ["GPU-a"]
+    assert out["new"]["status"] == "known"
+    assert [s["uuid"] for s in out["new"]["slowdowns"]] == ["GPU-a"]
+    plain = diff_campaigns("x", "y", frame, frame, labels, labels).to_dict()
+    assert plain["clock_events"] == {"old": None, "new": None}

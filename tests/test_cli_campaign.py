@@ -246,6 +246,8 @@ def test_campaigns_to_bins_diff_and_activate(
     assert "ingested 32 runs into store campaign c1 (now active)" in text(out)
     # No NVML here: the GPUs are named by location, and collect says what that costs.
     assert "8 GPU(s) have no NVML UUID" in text(out) and "n1/gpu0, n1/gpu1" in text(out)
+    # ... nor clock-event readings: whether the GPUs slowed down is unknown, not "none".
+    assert "32 run(s) on 8 GPU(s) have no clock-event readings" in text(out)
     bins = as_json(run_cli("profile", "bins", "--campaign", "c1", "--json"))
     assert bins["A"]["k"] == 2
     assert [(round(b["score"], 6), b["gpus"]) for b in bins["A"]["bins"]] == [(1.0, 6), (1.1, 2)]
@@ -276,8 +278,11 @@ def test_campaigns_to_bins_diff_and_activate(
         ("n2/gpu3", "v100-a1d0", "v100-a0d0"),
     ]
     assert diff["restart_nodes"] == ["n1", "n2"]
+    assert [diff["clock_events"][c]["status"] for c in ("old", "new")] == ["unknown", "unknown"]
+    assert diff["clock_events"]["new"]["unknown_runs"] == 32
     shown = text(run_cli("campaign", "diff", "c1", "c2"))
     assert "hardware-ticket candidates" in shown and "restart needed on 2 node(s): n1, n2" in shown
+    assert "slowdowns in c2: unknown" in shown and "hit thermal" not in shown
 
     out = run_cli("campaign", "activate", "c2")
     assert "campaign c2 is now active (was c1)" in text(out)

@@ -224,7 +224,7 @@ def test_fit_refuses_more_classes_than_distinct_measurements(run_cli, h100, two_
 
 
 # --------------------------------------------------------------------------------------------
-# campaign collect on the recorded H100 campaign: slowdown findings
+# campaign collect, profile bins and diff on the recorded H100 campaign
 
 
 def _recorded_campaign(h100: Path, root: Path) -> Path:
@@ -235,30 +235,81 @@ def _recorded_campaign(h100: Path, root: Path) -> Path:
     return directory
 
 
-def test_recorded_campaign_collects_without_slowdowns(run_cli, h100, tmp_path) -> None:
-    _recorded_campaign(h100, tmp_path / "campaigns")
-    out = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns", "--json")
-    report = json.loads(out.output)
-    assert report["complete"] and report["ok_runs"] == 36
-    assert report["slowdowns"] == []  # power capping (what the H100s did) is not a finding
+def test_recorded_campaign_collects_and_bins_as_measured(run_cli, h100, tmp_path) -> None:
+    root = tmp_path / "campaigns"
+    _recorded_campaign(h100, root)
+    report = json.loads(run_cli("campaign", "collect", "h100x", "--root", root, "--json").output)
+    assert report["complete"] and report["ok_runs"] == 36 and report["disagreements"] == []
+    # The runner that recorded these wrote no clock-event readings: unknown, not clean.
+    assert report["slowdowns"] == []
+    assert [(u["node"], u["runs"]) for u in report["clock_events_unknown"]] == [
+        (f"g{i}", 6) for i in range(1, 7)
+    ]
 
 
-def test_a_gpu_that_ran_hot_is_reported_by_collect(run_cli, h100, tmp_path) -> None:
-    directory = _recorded_campaign(h100, tmp_path / "campaigns")
-    hot = directory / "results" / "g3__gpu0__A__r1.json"
-    record = json.loads(hot.read_text())
-    record["clock_events"] = {"sw_power_cap": 1.0, "sw_thermal": 0.4, "hw_slowdown": 0.1}
-    hot.write_text(json.dumps(record))
-    out = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns")
+def _as_the_current_runner_writes(directory: Path, hot: str, events: dict[str, float]) -> None:
+    """Give every record the clock-event readings today's runner writes (GEMM power-capped
+    throughout, STREAM unthrottled, as ``sustained/`` shows) and one run a cooling fault."""
+    for path in sorted((directory / "results").glob("*.json")):
+        record = json.loads(path.read_text())
+        record["clock_events"] = {"sw_power_cap": 1.0} if record["job_class"] == "A" else {}
+        record["clock_event_samples"] = 20
+        if path.name == hot:
+            record["clock_events"] = events
+        path.write_text(json.dumps(record))
+
+
+def test_a_gpu_that_ran_hot_is_reported_by_collect_diff_and_suggest(
+    run_cli, h100, tmp_path
+) -> None:
+    root = tmp_path / "campaigns"
+    directory = _recorded_campaign(h100, root)
+    run_cli("campaign", "collect", "h100x", "--root", root)  # as recorded: no readings
+    _as_the_current_runner_writes(
+        directory,
+        "g3__gpu0__A__r1.json",
+        {"sw_power_cap": 1.0, "sw_thermal": 0.4, "hw_slowdown": 0.1},
+    )
+    out = run_cli("campaign", "collect", "h100x", "--root", root, "--as", "hot")
     assert out.exit_code == 0  # ingested as measured; the fault is reported
     text = " ".join(out.output.split())
     assert "thermal or hardware clock slowdowns" in text
     assert "campaign plan --only g3:0" in text
-    again = run_cli("campaign", "collect", "h100x", "--root", tmp_path / "campaigns", "--json")
-    (slow,) = json.loads(again.output)["slowdowns"]
+    again = run_cli("campaign", "collect", "h100x", "--root", root, "--as", "hot", "--json")
+    report = json.loads(again.output)
+    assert report["unchanged"] and report["clock_events_unknown"] == []
+    (slow,) = report["slowdowns"]
     assert (slow["node"], slow["gpu_index"], slow["events"]) == (
         "g3",
         0,
         ["hw_slowdown", "sw_thermal"],
     )
     assert (slow["runs"], slow["of_runs"], slow["classes"]) == (1, 6, ["A"])
+
+    diff = json.loads(run_cli("campaign", "diff", "h100x", "hot", "--json").output)
+    old, new = diff["clock_events"]["old"], diff["clock_events"]["new"]
+    assert (old["status"], old["slowdowns"], len(old["unknown_gpus"])) == ("unknown", [], 6)
+    assert (new["status"], new["unknown_gpus"], new["runs"]) == ("known", [], 36)
+    assert len(new["clean_gpus"]) == 5  # power-capped GEMM and unthrottled STREAM: clean
+    (hot,) = new["slowdowns"]
+    assert (hot["node"], hot["uuid"], hot["events"], hot["max_share"]) == (
+        "g3",
+        slow["uuid"],
+        ["hw_slowdown", "sw_thermal"],
+        0.4,
+    )
+    assert diff["bin_changes"] == [] and diff["label_changes"] == []  # same durations
+    shown = " ".join(run_cli("campaign", "diff", "h100x", "hot").output.split())
+    assert "1 GPU(s) hit thermal or hardware clock slowdowns" in shown
+    assert "slowdowns in h100x: unknown" in shown  # not shown as clean
+    assert "slowdowns in hot: 1 GPU(s)" in shown
+    row = next(line for line in run_cli("campaign", "diff", "h100x", "hot").output.splitlines()
+               if "g3" in line)  # fmt: skip
+    assert "unknown" in row and row.index("unknown") < row.index("hw_slowdown")  # old, new
+
+    suggest = json.loads(run_cli("campaign", "suggest", "--campaign", "hot", "--json").output)
+    assert [s["uuid"] for s in suggest["clock_events"]["slowdowns"]] == [slow["uuid"]]
+    assert "--only g3:0" in suggest["slowdown_plan"]
+    old_suggest = run_cli("campaign", "suggest", "--campaign", "h100x", "--json").output
+    assert json.loads(old_suggest)["clock_events"]["status"] == "unknown"
+    assert json.loads(old_suggest)["slowdown_plan"] is None

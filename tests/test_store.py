@@ -12,6 +12,7 @@ from slurm_pal.adapters import store as store_module
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.store import SCHEMA_VERSION, Store, StoreError
 from slurm_pal.core.binning import PMBinner
+from slurm_pal.core.campaigns import RunClockEvents
 from slurm_pal.example_campaign import generate_example_campaign
 
 CLASSES = ("A", "B", "C", "D")
@@ -174,3 +175,61 @@ def test_concurrent_writers_queue_instead_of_failing(tmp_path: Path) -> None:
         assert sum(c.active for c in campaigns) == 1
         for c in campaigns:
             assert c.measurements == 8 * 4 * 4 * 3
+
+
+def test_a_version_3_store_gains_clock_events_and_old_campaigns_have_none(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for number, script in enumerate(store_module.MIGRATIONS[:3], start=1):
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version={number}")
+    db.execute("INSERT INTO campaigns (id, created_at) VALUES ('jan', '2026-01-01T00:00:00')")
+    db.execute(
+        "INSERT INTO measurements (campaign_id, source_sha256, source_line, job_class, uuid, "
+        "duration) VALUES ('jan', 'x', 2, 'A', 'GPU-1', 1.5)"
+    )
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION >= 4
+        assert store.clock_events("jan") == []  # unknown: the caller must not read it as clean
+        assert store.measurements("jan")["duration"].tolist() == [1.5]  # old rows untouched
+
+
+def _runs(f, events: dict) -> list[RunClockEvents]:  # type: ignore[no-untyped-def]
+    """One clock-event row per measured row of an example campaign file."""
+    rows = f.rows.sort_values(["node", "gpu_index", "job_class"], kind="stable")
+    seen: dict[tuple[str, int, str], int] = {}
+    out = []
+    for r in rows.itertuples(index=False):
+        key = (r.node, int(r.gpu_index), r.job_class)
+        seen[key] = seen.get(key, -1) + 1
+        out.append(RunClockEvents(*key, seen[key], r.uuid, events.get(key)))
+    return out
+
+
+def test_clock_events_land_with_the_rows_or_not_at_all(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    f = campaign_file(tmp_path, 1)
+    first = f.rows.iloc[0]
+    hot_key = (first["node"], int(first["gpu_index"]), first["job_class"])
+    runs = _runs(f, {hot_key: (("hw_slowdown", 0.1), ("sw_power_cap", 1.0))})
+    with Store(path) as store:
+        store.ingest(
+            [f], campaign_id="c", class_order=CLASSES, binner=PMBinner(), clock_events=runs
+        )
+        kept = store.clock_events("c")
+        assert len(kept) == len(f.rows)
+        assert {r.clock_events for r in kept} == {
+            None,
+            (("hw_slowdown", 0.1), ("sw_power_cap", 1.0)),
+        }
+        with pytest.raises(StoreError, match="no campaign 'x'"):
+            store.clock_events("x")
+    before = table_counts(path)
+    g = campaign_file(tmp_path, 2)
+    with Store(path) as store, pytest.raises(StoreError, match="already keeps clock events"):
+        store.ingest(
+            [g], campaign_id="c", class_order=CLASSES, binner=PMBinner(), clock_events=runs[:1]
+        )
+    assert table_counts(path) == before  # the second file's rows were rolled back too

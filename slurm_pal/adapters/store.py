@@ -23,6 +23,7 @@ import pandas as pd
 
 from slurm_pal.adapters.campaign_csv import MEASUREMENT_COLUMNS, CampaignFile
 from slurm_pal.core.binning import Bin, PMBinner
+from slurm_pal.core.campaigns import RunClockEvents
 from slurm_pal.core.features import UtilizationFeatures
 from slurm_pal.core.resolve import (
     HistoryRow,
@@ -188,6 +189,21 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX job_records_by_job ON job_records(job_id);
     """,
+    # 4: per measured run of a Slurm campaign, the NVML clock-event reasons it saw (JSON
+    # {reason: share of readings}; NULL: the record had no readings). A campaign without rows
+    # (ingested before this table, or from a CSV) is unknown, not free of slowdowns.
+    """
+    CREATE TABLE run_clock_events (
+        campaign_id TEXT NOT NULL REFERENCES campaigns(id),
+        node TEXT NOT NULL,
+        gpu_index INTEGER NOT NULL,
+        job_class TEXT NOT NULL,
+        repeat INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        events TEXT,
+        PRIMARY KEY (campaign_id, node, gpu_index, job_class, repeat)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 DERIVED_TABLES = ("class_bins", "gpu_scores", "labels", "gpu_labels", "gpu_aliases")
@@ -322,11 +338,13 @@ class Store:
         class_order: Sequence[str],
         binner: PMBinner,
         description: str = "",
+        clock_events: Sequence[RunClockEvents] = (),
     ) -> IngestResult:
         """Add measurement files to a campaign (new unless ``campaign_id`` names one) and re-bin.
 
         All or nothing: a file already in the campaign, or any failure while binning, leaves the
-        store as it was. The first campaign of a store becomes the active one.
+        store as it was. The first campaign of a store becomes the active one. ``clock_events``
+        (a Slurm campaign's measured runs) land in the same transaction as the rows.
         """
         if not files:
             raise StoreError("nothing to ingest: no files given")
@@ -368,6 +386,7 @@ class Store:
                     (campaign_id, f.sha256, f.path, f.fmt, ",".join(classes), len(f.rows), now),
                 )
                 self._insert_measurements(campaign_id, f)
+            self._insert_clock_events(campaign_id, clock_events)
             measurements = self._measurements(campaign_id)
             profile = build_profile(measurements, class_order, binner)
             self._replace_derived(campaign_id, profile)
@@ -498,6 +517,28 @@ class Store:
         """The campaign's raw rows, in the canonical measurement columns."""
         self._require_campaign(campaign_id)
         return self._measurements(campaign_id)
+
+    def clock_events(self, campaign_id: str) -> list[RunClockEvents]:
+        """The campaign's measured runs' clock-event reasons ([]: never kept for it)."""
+        self._require_campaign(campaign_id)
+        rows = self._db.execute(
+            "SELECT node, gpu_index, job_class, repeat, uuid, events FROM run_clock_events "
+            "WHERE campaign_id = ? ORDER BY node, gpu_index, job_class, repeat",
+            (campaign_id,),
+        ).fetchall()
+        return [
+            RunClockEvents(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                None
+                if r[5] is None
+                else tuple(sorted((str(k), float(v)) for k, v in json.loads(r[5]).items())),
+            )
+            for r in rows
+        ]
 
     # -- applications and classes ----------------------------------------------------------
     def save_application(
@@ -907,6 +948,30 @@ class Store:
             "power_w, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             records,
         )
+
+    def _insert_clock_events(self, campaign_id: str, runs: Sequence[RunClockEvents]) -> None:
+        try:
+            self._db.executemany(
+                "INSERT INTO run_clock_events (campaign_id, node, gpu_index, job_class, repeat, "
+                "uuid, events) VALUES (?,?,?,?,?,?,?)",
+                [
+                    (
+                        campaign_id,
+                        r.node,
+                        r.gpu_index,
+                        r.job_class,
+                        r.repeat,
+                        r.uuid,
+                        None if r.clock_events is None else json.dumps(dict(r.clock_events)),
+                    )
+                    for r in runs
+                ],
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(
+                f"campaign {campaign_id!r} already keeps clock events for one of these runs "
+                f"({exc}); nothing was written"
+            ) from None
 
     def _measurements(self, campaign_id: str) -> pd.DataFrame:
         cols = [c for c in MEASUREMENT_COLUMNS]

@@ -55,9 +55,11 @@ from slurm_pal.cli.common import (
     state,
 )
 from slurm_pal.core.campaigns import (
+    CLOCK_EVENTS_UNKNOWN,
     DEFAULT_TOLERANCE,
     CampaignCheck,
     CampaignDiff,
+    ClockEventSummary,
     GpuKey,
     PlannedGpu,
     TaskProgress,
@@ -67,6 +69,7 @@ from slurm_pal.core.campaigns import (
     measurement_rows,
     node_unavailable,
     progress_counts,
+    summarize_clock_events,
     task_progress,
     waiting_for_unavailable_nodes,
 )
@@ -636,6 +639,7 @@ def collect(
                     binner=cfg.binning.binner(),
                     description=f"Slurm campaign {the_plan.campaign}: "
                     f"{check.planned_gpus} GPUs planned, {len(check.ok_runs)} ok runs",
+                    clock_events=[r.clock_event_row() for r in check.ok_runs],
                 )
     report = check.to_dict() | {"campaign": campaign, "record_problems": problems}
     if result is not None:
@@ -752,6 +756,14 @@ def _print_check(check: CampaignCheck, problems: list[str]) -> None:
         console.print(table)
         only = ",".join(f"{sd.node}:{sd.gpu_index}" for sd in check.slowdowns)
         console.print(f"re-measure them later with: slurm-pal campaign plan --only {only}")
+    if check.clock_events_unknown:
+        n_runs = sum(k for _, _, k in check.clock_events_unknown)
+        err_console.print(
+            f"note: {n_runs} run(s) on {len(check.clock_events_unknown)} GPU(s) have no "
+            "clock-event readings (no NVML on the node, or a runner from before they were "
+            "recorded): whether they hit thermal or hardware slowdowns is unknown",
+            highlight=False,
+        )
     for node, index, classes_short in _short(check):
         console.print(
             f"{node} GPU {index}: fewer runs than planned for {classes_short} (task cut short: "
@@ -788,6 +800,15 @@ def _short(check: CampaignCheck) -> list[tuple[str, int, str]]:
 # -- diff / activate -------------------------------------------------------------------------
 
 
+def _clock_events(store, campaign_id: str, scores: pd.DataFrame) -> ClockEventSummary:  # type: ignore[no-untyped-def]
+    """The stored campaign's slowdowns, its runs named by the UUIDs its scores use."""
+    rows = store.clock_events(campaign_id)
+    canonical = {u: store.canonical_uuid(campaign_id, u) for u in {r.uuid for r in rows}}
+    runs = [replace(r, uuid=canonical[r.uuid]) for r in rows]
+    measured = scores.loc[scores["measured"], "uuid"].astype(str)
+    return summarize_clock_events(campaign_id, measured, runs)
+
+
 def _diff(store, old: str, new: str) -> CampaignDiff:  # type: ignore[no-untyped-def]
     for c in (old, new):
         store.resolve_campaign(c)
@@ -795,15 +816,18 @@ def _diff(store, old: str, new: str) -> CampaignDiff:  # type: ignore[no-untyped
     def label_scores(campaign_id: str) -> dict[str, dict[str, float]]:
         return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}
 
+    old_scores, new_scores = store.gpu_scores(old), store.gpu_scores(new)
     return diff_campaigns(
         old,
         new,
-        store.gpu_scores(old),
-        store.gpu_scores(new),
+        old_scores,
+        new_scores,
         store.gpu_labels(old),
         store.gpu_labels(new),
         label_scores(old),
         label_scores(new),
+        old_clock_events=_clock_events(store, old, old_scores),
+        new_clock_events=_clock_events(store, new, new_scores),
     )
 
 
@@ -872,7 +896,67 @@ def _print_diff(d: CampaignDiff) -> None:
             f"GPUs only in {d.old}: {', '.join(d.only_old) or 'none'}; "
             f"only in {d.new}: {', '.join(d.only_new) or 'none'}"
         )
+    _print_diff_slowdowns(d)
     _print_label_changes(d)
+
+
+UNKNOWN_CLOCK_EVENTS = (
+    "no per-run clock-event readings kept: collected before slurm-pal kept them, ingested from "
+    "a CSV, or no NVML on the nodes"
+)
+
+
+def _slowdown_state(summary: ClockEventSummary, uuid: str) -> str:
+    events = summary.gpu_state(uuid)
+    if events is None:
+        return "unknown"
+    return ", ".join(events) if events else "none"
+
+
+def _clock_events_line(summary: ClockEventSummary) -> str:
+    if summary.status == CLOCK_EVENTS_UNKNOWN:
+        return f"unknown ({UNKNOWN_CLOCK_EVENTS})"
+    seen = f"{len(summary.slowdowns)} GPU(s)" if summary.slowdowns else "none"
+    if summary.unknown_gpus:
+        seen += (
+            f"; unknown for {len(summary.unknown_gpus)} GPU(s) ({summary.unknown_runs} run(s) "
+            "without readings)"
+        )
+    return seen
+
+
+def _print_diff_slowdowns(d: CampaignDiff) -> None:
+    """GPUs that hit thermal/hardware slowdowns in either campaign; a campaign without
+    readings is said to be unknown, never shown as clean."""
+    old_s, new_s = d.old_clock_events, d.new_clock_events
+    if old_s is None or new_s is None:
+        return
+    both = (*old_s.slowdowns, *new_s.slowdowns)
+    hot = {s.uuid: s for s in both}
+    if hot:
+        table = Table(
+            title=f"{len(hot)} GPU(s) hit thermal or hardware clock slowdowns while measured: "
+            "a cooling/power fault, their PM-score there is not what jobs get",
+            title_justify="left",
+        )
+        for col in ("uuid", "node", "GPU", f"in {d.old}", f"in {d.new}", "worst run"):
+            table.add_column(col)
+        for uuid, s in sorted(hot.items()):
+            worst = max(x.max_share for x in both if x.uuid == uuid)
+            table.add_row(
+                uuid,
+                s.node,
+                str(s.gpu_index),
+                _slowdown_state(old_s, uuid),
+                _slowdown_state(new_s, uuid),
+                f"{worst:.0%} of readings",
+            )
+        console.print(table)
+    for summary in (old_s, new_s):
+        console.print(
+            f"thermal/hardware slowdowns in {summary.campaign}: {_clock_events_line(summary)}",
+            highlight=False,
+        )
 
 
 def _print_label_changes(d: CampaignDiff) -> None:
@@ -1044,12 +1128,15 @@ def suggest(
     Each job's runtime is compared with the same application's runs on other GPUs, scaled
     by the PM-scores of the GPUs used (the slowest one sets the pace); a GPU whose runs are
     consistently slower by more than the threshold is listed, with a targeted campaign plan.
+    GPUs that hit thermal or hardware slowdowns while the campaign measured them are listed
+    too: their PM-scores were taken under a cooling fault.
     """
     st = state(ctx)
     settings = site_campaign_settings(st)
     with _errors(), st.store() as store:
         campaign_id = store.resolve_campaign(campaign)
         frame = store.gpu_scores(campaign_id)
+        clock = _clock_events(store, campaign_id, frame)
         scores: dict[str, dict[str, float]] = {}
         where: dict[str, tuple[str, int | None]] = {}
         for r in frame.itertuples(index=False):
@@ -1086,6 +1173,8 @@ def suggest(
         {where[d.gpu] for d in found if d.gpu in where and where[d.gpu][1] is not None}
     )
     command = _targeted_plan(targets, frame, campaign_id) if targets else None
+    hot: list[tuple[str, int | None]] = [(s.node, s.gpu_index) for s in clock.slowdowns]
+    hot_command = _targeted_plan(hot, frame, campaign_id, "cooling") if hot else None
     reasons: dict[str, int] = {}
     for why in skipped.values():
         reasons[why] = reasons.get(why, 0) + 1
@@ -1102,11 +1191,14 @@ def suggest(
                     | {
                         "node": where.get(d.gpu, ("", None))[0],
                         "gpu_index": where.get(d.gpu, ("", None))[1],
+                        "campaign_slowdown": _json_state(clock, d.gpu),
                     }
                     for d in found
                 ],
                 "gpus_judged": len(detector.gpus_),
                 "suggested_plan": command,
+                "clock_events": clock.to_dict(),
+                "slowdown_plan": hot_command,
             }
         )
         return
@@ -1117,6 +1209,7 @@ def suggest(
     )
     for why, n in sorted(reasons.items(), key=lambda x: -x[1]):
         console.print(f"  {n} job(s) left out: {why}", highlight=False)
+    _print_campaign_slowdowns(clock, hot_command)
     if not found:
         console.print("no GPU drifts: nothing to re-measure")
         return
@@ -1124,7 +1217,7 @@ def suggest(
         title=f"{len(found)} GPU(s) slower than their PM-scores say", title_justify="left"
     )
     for col in ("GPU", "node", "index", "runs", "apps", "slowdown", "runs slower", "expected s",
-                "observed s"):  # fmt: skip
+                "observed s", "campaign slowdowns"):  # fmt: skip
         table.add_column(col)
     for d in found:
         node, index = where.get(d.gpu, ("", None))
@@ -1138,13 +1231,40 @@ def suggest(
             f"{d.share_slower:.0%}",
             f"{d.expected_s:.4g}",
             f"{d.observed_s:.4g}",
+            _slowdown_state(clock, d.gpu),
         )
     console.print(table)
     if command:
         console.print(f"re-measure them: {command}", highlight=False, soft_wrap=True)
 
 
-def _targeted_plan(targets: list[tuple[str, int | None]], frame, campaign_id: str) -> str:  # type: ignore[no-untyped-def]
+def _json_state(summary: ClockEventSummary, uuid: str) -> list[str] | None:
+    """A GPU's slowdown reasons in the campaign for --json: [] clean, None unknown."""
+    events = summary.gpu_state(uuid)
+    return None if events is None else list(events)
+
+
+def _print_campaign_slowdowns(summary: ClockEventSummary, command: str | None) -> None:
+    console.print(
+        f"thermal/hardware slowdowns while {summary.campaign} measured: "
+        f"{_clock_events_line(summary)}",
+        highlight=False,
+    )
+    if summary.slowdowns:
+        gpus = ", ".join(
+            f"{s.node}:{s.gpu_index} ({', '.join(s.events)})" for s in summary.slowdowns
+        )
+        console.print(
+            f"  {gpus}: PM-scores taken under a cooling/power fault; after the fix, "
+            f"re-measure: {command}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _targeted_plan(  # type: ignore[no-untyped-def]
+    targets: list[tuple[str, int | None]], frame, campaign_id: str, suffix: str = "recheck"
+) -> str:
     """The ``campaign plan`` command that measures just these GPUs (whole nodes held)."""
     nodes = sorted({n for n, _ in targets})
     per_node = frame[frame["node"].isin(nodes)].groupby("node")["gpu_index"].nunique()
@@ -1152,5 +1272,5 @@ def _targeted_plan(targets: list[tuple[str, int | None]], frame, campaign_id: st
     only = ",".join(f"{n}:{i}" for n, i in targets)
     return (
         f"slurm-pal campaign plan --nodes {compress_hostlist(nodes)} --gpus-per-node {gpus} "
-        f"--only {only} --id {campaign_id}-recheck"
+        f"--only {only} --id {campaign_id}-{suffix}"
     )

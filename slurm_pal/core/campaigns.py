@@ -12,11 +12,12 @@ records alone:
   Runs that saw thermal or hardware clock slowdowns (NVML clock-event reasons recorded by
   the runner over the measured window) are a cooling or power fault of that GPU, not its
   PM-score: they are reported as *slowdowns*. Power capping (``sw_power_cap``) is not: it is
-  the variability a campaign measures.
+  the variability a campaign measures. A run whose record has no clock-event readings (no
+  NVML on the node, or a runner from before they were recorded) is *unknown*, never clean.
 * :func:`task_progress` -- done / failed / running / pending per task, for ``campaign submit``.
 * :func:`diff_campaigns` -- what changes between two campaigns' bins, outliers and labels, and
   so which nodes' gres.conf lines change (a switch of the active campaign needs a Slurm restart
-  there).
+  there); with :func:`summarize_clock_events`, which GPUs hit slowdowns in either campaign.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import pandas as pd
 
@@ -57,6 +59,8 @@ COOLING_EVENTS: tuple[str, ...] = ("sw_thermal", "hw_thermal", "hw_slowdown", "h
 fault: the GPU ran slower than its power management would have it."""
 
 GpuKey = tuple[str, int]
+ClockEvents = tuple[tuple[str, float], ...]
+"""(reason, share of the measured window's NVML readings that showed it), sorted by reason."""
 
 
 class RecordError(ValueError):
@@ -120,8 +124,9 @@ class RunRecord:
     gpu_name: str = ""
     slurm_job_id: str = ""
     notes: tuple[str, ...] = ()
-    clock_events: tuple[tuple[str, float], ...] = ()
-    """(reason, share of the window's NVML readings that showed it), e.g. sw_power_cap."""
+    clock_events: ClockEvents | None = None
+    """(reason, share of the window's NVML readings that showed it), e.g. sw_power_cap; None
+    when the record has no readings (no NVML, or a runner from before they were recorded)."""
     telemetry_window: str = ""
     """'measured' (from PAL_MEASURE_START) or what else the telemetry covers."""
 
@@ -136,7 +141,13 @@ class RunRecord:
     @property
     def cooling_events(self) -> tuple[str, ...]:
         """The thermal/hardware slowdown reasons this run saw (see :data:`COOLING_EVENTS`)."""
-        return tuple(name for name, share in self.clock_events if name in COOLING_EVENTS and share)
+        return _cooling(self.clock_events)
+
+    def clock_event_row(self) -> RunClockEvents:
+        """What the store keeps of this run's clock events (``campaign collect`` ingests it)."""
+        return RunClockEvents(
+            self.node, self.gpu_index, self.job_class, self.repeat, self.uuid, self.clock_events
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RunRecord:
@@ -177,17 +188,31 @@ class RunRecord:
             raise RecordError(f"an ok record needs 'duration_s' > 0, got {duration!r}")
         exit_code = data.get("exit_code")
         notes = data.get("notes") or ()
-        events = data.get("clock_events") or {}
-        if not isinstance(events, Mapping) or not all(
-            isinstance(k, str)
-            and isinstance(v, int | float)
-            and not isinstance(v, bool)
-            and 0 <= v <= 1
-            for k, v in events.items()
+        events = data.get("clock_events")
+        if events is not None and (
+            not isinstance(events, Mapping)
+            or not all(
+                isinstance(k, str)
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and 0 <= v <= 1
+                for k, v in events.items()
+            )
         ):
             raise RecordError(
                 f"'clock_events' must map reason names to shares within 0..1, got {events!r:.80}"
             )
+        readings = data.get("clock_event_samples")
+        if readings is not None and (
+            not isinstance(readings, int) or isinstance(readings, bool) or readings < 0
+        ):
+            raise RecordError(
+                f"'clock_event_samples' must be a whole number >= 0, got {readings!r:.80}"
+            )
+        clock_events: ClockEvents | None = None
+        # The runner writes an empty map with 0 readings when NVML gave no reasons: unknown.
+        if isinstance(events, Mapping) and (readings != 0 or events):
+            clock_events = tuple(sorted((str(k), float(v)) for k, v in events.items()))
         return cls(
             campaign=str(data["campaign"]),
             status=str(status),
@@ -205,7 +230,7 @@ class RunRecord:
             gpu_name=str(data.get("gpu_name") or ""),
             slurm_job_id=str(data.get("slurm_job_id") or ""),
             notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
-            clock_events=tuple(sorted((str(k), float(v)) for k, v in events.items())),
+            clock_events=clock_events,
             telemetry_window=str(data.get("telemetry_window") or ""),
             **numbers,
         )
@@ -258,6 +283,7 @@ class Slowdown:
     of_runs: int  # successful runs of this GPU
     classes: tuple[str, ...]
     max_share: float  # largest share of one run's readings with a slowdown reason
+    unknown_runs: int = 0  # runs of this GPU without clock-event readings
 
 
 @dataclass(frozen=True)
@@ -280,6 +306,9 @@ class CampaignCheck:
     scores follow the slot, not the physical GPU, so a swapped board goes unnoticed."""
     slowdowns: tuple[Slowdown, ...] = ()
     """GPUs whose runs saw thermal/hardware slowdowns: a cooling finding, not a PM-score."""
+    clock_events_unknown: tuple[tuple[str, int, int], ...] = ()
+    """(node, index, runs) of GPUs with ok runs that have no clock-event readings: whether
+    they slowed down is unknown, so they are not reported clean."""
 
     @property
     def complete(self) -> bool:
@@ -318,6 +347,9 @@ class CampaignCheck:
                 {"node": n, "gpu_index": i, "uuid": u} for n, i, u in self.location_ids
             ],
             "slowdowns": [asdict(s) for s in self.slowdowns],
+            "clock_events_unknown": [
+                {"node": n, "gpu_index": i, "runs": k} for n, i, k in self.clock_events_unknown
+            ],
         }
 
 
@@ -414,8 +446,13 @@ def check_campaign(
         if len(ids) > 1
     )
     by_location = sorted({(r.node, r.gpu_index, r.uuid) for r in ok if r.uuid_source == ASSIGNED})
+    unknown: dict[GpuKey, int] = {}
+    for r in ok:
+        if r.clock_events is None:
+            unknown[r.key] = unknown.get(r.key, 0) + 1
     return CampaignCheck(
         slowdowns=slowdowns(ok),
+        clock_events_unknown=tuple((n, i, k) for (n, i), k in sorted(unknown.items())),
         planned_gpus=len(planned_keys),
         classes=tuple(classes),
         repeats=repeats,
@@ -431,9 +468,48 @@ def check_campaign(
     )
 
 
-def slowdowns(runs: Iterable[RunRecord]) -> tuple[Slowdown, ...]:
+class _ClockEventRun(Protocol):
+    """A measured run as far as slowdowns go: a :class:`RunRecord` or a stored row."""
+
+    @property
+    def key(self) -> GpuKey: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def job_class(self) -> str: ...
+    @property
+    def clock_events(self) -> ClockEvents | None: ...
+    @property
+    def cooling_events(self) -> tuple[str, ...]: ...
+
+
+def _cooling(events: ClockEvents | None) -> tuple[str, ...]:
+    return tuple(name for name, share in events or () if name in COOLING_EVENTS and share)
+
+
+@dataclass(frozen=True)
+class RunClockEvents:
+    """One measured run's clock-event reasons as the store keeps them (None: no readings)."""
+
+    node: str
+    gpu_index: int
+    job_class: str
+    repeat: int
+    uuid: str
+    clock_events: ClockEvents | None
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.node, self.gpu_index)
+
+    @property
+    def cooling_events(self) -> tuple[str, ...]:
+        return _cooling(self.clock_events)
+
+
+def slowdowns(runs: Iterable[_ClockEventRun]) -> tuple[Slowdown, ...]:
     """Per GPU, the runs that saw thermal or hardware slowdown reasons (sorted by GPU)."""
-    by_gpu: dict[GpuKey, list[RunRecord]] = {}
+    by_gpu: dict[GpuKey, list[_ClockEventRun]] = {}
     for r in runs:
         by_gpu.setdefault(r.key, []).append(r)
     found = []
@@ -441,7 +517,9 @@ def slowdowns(runs: Iterable[RunRecord]) -> tuple[Slowdown, ...]:
         hit = [r for r in gpu_runs if r.cooling_events]
         if not hit:
             continue
-        shares = [share for r in hit for name, share in r.clock_events if name in COOLING_EVENTS]
+        shares = [
+            share for r in hit for name, share in r.clock_events or () if name in COOLING_EVENTS
+        ]
         found.append(
             Slowdown(
                 node=node,
@@ -452,9 +530,83 @@ def slowdowns(runs: Iterable[RunRecord]) -> tuple[Slowdown, ...]:
                 of_runs=len(gpu_runs),
                 classes=tuple(sorted({r.job_class for r in hit})),
                 max_share=max(shares),
+                unknown_runs=sum(r.clock_events is None for r in gpu_runs),
             )
         )
     return tuple(found)
+
+
+CLOCK_EVENTS_UNKNOWN = "unknown"
+CLOCK_EVENTS_PARTIAL = "partial"
+CLOCK_EVENTS_KNOWN = "known"
+
+
+@dataclass(frozen=True)
+class ClockEventSummary:
+    """One stored campaign's thermal/hardware slowdowns, and how much of it is known.
+
+    A campaign ingested before the store kept clock events, or from a CSV, has no rows: its
+    status is ``unknown`` and every GPU is unknown, not clean.
+    """
+
+    campaign: str
+    runs: int  # measured runs the store keeps clock events for
+    unknown_runs: int  # of them, runs without readings
+    slowdowns: tuple[Slowdown, ...]
+    unknown_gpus: tuple[str, ...]  # UUIDs with no slowdown and some run without readings
+    clean_gpus: tuple[str, ...] = ()  # UUIDs whose every run has readings, none a slowdown
+
+    @property
+    def status(self) -> str:
+        """``known`` (every run has readings), ``partial`` or ``unknown`` (none has)."""
+        if self.runs == self.unknown_runs:
+            return CLOCK_EVENTS_UNKNOWN
+        if self.unknown_runs or self.unknown_gpus:
+            return CLOCK_EVENTS_PARTIAL
+        return CLOCK_EVENTS_KNOWN
+
+    def gpu_state(self, uuid: str) -> tuple[str, ...] | None:
+        """A GPU's slowdown reasons: () when its runs were clean, None when unknown (also for
+        a GPU the campaign did not measure)."""
+        for s in self.slowdowns:
+            if s.uuid == uuid:
+                return s.events
+        return () if uuid in self.clean_gpus else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "campaign": self.campaign,
+            "status": self.status,
+            "runs": self.runs,
+            "unknown_runs": self.unknown_runs,
+            "slowdowns": [asdict(s) for s in self.slowdowns],
+            "unknown_gpus": list(self.unknown_gpus),
+            "clean_gpus": list(self.clean_gpus),
+        }
+
+
+def summarize_clock_events(
+    campaign: str, gpus: Iterable[str], runs: Iterable[RunClockEvents]
+) -> ClockEventSummary:
+    """Slowdowns of one stored campaign from its runs' rows (UUIDs as the campaign's scores
+    name them); ``gpus`` are the campaign's measured GPUs, so a GPU without rows is unknown."""
+    runs = list(runs)
+    found = slowdowns(runs)
+    hot = {s.uuid for s in found}
+    known_clean: dict[str, bool] = {}
+    for r in runs:
+        known_clean[r.uuid] = known_clean.get(r.uuid, True) and r.clock_events is not None
+    unknown = sorted(
+        u for u in set(gpus) | set(known_clean) if u not in hot and not known_clean.get(u, False)
+    )
+    return ClockEventSummary(
+        campaign=campaign,
+        runs=len(runs),
+        unknown_runs=sum(r.clock_events is None for r in runs),
+        slowdowns=found,
+        unknown_gpus=tuple(unknown),
+        clean_gpus=tuple(sorted(u for u, clean in known_clean.items() if clean and u not in hot)),
+    )
 
 
 def measurement_rows(runs: Iterable[RunRecord], gpu_model: str) -> pd.DataFrame:
@@ -617,6 +769,9 @@ class CampaignDiff:
     label_changes: tuple[LabelChange, ...]
     label_score_changes: tuple[tuple[str, str, float, float], ...] = field(default=())
     # (label, class, old score, new score) for labels in both campaigns
+    old_clock_events: ClockEventSummary | None = None
+    new_clock_events: ClockEventSummary | None = None
+    """Thermal/hardware slowdowns in each campaign (None: not looked at)."""
 
     @property
     def restart_nodes(self) -> tuple[str, ...]:
@@ -638,6 +793,10 @@ class CampaignDiff:
                 for lb, c, a, b in self.label_score_changes
             ],
             "restart_nodes": list(self.restart_nodes),
+            "clock_events": {
+                "old": None if self.old_clock_events is None else self.old_clock_events.to_dict(),
+                "new": None if self.new_clock_events is None else self.new_clock_events.to_dict(),
+            },
         }
 
 
@@ -661,12 +820,16 @@ def diff_campaigns(
     new_label_scores: Mapping[str, Mapping[str, float]] | None = None,
     *,
     score_epsilon: float = 1e-9,
+    old_clock_events: ClockEventSummary | None = None,
+    new_clock_events: ClockEventSummary | None = None,
 ) -> CampaignDiff:
     """Compare two campaigns' per-GPU rows (``Store.gpu_scores``) and GPU labels.
 
     Bin numbers are per campaign (K-Means may choose another K), so a change is shown with
     both PM-scores. ``*_label_scores`` (label -> class -> score) add label score changes:
     those only update the advisor's table, while a GPU changing label changes gres.conf.
+    ``*_clock_events`` (:func:`summarize_clock_events`) are carried along: a GPU that hit
+    thermal/hardware slowdowns in a campaign has a PM-score there that jobs will not see.
     """
     cols = ["uuid", "job_class", "node", "gpu_index", "bin", "pm_score"]
     merged = old_scores[cols].merge(
@@ -726,4 +889,6 @@ def diff_campaigns(
         only_new=tuple(sorted(new_gpus - old_gpus)),
         label_changes=label_changes,
         label_score_changes=tuple(score_changes),
+        old_clock_events=old_clock_events,
+        new_clock_events=new_clock_events,
     )
