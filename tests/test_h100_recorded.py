@@ -39,6 +39,70 @@ def ncu_features(h100: Path, kind: str, kernel_prefix: str | None = None):
 
 
 # --------------------------------------------------------------------------------------------
+# The ncu reader on all six recorded CSVs
+
+
+README_FIGURES = {  # file -> (layout, DRAM %, FU %) as the README gives them (one decimal)
+    "ncu-gemm-h100.details.csv": ("details", 24.2, 93.0),
+    "ncu-gemm-h100.raw.csv": ("raw", 24.2, 93.0),
+    "ncu-stream-h100.details.csv": ("details", 87.6, 9.0),
+    "ncu-stream-h100.raw.csv": ("raw", 87.6, 9.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(README_FIGURES))
+def test_metric_pages_give_the_readme_figures(h100, name) -> None:
+    layout, dram, fu = README_FIGURES[name]
+    report = read_ncu_csv(h100 / "ncu" / name)
+    assert report.layout == layout and report.errors == ()
+    assert [k.launch_id for k in report.kernels] == list(range(10))
+    assert len({k.process_id for k in report.kernels}) == 1
+    features = application_features([report])
+    assert features.dram_util == pytest.approx(dram, abs=0.06)
+    assert features.fu_util == pytest.approx(fu, abs=0.06)
+    assert features.fu_source.startswith("pipe:")  # a real FU pipe figure, not SM throughput
+    assert features.dram_source == "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+
+
+def test_speed_of_light_section_maps_display_names_and_converts_ns(h100) -> None:
+    report = read_ncu_csv(h100 / "ncu" / "ncu-gemm-h100.speedoflight-section.csv")
+    assert report.layout == "details" and [k.launch_id for k in report.kernels] == list(range(6))
+    for kernel in report.kernels:  # every figure came from a display name, none from a raw row
+        assert kernel.from_display == {
+            "gpu__time_duration.sum",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        }
+    # "Duration","ns","212,576": thousands separators read, kept in ns; the same GEMM kernel
+    # (4096^3 fp16) took the same time under the details run's --metrics.
+    details = read_ncu_csv(h100 / "ncu" / "ncu-gemm-h100.details.csv")
+
+    def gemm_ns(r) -> list[float]:  # type: ignore[no-untyped-def]
+        return sorted(k.duration_ns for k in r.kernels if k.kernel_name.startswith("nvjet"))
+
+    section = gemm_ns(report)
+    assert section[-1] == 212576.0
+    assert abs(section[len(section) // 2] / gemm_ns(details)[4] - 1) < 0.02
+    features = application_features([report])
+    assert "SM throughput only" in features.fu_source
+    assert abs(features.dram_util - application_features([details]).dram_util) < NCU_POINTS
+
+
+def test_two_process_profile_keeps_both_processes_and_their_launch_ids(h100) -> None:
+    path = h100 / "ncu" / "ncu-two-processes-h100.details.csv"
+    assert sum(line.startswith('"ID",') for line in path.read_text().splitlines()) == 1
+    report = read_ncu_csv(path)
+    by_process: dict[int, list[int]] = {}
+    for kernel in report.kernels:
+        by_process.setdefault(kernel.process_id, []).append(kernel.launch_id)
+    assert sorted(by_process.values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # continued, not restarted
+    assert len({k.key for k in report.kernels}) == 8
+    features = application_features([report])
+    assert features.measurements == 8  # both processes' launches weighted together
+    assert features.weight_total == pytest.approx(sum(k.duration_ns for k in report.kernels))
+
+
+# --------------------------------------------------------------------------------------------
 # Busy-time telemetry: idle seconds must not dilute the figures
 
 
@@ -245,6 +309,15 @@ def test_recorded_campaign_collects_and_bins_as_measured(run_cli, h100, tmp_path
     assert [(u["node"], u["runs"]) for u in report["clock_events_unknown"]] == [
         (f"g{i}", 6) for i in range(1, 7)
     ]
+    bins = json.loads(run_cli("profile", "bins", "--json").output)
+    gemm, stream = bins["A"], bins["C"]
+    assert (gemm["k"], gemm["measured_gpus"], gemm["outliers"]) == (2, 6, [])
+    assert gemm["silhouette"] == pytest.approx(0.71, abs=0.005)
+    assert [(b["score"], b["gpus"]) for b in gemm["bins"]] == [
+        (pytest.approx(0.9938, abs=5e-5), 3),
+        (pytest.approx(1.0099, abs=5e-5), 3),
+    ]
+    assert (stream["k"], [b["gpus"] for b in stream["bins"]], stream["outliers"]) == (1, [6], [])
 
 
 def _as_the_current_runner_writes(directory: Path, hot: str, events: dict[str, float]) -> None:
