@@ -156,46 +156,23 @@ def test_config_advisor_is_the_engine_as_configured(
     """`--placement advisor` simulates what serve runs with the same file: a config whose
     policy is plain packing gives packing's results to the second, and `--config` alone
     compares packing, the advisor and the PM-blind null."""
-    packed = tmp_path / "packed.toml"
-    packed.write_text('[advisor]\npolicy = "packed"\n')
-    result = run_cli(
-        "sim",
-        "run",
-        "--trace",
-        trace,
-        "--cluster",
-        "4x4",
-        "--mode",
-        "slurm",
-        "--config",
-        packed,
-        "--json",
-    )
-    rows = {row["placement"]: row for row in json.loads(result.output)}
+
+    def rows_for(config: str, *placement: str) -> dict[str, dict]:
+        path = tmp_path / "site.toml"
+        path.write_text(config)
+        args = ["--trace", trace, "--cluster", "4x4", "--mode", "slurm", "--config", path]
+        result = run_cli("sim", "run", *args, *placement, "--json")
+        return {row["placement"]: row for row in json.loads(result.output)}
+
+    rows = rows_for('[advisor]\npolicy = "packed"\n')
     assert list(rows) == ["packed-sticky", "advisor", "null"]
     assert rows["advisor"]["avg_jct"] == rows["packed-sticky"]["avg_jct"]
     assert rows["advisor"]["makespan"] == rows["packed-sticky"]["makespan"]
-
-    pal = tmp_path / "pal.toml"
-    pal.write_text(
-        '[advisor]\npolicy = "pal"\npack_tolerance = 0.0\n[locality]\nacross_switches = 2.0\n'
-    )
-    result = run_cli(
-        "sim",
-        "run",
-        "--trace",
-        trace,
-        "--cluster",
-        "4x4",
-        "--mode",
-        "slurm",
-        "--config",
-        pal,
+    rows = rows_for(
+        '[advisor]\npolicy = "pal"\npack_tolerance = 0.0\n[locality]\nacross_switches = 2.0\n',
         "--placement",
         "advisor,pal",
-        "--json",
     )
-    rows = {row["placement"]: row for row in json.loads(result.output)}
     # The config's locality penalty applies to every placement unless --locality-penalty says.
     assert rows["advisor"]["avg_jct"] == rows["pal"]["avg_jct"]
 

@@ -131,6 +131,27 @@ def load_jobs(
         fail(str(exc).replace("[", "\\["))
 
 
+def simulated_gpus(
+    profiles: dict[str, str],
+    n_nodes: int,
+    per_node: int,
+    pal_artifact: bool,
+    seed: int | None,
+    default_class: str,
+) -> SimGpus:
+    """The simulated cluster: drawn from the ``--profile`` campaign files, or uniform GPUs
+    (no variability) with the trace's classes."""
+    if profiles:
+        return load_gpus(
+            {name: Path(path) for name, path in profiles.items()},
+            n_nodes,
+            per_node,
+            pal_artifact=pal_artifact,
+            seed=seed,
+        )
+    return uniform_gpus(sorted({default_class, *PAL_MODEL_CLASS.values()}), n_nodes, per_node)
+
+
 def hours(seconds: float) -> str:
     return "-" if not math.isfinite(seconds) else f"{seconds / 3600:.2f}"
 
@@ -344,18 +365,7 @@ def run(
         except ValueError:
             fail(f"--iter-time {model}={value}: not a number")
     with reported_errors():
-        if profiles:
-            gpus = load_gpus(
-                {name: Path(path) for name, path in profiles.items()},
-                n_nodes,
-                per_node,
-                pal_artifact=pal_artifact,
-                seed=seed,
-            )
-        else:
-            gpus = uniform_gpus(
-                sorted({default_class, *PAL_MODEL_CLASS.values()}), n_nodes, per_node
-            )
+        gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
         jobs = load_jobs(
             trace,
             trace_format,

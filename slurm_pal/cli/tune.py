@@ -33,13 +33,19 @@ from slurm_pal.cli.common import (
     state,
     stdout_kept_clean,
 )
-from slurm_pal.cli.sim import load_jobs, parse_pairs, run_with_progress, split_names
-from slurm_pal.core.workload import PAL_DEFAULT_CLASS, PAL_MODEL_CLASS, SimJob
+from slurm_pal.cli.sim import (
+    load_jobs,
+    parse_pairs,
+    run_with_progress,
+    simulated_gpus,
+    split_names,
+)
+from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
 from slurm_pal.sim.experiments import BASELINE, PairedRatios
-from slurm_pal.sim.inputs import load_gpus, parse_cluster
-from slurm_pal.sim.variability import SimGpus, uniform_gpus
+from slurm_pal.sim.inputs import parse_cluster
+from slurm_pal.sim.variability import SimGpus
 
 TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
 PASS_THROUGH = "packed"
@@ -227,18 +233,7 @@ def tune(
     profiles = parse_pairs(profile, "--profile")
 
     def draw(seed: int) -> tuple[list[SimJob], SimGpus]:
-        if profiles:
-            gpus = load_gpus(
-                {name: Path(path) for name, path in profiles.items()},
-                n_nodes,
-                per_node,
-                pal_artifact=pal_artifact,
-                seed=seed,
-            )
-        else:
-            gpus = uniform_gpus(
-                sorted({default_class, *PAL_MODEL_CLASS.values()}), n_nodes, per_node
-            )
+        gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
         jobs = load_jobs(
             trace,
             trace_format,
