@@ -76,6 +76,7 @@ class Counters:
         "replans_at_job_end",
         "replans_coalesced",
         "replan_updates",
+        "replan_failed",
         "refresh_errors",
         "peer_refused",
         "connections_refused",
@@ -88,6 +89,7 @@ class Counters:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(self.NAMES, 0)
         self._latency: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self._end_rounds: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._clock = clock
         self._started = clock()
 
@@ -99,13 +101,23 @@ class Counters:
         with self._lock:
             self._latency.append(ms)
 
+    def job_end_ms(self, ms: float) -> None:
+        """How long an Epilog waited for its answer: its round (or the one it joined) and the
+        record's store write."""
+        with self._lock:
+            self._end_rounds.append(ms)
+
     def snapshot(self) -> dict[str, object]:
         with self._lock:
             out: dict[str, object] = dict(self._values)
             window = sorted(self._latency)
+            ends = sorted(self._end_rounds)
         out["decide_ms_p50"] = _percentile(window, 0.50)
         out["decide_ms_p99"] = _percentile(window, 0.99)
         out["decide_window"] = len(window)
+        out["job_end_ms_p50"] = _percentile(ends, 0.50)
+        out["job_end_ms_p99"] = _percentile(ends, 0.99)
+        out["job_end_ms_max"] = ends[-1] if ends else None
         out["uptime_s"] = round(self._clock() - self._started, 3)
         return out
 
@@ -420,6 +432,7 @@ class AdvisorServer:
         result = self._replan_round(freed)
         self.counters.add("replans")
         self.counters.add("replan_updates", len(result.applied))
+        self.counters.add("replan_failed", len(result.failed))
         return result
 
     def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
@@ -689,13 +702,23 @@ class AdvisorServer:
     def _record(self, body: Mapping[str, object]) -> dict[str, object]:
         record = body["record"]
         assert isinstance(record, dict)
-        added = self.state.apply_record(record)
+        start = time.perf_counter()
+        known = self.state.seen_record(record)
+        write = self.state.submit_record(record)
+        # The round runs while the store writer catches up (it may hold many decisions queued
+        # before this record); the answer waits for both, so an ok means the record is stored.
+        replan = None
+        if not known and self.replan_on_epilog and record.get("kind") == "epilog":
+            replan = self._replan_at_job_end(record)
+        added = write.result(timeout=30.0)
         self.counters.add("records_total")
         if not added:
             self.counters.add("records_duplicate")
         answer: dict[str, object] = {"v": 1, "ok": True, "duplicate": not added}
-        if added and self.replan_on_epilog and record.get("kind") == "epilog":
-            answer["replan"] = self._replan_at_job_end(record)
+        if added and replan is not None:
+            answer["replan"] = replan
+        if record.get("kind") == "epilog":  # what the Epilog waited for: round and write
+            self.counters.job_end_ms(round((time.perf_counter() - start) * 1000, 1))
         return answer
 
     def _replan_at_job_end(self, record: Mapping[str, object]) -> dict[str, object] | None:

@@ -15,6 +15,7 @@ token until Slurm shows the job (``r=<token>`` in its admin comment) running or 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -126,35 +127,46 @@ class View:
 
 
 class StoreWriter:
-    """One thread that owns a store connection and runs writes in order (SQLite connections are
-    per thread; decisions are written after the answer, records are waited for)."""
+    """One thread that owns a store connection and runs writes (SQLite connections are per
+    thread; decisions are written after the answer, records are waited for).
+
+    Two lanes, each in order: ``urgent`` writes (an Epilog's record, which its hook waits for)
+    go before the others (decision saves, which nobody waits for: under a burst of submits
+    thousands can queue, and an Epilog behind them would miss its wait and spool). A record
+    whose job's decision is still queued then finds no claim to compare with; its measured
+    class is kept all the same."""
 
     def __init__(self, store_path: Path) -> None:
         self.store_path = store_path
-        self._queue: queue.Queue[tuple[Callable[[Store], Any], Future[Any]] | None] = queue.Queue()
+        self._queue: queue.PriorityQueue[
+            tuple[int, int, Callable[[Store], Any] | None, Future[Any] | None]
+        ] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[Store], T]) -> Future[T]:
+    def submit(self, fn: Callable[[Store], T], *, urgent: bool = False) -> Future[T]:
         future: Future[T] = Future()
-        self._queue.put((fn, future))
+        self._queue.put((0 if urgent else 1, next(self._order), fn, future))
         return future
 
     def call(self, fn: Callable[[Store], T], timeout_s: float = 30.0) -> T:
         return self.submit(fn).result(timeout=timeout_s)
 
+    def backlog(self) -> int:
+        return self._queue.qsize()
+
     def close(self, timeout_s: float = 10.0) -> None:
-        self._queue.put(None)
+        self._queue.put((2, next(self._order), None, None))
         self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         store = Store(self.store_path)
         try:
             while True:
-                item = self._queue.get()
-                if item is None:
+                _, _, fn, future = self._queue.get()
+                if fn is None or future is None:
                     return
-                fn, future = item
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
@@ -243,6 +255,7 @@ class AdvisorState:
         # of every steered pending job, without reading the store for each one.
         self._requests: dict[str, tuple[JobDescription, str, float]] = {}
         self.last_read_start: float | None = None
+        self._recent_records: dict[object, None] = {}  # insertion-ordered, bounded
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
@@ -648,8 +661,25 @@ class AdvisorState:
     def apply_record(self, record: Mapping[str, object], timeout_s: float = 30.0) -> bool:
         """Keep a Prolog/Epilog record (at most once); an epilog with telemetry also feeds the
         job history. True when the record was new."""
+        return self.submit_record(record).result(timeout=timeout_s)
+
+    def submit_record(self, record: Mapping[str, object]) -> Future[bool]:
+        """Queue the record's store write; the future says whether it was new. The caller can
+        work (a job-end round) while the writer catches up with the decisions queued before."""
         classifier = self._classifier
-        return self.writer.call(lambda s: _apply_record(s, dict(record), classifier), timeout_s)
+        record_id = record.get("record_id")
+        if isinstance(record_id, str):
+            with self._lock:
+                self._recent_records[record_id] = None
+                while len(self._recent_records) > 100_000:
+                    self._recent_records.pop(next(iter(self._recent_records)))
+        return self.writer.submit(lambda s: _apply_record(s, dict(record), classifier), urgent=True)
+
+    def seen_record(self, record: Mapping[str, object]) -> bool:
+        """Was this record id handed in before by this process (a spooled copy, a retry)?
+        The store stays the authority; this only spares a round for a known duplicate."""
+        with self._lock:
+            return record.get("record_id") in self._recent_records
 
     def requests_for(self, tokens: Iterable[str]) -> dict[str, tuple[JobDescription, str]]:
         """The decided request and class of each token: from memory, and in one store read for

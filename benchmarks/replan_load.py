@@ -1,0 +1,206 @@
+"""Job-end re-planning under load, on a real Slurm: 10,000 pending GPU jobs, then 48 jobs end
+together.
+
+    sudo .venv/bin/python benchmarks/replan_load.py            # ~5-10 min on 2 cores, as root
+    sudo .venv/bin/python benchmarks/replan_load.py --pending 2000 --ending 20 --json
+
+The testbed (Debian's Slurm 22.05 on loopback, 12 nodes x 4 fake GPUs; 13 nodes fail to
+start: the example profile drawn onto 52 GPUs gives two nodes a gres count slurmd refuses) runs
+the rendered job_submit.lua, Prolog/Epilog and ``slurm-pal serve`` as shipped (site defaults:
+packed-pm, re-planning at every job's end, the Epilog waiting up to 900 ms for its answer). 48
+holder jobs take every GPU; ``--pending`` one-GPU jobs are submitted behind them (they wait:
+nothing is free); then ``--ending`` holders end at once (``scancel``: their Epilogs run as at
+any end).
+Each ending job's Epilog hands its record to the advisor, whose round re-plans the pending jobs
+before Slurm reuses the GPUs. Reported:
+
+- ``job_end_ms_p50`` / ``_p99`` / ``_max``: how long each Epilog waited for its answer (its own
+  round or one it joined, and its record's store write), from the advisor's stats;
+- ``rounds`` and ``coalesced``: job-end rounds run, and ends answered by a round another end
+  started;
+- ``updates_applied`` / ``updates_refused``: ``scontrol update``s of those rounds (refused:
+  Slurm answered with an error, e.g. the job had already started);
+- ``records_spooled``: Epilog records left in the spool dir (the advisor did not answer in
+  time);
+- ``last_update_s``: the ``scancel`` -> every ending job's round answered;
+- ``sbatch_ms_p50`` / ``_p99`` during the storm (a submitter runs throughout), and during the
+  fill (``fill_sbatch_ms_p99``).
+
+Targets (the issue): every job-end round within the Epilog's wait (900 ms) at p99, no record
+spooled for lack of time, sbatch p99 < 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from slurm_pal.adapters.slurm.state import CliStateReader
+from slurm_pal.testbed import LocalSlurm
+from slurm_pal.testbed.run import FIFO, AdvisorArm, RunSettings, prepare
+
+
+def sbatch(env: dict[str, str], out: Path, *args: str) -> float:
+    """Submit one job; seconds it took (sbatch's wall time, the plugin's call included)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(out / "%j.out"), "--chdir", str(out), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
+    return took
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
+
+
+def stats(arm: AdvisorArm, prep: object) -> dict[str, object]:
+    return arm.stats(prep)  # type: ignore[arg-type]
+
+
+def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--ending", type=int, default=48)
+    parser.add_argument("--nodes", type=int, default=12)
+    parser.add_argument("--submitters", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="Keep the testbed folder.")
+    args = parser.parse_args()
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        print("replan_load: needs root and Debian's Slurm (bash scripts/install-slurm.sh)")
+        return 2
+    gpus = args.nodes * 4
+    if args.ending > gpus:
+        raise SystemExit(f"--ending {args.ending} > {gpus} GPUs")
+    log = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    root = Path(tempfile.mkdtemp(prefix="spal-load-", dir="/tmp"))
+    root.chmod(0o755)
+    settings = RunSettings(root=root, nodes=args.nodes, arms=("advisor",))
+    prep = prepare(settings, log)
+    arm = AdvisorArm()
+    out = root / "out"
+    out.mkdir()
+    out.chmod(0o1777)
+    tb = LocalSlurm(
+        root,
+        prep.specs,
+        device_pattern=settings.device_pattern,
+        extra_conf=(*FIFO, f"MaxJobCount={args.pending * 2 + 1000}"),
+        **arm.testbed_options(prep),  # type: ignore[arg-type]
+    )
+    report: dict[str, object] = {"pending": args.pending, "ending": args.ending, "gpus": gpus}
+    try:
+        tb.start()
+        arm.start(tb, prep, log)
+        env = dict(tb.env)
+        reader = CliStateReader(env)
+        # Pinned to their node, so the advisor never holds one back (a job naming nodes takes
+        # what it gets, outliers included): every GPU is taken.
+        for spec in prep.specs:
+            for _ in range(4):
+                sbatch(env, out, "--gres=gpu:1", "-w", spec.name, "--wrap=sleep 3600")
+        wait_until(
+            lambda: sum(j.state == "RUNNING" for j in reader.jobs()) == gpus, 120, "the holders"
+        )
+        holders = sorted(j.job_id for j in reader.jobs() if j.state == "RUNNING")
+        log(f"{gpus} holders running; submitting {args.pending} pending jobs")
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.submitters) as pool:
+            fill = list(
+                pool.map(
+                    lambda i: sbatch(
+                        env, out, "--gres=gpu:1", f"-J=load{i % 50}", "--wrap=sleep 3600"
+                    ),
+                    range(args.pending),
+                )
+            )
+        report["fill_s"] = round(time.perf_counter() - started, 1)
+        report["fill_sbatch_ms_p50"] = round(percentile(fill, 0.5) * 1000, 1)
+        report["fill_sbatch_ms_p99"] = round(percentile(fill, 0.99) * 1000, 1)
+        log(f"filled in {report['fill_s']} s; sbatch p99 {report['fill_sbatch_ms_p99']} ms")
+        time.sleep(12)  # two refreshes: the advisor's view holds every pending job
+        before = stats(arm, prep)
+        spool = settings.work / "spool"
+        spooled_before = len(list(spool.glob("*"))) if spool.exists() else 0
+        # The storm: `ending` holders end at once, while a submitter keeps going.
+        storm: list[float] = []
+        stop = threading.Event()
+
+        def submit_during() -> None:
+            while not stop.is_set():
+                storm.append(sbatch(env, out, "--gres=gpu:1", "--wrap=sleep 3600"))
+
+        submitter = threading.Thread(target=submit_during)
+        submitter.start()
+        time.sleep(1.0)
+        ending = holders[: args.ending]
+        subprocess.run(["scancel", *map(str, ending)], env=env, check=True)
+        fired = time.perf_counter()
+
+        def all_rounds_done() -> bool:
+            now = stats(arm, prep)
+            done = int(now.get("replans_at_job_end", 0)) - int(before.get("replans_at_job_end", 0))
+            return done >= args.ending
+
+        wait_until(all_rounds_done, 120, "the job-end rounds")
+        report["last_update_s"] = round(time.perf_counter() - fired, 2)
+        time.sleep(3.0)
+        stop.set()
+        submitter.join(timeout=60)
+        after = stats(arm, prep)
+        for key in ("job_end_ms_p50", "job_end_ms_p99", "job_end_ms_max"):
+            report[key] = after.get(key)
+        report["rounds"] = int(after["replans"]) - int(before["replans"])  # type: ignore[arg-type]
+        report["coalesced"] = int(after["replans_coalesced"]) - int(before["replans_coalesced"])  # type: ignore[arg-type]
+        report["updates_applied"] = int(after["replan_updates"]) - int(before["replan_updates"])  # type: ignore[arg-type]
+        report["updates_refused"] = int(after["replan_failed"]) - int(before["replan_failed"])  # type: ignore[arg-type]
+        report["records_spooled"] = (
+            len(list(spool.glob("*"))) if spool.exists() else 0
+        ) - spooled_before
+        report["storm_sbatch"] = len(storm)
+        report["sbatch_ms_p50"] = round(percentile(storm, 0.5) * 1000, 1) if storm else None
+        report["sbatch_ms_p99"] = round(percentile(storm, 0.99) * 1000, 1) if storm else None
+        report["decide_ms_p99"] = after.get("decide_ms_p99")
+        report["mean_fill_sbatch_ms"] = round(statistics.fmean(fill) * 1000, 1)
+    finally:
+        arm.stop()
+        tb.stop()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
