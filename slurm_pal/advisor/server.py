@@ -27,6 +27,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
+
+
+UPDATE_WORKERS = 8
+"""Jobs a re-planning round updates at once (scontrol processes in flight)."""
 
 
 class Counters:
@@ -505,8 +510,16 @@ class AdvisorServer:
             partition_nodes=view.partition_nodes,
             default_partition=view.default_partition,
         )
-        for update in result.updates:
-            error = self.applier.apply(update.change)
+        # Each job's steps run in order; different jobs' updates run side by side (each is a
+        # scontrol process and an RPC slurmctld serializes only inside): started in priority
+        # order, so the jobs Slurm will start first are updated first.
+        changes = [update.change for update in result.updates]
+        if len(changes) > 1:
+            with ThreadPoolExecutor(max_workers=min(UPDATE_WORKERS, len(changes))) as pool:
+                errors = list(pool.map(self.applier.apply, changes))
+        else:
+            errors = [self.applier.apply(change) for change in changes]
+        for update, error in zip(result.updates, errors, strict=True):
             if error is not None:
                 result.failed[update.job_id] = error
                 log.warning("re-plan of job %d failed: %s", update.job_id, error)
