@@ -506,3 +506,27 @@ def test_connections_past_the_bound_are_refused_with_one_line(adv_env: Env) -> N
         for conn in held:
             conn.close()
         server.stop()
+
+
+def test_rounds_without_a_slurm_read_see_their_own_updates(served) -> None:
+    """Job-end rounds work from the view without re-reading Slurm: a job the first round
+    routed must look routed to the second (it got no second untyped -> typed update, which
+    22.05 refuses on a typed job), until a Slurm read shows what Slurm holds."""
+    env, server, client = served
+    server.applier = recorder = _Recorder()
+    env.slurm.jobs = [
+        FakeJob(i + 1, "RUNNING", gpus={node: [0, 1, 2, 3]})
+        for i, node in enumerate(["n01", "n02", "n03", "n04"])
+    ]
+    server.state.refresh()
+    answer = client.request({"op": "decide", "job": JOB})
+    assert answer["action"] == "pass"
+    _saved(env, answer["token"])
+    env.slurm.jobs.append(FakeJob(9, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    server.state.refresh()
+    record = {"job_id": 2, "node": "n02", "slurm_gpus": [0, 1, 2, 3]}
+    first = server.replan_at_job_end(server.state.released_by(record))
+    assert first.applied == [9] and len(recorder.updates) == 1
+    second = server.replan_at_job_end(server.state.released_by(record))
+    assert second.updates == [] and second.unchanged == [9]
+    assert len(recorder.updates) == 1

@@ -275,6 +275,9 @@ class AdvisorServer:
         self._server: _UnixServer | None = None
         self._replan_lock = threading.Lock()
         self._end_lock = threading.Lock()  # job ends waiting for a round (coalescing)
+        self._refresh_now = threading.Event()
+        # job id -> (when, admin comment, tres_per_node, tres_per_job) this service wrote
+        self._written: dict[int, tuple[float, str, str, str]] = {}
         self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
         self._next_round = 1
         self._done_round = 0
@@ -307,6 +310,7 @@ class AdvisorServer:
     def stop(self) -> None:
         """Stop the threads, close and remove the socket, flush the store writer."""
         self._stop.set()
+        self._refresh_now.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -371,7 +375,11 @@ class AdvisorServer:
 
     def _refresh_loop(self) -> None:
         rounds = 0
-        while not self._stop.wait(self.refresh_s):
+        while not self._stop.is_set():
+            self._refresh_now.wait(self.refresh_s)  # a refused write wakes it early
+            self._refresh_now.clear()
+            if self._stop.is_set():
+                return
             self._refresh_once()
             rounds += 1
             if rounds % max(1, round(300 / max(self.refresh_s, 0.001))) == 0:
@@ -420,8 +428,8 @@ class AdvisorServer:
             with self._end_lock:
                 self._done_round = this_round
                 self._last_end_result = result
-            if result.failed:
-                self._refresh_once()  # a write lost to Slurm: the view is stale somewhere
+            if result.failed:  # a write lost to Slurm: the view is stale somewhere
+                self._refresh_now.set()  # re-read now, without holding the waiting ends
             return result
 
     def _freed_now(self, extra: frozenset[str]) -> frozenset[str]:
@@ -447,12 +455,17 @@ class AdvisorServer:
             return ReplanResult()
         reservations = state.reservations()
         steered: list[tuple[Any, dict[str, str]]] = []
+        # What this service wrote to jobs after the view's Slurm read: rounds that do not
+        # re-read Slurm must see their own updates (else a routed job looks untyped still).
+        read_start = state.last_read_start if state.last_read_start is not None else view.taken
+        self._written = {j: w for j, w in self._written.items() if w[0] >= read_start}
         for job in view.jobs:
             if job.state != "PENDING" or not job.admin_comment:
                 continue
             if not replannable(job.reason):
                 continue
-            parsed = parse_admin_comment(job.admin_comment)
+            written = self._written.get(job.job_id)
+            parsed = parse_admin_comment(written[1] if written else job.admin_comment)
             if parsed is None or not parsed.get("r"):
                 continue
             steered.append((job, parsed))
@@ -465,6 +478,7 @@ class AdvisorServer:
             if known is None:
                 continue
             original, job_class = known
+            written = self._written.get(job.job_id)
             pending.append(
                 PendingJob(
                     job_id=job.job_id,
@@ -474,8 +488,12 @@ class AdvisorServer:
                     class_reason=f"re-planned; class {job_class} at submit",
                     current=current_gpus(parsed) if parsed["action"] == "route" else None,
                     kept_off=kept_off(parsed),
-                    tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
-                    tres_per_job=",".join(f"gres:{g}" for g in job.tres_per_job),
+                    tres_per_node=written[2]
+                    if written
+                    else ",".join(f"gres:{g}" for g in job.tres_per_node),
+                    tres_per_job=written[3]
+                    if written
+                    else ",".join(f"gres:{g}" for g in job.tres_per_job),
                     priority=job.priority,
                 )
             )
@@ -525,6 +543,13 @@ class AdvisorServer:
                 log.warning("re-plan of job %d failed: %s", update.job_id, error)
                 continue
             result.applied.append(update.job_id)
+            fields = update.decision.set_fields
+            self._written[update.job_id] = (
+                state.clock(),
+                str(fields.get("admin_comment", "")),
+                str(fields.get("tres_per_node", update.pending.tres_per_node)),
+                str(fields.get("tres_per_job", update.pending.tres_per_job)),
+            )
             answer = update.decision.to_wire()
             allocation = update.decision.allocation
             if allocation is None:  # a waiting job's exclusion brought up to date
