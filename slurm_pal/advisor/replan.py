@@ -45,6 +45,7 @@ __all__ = [
     "kept_off",
     "plan_replan",
     "replannable",
+    "requests_of",
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
@@ -161,6 +162,30 @@ def _chosen(decision: Decision, labels: LabelTable) -> dict[str, tuple[str, ...]
     return {n: tuple(sorted(v)) for n, v in out.items()}
 
 
+def requests_of(
+    pending: Sequence[PendingJob],
+    *,
+    labels: LabelTable,
+    cluster: Cluster,
+    known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
+) -> list[PlacementRequest | None]:
+    """Each pending job's placement request (None: the round would pass it), from ``known``
+    when it holds it (filled in as it goes): a job's GPU ask is read once, not every round."""
+    out: list[PlacementRequest | None] = []
+    for p in pending:
+        key = (p.token, p.job_id, p.job_class)
+        if known is not None and key in known:
+            out.append(known[key])
+            continue
+        request = plannable_request(
+            p.job, job_class=p.job_class, labels=labels, cluster=cluster, job_id=str(p.job_id)
+        )
+        if known is not None:
+            known[key] = request
+        out.append(request)
+    return out
+
+
 def plan_replan(
     pending: Sequence[PendingJob],
     cluster: Cluster,
@@ -191,16 +216,8 @@ def plan_replan(
     }
     jobs: dict[str, PendingJob] = {}
     requests: list[PlacementRequest] = []
-    for p in pending:
-        key = (p.token, p.job_id, p.job_class)
-        if known is not None and key in known:
-            request = known[key]
-        else:
-            request = plannable_request(
-                p.job, job_class=p.job_class, labels=labels, cluster=cluster, job_id=str(p.job_id)
-            )
-            if known is not None:
-                known[key] = request
+    found = requests_of(pending, labels=labels, cluster=cluster, known=known)
+    for p, request in zip(pending, found, strict=True):
         if request is None:
             result.not_placed.append(p.job_id)
             continue

@@ -26,7 +26,7 @@ import socketserver
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,9 @@ from slurm_pal.advisor.replan import (
     kept_off,
     plan_replan,
     replannable,
+    requests_of,
 )
-from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.advisor.state import AdvisorState, View
 from slurm_pal.core.request import PlacementRequest
 
 __all__ = ["AdvisorServer", "Counters", "peer_uid", "sweep_spool"]
@@ -381,6 +382,7 @@ class AdvisorServer:
             if self._stop.is_set():
                 return
             self._refresh_once()
+            self._warm_requests()
             rounds += 1
             if rounds % max(1, round(300 / max(self.refresh_s, 0.001))) == 0:
                 log.info("stats %s", format_stats(self.counters.snapshot()))
@@ -448,12 +450,10 @@ class AdvisorServer:
         self.counters.add("replan_failed", len(result.failed))
         return result
 
-    def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
+    def _pending_jobs(self, view: View) -> list[PendingJob]:
+        """The pending jobs this advisor steered and Slurm would start, in priority order,
+        as Slurm's last read shows them and as this service updated them since."""
         state = self.state
-        view = state.view
-        if view is None:
-            return ReplanResult()
-        reservations = state.reservations()
         steered: list[tuple[Any, dict[str, str]]] = []
         # What this service wrote to jobs after the view's Slurm read: rounds that do not
         # re-read Slurm must see their own updates (else a routed job looks untyped still).
@@ -470,7 +470,7 @@ class AdvisorServer:
                 continue
             steered.append((job, parsed))
         if not steered:
-            return ReplanResult()
+            return []
         requests = state.requests_for(p["r"] for _, p in steered)
         pending: list[PendingJob] = []
         for job, parsed in steered:
@@ -498,6 +498,46 @@ class AdvisorServer:
                 )
             )
         pending.sort(key=lambda p: (-p.priority, p.job_id))
+        return pending
+
+    def _known_for(
+        self, view: View, pending: Sequence[PendingJob]
+    ) -> dict[tuple[str, int, str], PlacementRequest | None]:
+        """The request cache for ``pending`` (emptied when the campaign changed)."""
+        if self._known_campaign != view.static.campaign:
+            self._known_campaign, self._known_requests = view.static.campaign, {}
+        current = {(p.token, p.job_id, p.job_class) for p in pending}
+        self._known_requests = {k: v for k, v in self._known_requests.items() if k in current}
+        return self._known_requests
+
+    def _warm_requests(self) -> None:
+        """After a Slurm read, work out the new pending jobs' requests, so the next job-end
+        round (which an Epilog waits for) finds them ready. Skipped while a round runs."""
+        if not self._replan_lock.acquire(blocking=False):
+            return
+        try:
+            view = self.state.view
+            if view is None:
+                return
+            pending = self._pending_jobs(view)
+            requests_of(
+                pending,
+                labels=view.static.labels,
+                cluster=view.base,
+                known=self._known_for(view, pending),
+            )
+        finally:
+            self._replan_lock.release()
+
+    def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
+        state = self.state
+        view = state.view
+        if view is None:
+            return ReplanResult()
+        reservations = state.reservations()
+        pending = self._pending_jobs(view)
+        if not pending:
+            return ReplanResult()
         tokens = {p.token for p in pending}
         cluster = view.base.copy()
         index = cluster.uuid_index
@@ -512,11 +552,7 @@ class AdvisorServer:
             ]
             if ids:
                 cluster.allocate(ids)
-        if self._known_campaign != view.static.campaign:
-            self._known_campaign, self._known_requests = view.static.campaign, {}
-        current = {(p.token, p.job_id, p.job_class) for p in pending}
-        known = {k: v for k, v in self._known_requests.items() if k in current}
-        self._known_requests = known
+        known = self._known_for(view, pending)
         result = plan_replan(
             pending,
             cluster,
