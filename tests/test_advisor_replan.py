@@ -22,7 +22,7 @@ from slurm_pal.advisor.replan import (
 )
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster
-from slurm_pal.core.placement import configured_policy
+from slurm_pal.core.placement import configured_policy, get_policy
 from slurm_pal.core.queue import Outcome, StopAtMisfit, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
 from tests.test_advisor_decide import A0, A1, A2, AX, site
@@ -236,7 +236,6 @@ def test_changes_slurm_refuses_are_not_sent(st) -> None:
 
 def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_lifted() -> None:
     from slurm_pal.advisor.replan import kept_off
-    from slurm_pal.core.placement import get_policy
 
     policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
     job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
@@ -312,3 +311,16 @@ def test_the_services_round_decides_what_the_simulators_round_decides(seed: int)
         else:
             assert job_id in service.not_placed
     assert set(routed) == {int(s.request.job_id) for s in steps if s.outcome is Outcome.PLACED}
+
+
+def test_a_routed_job_the_round_would_make_wait_is_kept_as_routed() -> None:
+    """A job routed at submit (typed, on its node) whose GPUs were taken before it started:
+    the round would have it wait, but an exclusion would contradict its node list (found on
+    the testbed: the job was held with BadConstraints), so it is kept."""
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
+    job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    routed = PendingJob(7, "t7", job, "A", "test", {"n02": (A0,)}, tres_per_node=f"gres:gpu:{A0}:1")
+    cluster, labels = site({"n01": [A0, AX], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
+    cluster.allocate([cluster.uuid_index["GPU-n02-1"]])
+    result = plan_replan([routed], cluster, labels=labels, policy=policy, version="t")
+    assert result.updates == [] and 7 in result.kept and result.waiting == []

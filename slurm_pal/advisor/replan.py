@@ -267,6 +267,12 @@ def plan_replan(
         p = jobs[step.request.job_id]
         if step.outcome is Outcome.WAITS:
             decision = decisions[step.request.job_id]
+            if p.current is not None:
+                # Routed already (typed, on its nodes): an exclusion would contradict its node
+                # list (Slurm holds it for ever, BadConstraints), and 22.05 cannot turn it back
+                # into an untyped request. It keeps its GPUs' request.
+                result.kept[p.job_id] = "routed; waiting cannot be expressed for a typed job"
+                continue
             result.waiting.append(p.job_id)
             if set(decision.kept_off) != set(p.kept_off):
                 result.updates.append(Update(p.job_id, p.token, decision, {}, p.current, p))

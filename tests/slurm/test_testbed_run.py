@@ -114,7 +114,10 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
         slurm = json.loads((work / "slurm-jobs-advisor.json").read_text())
         for trace_id, job in slurm.items():
             parsed = parse_admin_comment(job["admin_comment"] or "")
-            assert parsed is not None and parsed["action"] in ("route", "pass"), (trace_id, job)
+            assert parsed is not None and parsed["action"] in ("route", "wait", "pass"), (
+                trace_id,
+                job,
+            )
     else:
         assert report["avg_jct_ratio"] is None
         pytest.skip("advisor arm not run here (slurm-pal serve not installed); stock arm checked")
