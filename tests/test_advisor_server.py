@@ -8,6 +8,7 @@ import pwd
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -530,3 +531,26 @@ def test_rounds_without_a_slurm_read_see_their_own_updates(served) -> None:
     second = server.replan_at_job_end(server.state.released_by(record))
     assert second.updates == [] and second.unchanged == [9]
     assert len(recorder.updates) == 1
+
+
+def test_the_service_purges_what_is_older_than_the_retention_once_a_day(served) -> None:
+    env, server, _ = served
+    with Store(env.db) as store:
+        store.save_decision("ancient", {"user": "u"}, {"ok": True})
+    db = sqlite3.connect(env.db)
+    db.execute("UPDATE advisor_decisions SET created = '2020-01-01T00:00:00'")
+    db.commit()
+    db.close()
+    server._purge_when_due()
+    server.state.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        assert store.decision("ancient") is None
+        store.save_decision("ancient2", {"user": "u"}, {"ok": True})
+    db = sqlite3.connect(env.db)
+    db.execute("UPDATE advisor_decisions SET created = '2020-01-01T00:00:00'")
+    db.commit()
+    db.close()
+    server._purge_when_due()  # within the day: not again
+    server.state.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        assert store.decision("ancient2") is not None

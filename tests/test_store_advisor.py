@@ -49,3 +49,27 @@ def test_job_records_are_kept_once(tmp_path: Path) -> None:
         assert store.job_records(6) == []
         with pytest.raises(StoreError, match="record_id"):
             store.add_job_record({"job_id": 5})
+
+
+def test_purge_deletes_what_is_older_than_the_retention(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path) as store:
+        for token in ("old", "new"):
+            store.save_decision(token, {"user": "u"}, {"ok": True})
+        for record_id in ("1:n1:epilog", "2:n1:epilog"):
+            store.add_job_record(
+                {"record_id": record_id, "job_id": 1, "node": "n1", "kind": "epilog"}
+            )
+    db = sqlite3.connect(path)
+    db.execute("UPDATE advisor_decisions SET created = '2020-01-01T00:00:00' WHERE token = 'old'")
+    db.execute(
+        "UPDATE job_records SET received = '2020-01-01T00:00:00' WHERE record_id = '1:n1:epilog'"
+    )
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        counts = store.purge_advisor_history(90)
+        assert counts["advisor_decisions"] == 1 and counts["job_records"] == 1
+        assert store.decision("old") is None and store.decision("new") is not None
+        assert [r["record_id"] for r in store.job_records(1)] == ["2:n1:epilog"]
+        assert store.purge_advisor_history(90)["advisor_decisions"] == 0

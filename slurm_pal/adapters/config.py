@@ -32,6 +32,9 @@ class ConfigError(ValueError):
 class StoreConfig:
     path: str | None = None
     """SQLite file; default /var/lib/slurm-pal/slurm-pal.db for root, else the user's data dir."""
+    retention_days: float = 90.0
+    """The advisor's decisions, job records, job history and class mismatches older than this
+    are deleted (`slurm-pal serve` purges once a day); 0 keeps them for ever."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,11 @@ def _validate_classification(config: SiteConfig) -> None:
 
 def _validate_advisor(config: SiteConfig) -> None:
     src, a, h = config.source, config.advisor, config.hooks
+    if not config.store.retention_days >= 0:
+        raise ConfigError(
+            f"{src}: 'store.retention_days' must be >= 0 (0 = keep for ever), got "
+            f"{config.store.retention_days}"
+        )
     if a.policy not in ADVISOR_POLICIES:
         raise ConfigError(
             f"{src}: 'advisor.policy' is {a.policy!r}; valid values: {', '.join(ADVISOR_POLICIES)}"

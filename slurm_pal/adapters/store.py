@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -791,6 +791,26 @@ class Store:
         )
 
     # -- the advisor service -----------------------------------------------------------------
+    def purge_advisor_history(self, older_than_days: float) -> dict[str, int]:
+        """Delete the advisor's decisions, job records, job history and class mismatches older
+        than ``older_than_days`` (by when they were written), in one transaction; how many of
+        each. What users submitted stays only as long as the site keeps it. A spooled record
+        delivered after its twin was purged would be applied again: keep far longer than
+        spool delays."""
+        cutoff = (datetime.now(UTC) - timedelta(days=older_than_days)).strftime("%Y-%m-%dT%H:%M:%S")
+        tables = {
+            "advisor_decisions": "created",
+            "job_records": "received",
+            "job_history": "recorded_at",
+            "class_mismatches": "recorded_at",
+        }
+        counts: dict[str, int] = {}
+        with self._write() as db:
+            for table, column in tables.items():
+                cursor = db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,))
+                counts[table] = cursor.rowcount
+        return counts
+
     def save_decision(
         self,
         token: str,

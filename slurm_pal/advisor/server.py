@@ -277,6 +277,7 @@ class AdvisorServer:
         self._replan_lock = threading.Lock()
         self._end_lock = threading.Lock()  # job ends waiting for a round (coalescing)
         self._refresh_now = threading.Event()
+        self._last_purge: float | None = None
         # job id -> (when, admin comment, tres_per_node, tres_per_job) this service wrote
         self._written: dict[int, tuple[float, str, str, str]] = {}
         self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
@@ -374,6 +375,21 @@ class AdvisorServer:
             self.counters.add("refresh_errors")
             log.warning("refresh failed (old view kept): %s", exc)
 
+    def _purge_when_due(self) -> None:
+        """Once a day (and at start): delete what is older than ``store.retention_days``."""
+        days = self.state.config.store.retention_days
+        now = time.monotonic()
+        if days <= 0 or (self._last_purge is not None and now - self._last_purge < 86400):
+            return
+        self._last_purge = now
+
+        def purge(store: Any) -> None:
+            counts = store.purge_advisor_history(days)
+            if any(counts.values()):
+                log.info("purged what is older than %g days: %s", days, counts)
+
+        self.state.writer.submit(purge)
+
     def _refresh_loop(self) -> None:
         rounds = 0
         while not self._stop.is_set():
@@ -389,6 +405,7 @@ class AdvisorServer:
             if rounds % 6 == 0:
                 with contextlib.suppress(Exception):
                     self.state.refresh_store_view()
+            self._purge_when_due()
             self.state.expire()
             if self.spool_dir.is_dir():
                 sweep_spool(self.spool_dir, self.state.apply_record, self.counters)
