@@ -401,10 +401,9 @@ class _Recorder(ScontrolApplier):
         return None
 
 
-def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) -> None:
-    """Slurm holds a job's GPUs until its Epilog ends, and still shows them used: the round
-    the Epilog's record starts counts them free, so the queued job is placed on them before
-    Slurm can start it anywhere else."""
+def _job_9_waits_on_a_full_cluster(served) -> _Recorder:  # type: ignore[no-untyped-def]
+    """Every GPU busy; job 9 decided (passed: nothing fits) and pending with its comment. The
+    server's scontrol updates go to the returned recorder."""
     env, server, client = served
     server.applier = recorder = _Recorder()
     env.slurm.jobs = [
@@ -416,6 +415,15 @@ def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) 
     assert answer["action"] == "pass" and answer["reason"].startswith("no free GPUs fit now")
     _saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(9, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    return recorder
+
+
+def test_an_epilog_record_replans_the_queue_onto_the_gpus_its_job_frees(served) -> None:
+    """Slurm holds a job's GPUs until its Epilog ends, and still shows them used: the round
+    the Epilog's record starts counts them free, so the queued job is placed on them before
+    Slurm can start it anywhere else."""
+    _, server, client = served
+    recorder = _job_9_waits_on_a_full_cluster(served)
     # a periodic round sees nothing free
     assert server.replan().updates == [] and recorder.updates == []
     record = {
@@ -513,17 +521,8 @@ def test_rounds_without_a_slurm_read_see_their_own_updates(served) -> None:
     """Job-end rounds work from the view without re-reading Slurm: a job the first round
     routed must look routed to the second (it got no second untyped -> typed update, which
     22.05 refuses on a typed job), until a Slurm read shows what Slurm holds."""
-    env, server, client = served
-    server.applier = recorder = _Recorder()
-    env.slurm.jobs = [
-        FakeJob(i + 1, "RUNNING", gpus={node: [0, 1, 2, 3]})
-        for i, node in enumerate(["n01", "n02", "n03", "n04"])
-    ]
-    server.state.refresh()
-    answer = client.request({"op": "decide", "job": JOB})
-    assert answer["action"] == "pass"
-    _saved(env, answer["token"])
-    env.slurm.jobs.append(FakeJob(9, "PENDING", admin_comment=answer["set"]["admin_comment"]))
+    _, server, _ = served
+    recorder = _job_9_waits_on_a_full_cluster(served)
     server.state.refresh()
     record = {"job_id": 2, "node": "n02", "slurm_gpus": [0, 1, 2, 3]}
     first = server.replan_at_job_end(server.state.released_by(record))
