@@ -653,27 +653,58 @@ def _partition_candidates(
     return [(p, everyone - frozenset(partition_nodes[p])) for p in names]
 
 
+def _placeable(
+    job: JobDescription,
+    ask: GpuAsk,
+    *,
+    job_class: str,
+    labels: LabelTable,
+    cluster: Cluster,
+    job_id: str,
+) -> tuple[PlacementRequest | None, str | None]:
+    """The request ``job`` asks the placement for, and why it cannot be placed whatever is
+    free (None: it can). The one list of those reasons, for ``decide`` and the re-planner."""
+    why = _why_not_modelled(job, ask, labels)
+    if why is not None:
+        return None, why
+    try:
+        request = _request(job, ask, job_class, labels, job_id)
+    except JobDescError as error:
+        return None, f"cannot model the request: {error}"
+    if job.min_nodes is None and job.num_tasks is not None and job.num_tasks > request.gpus:
+        # Slurm derives the node count from the tasks' CPUs, which the advisor does not see;
+        # pinning the GPUs' node count could make Slurm reject a job it would accept.
+        return request, (
+            f"{job.num_tasks} tasks on {request.gpus} GPU(s) without a node count: Slurm "
+            "derives the nodes from the tasks' CPUs"
+        )
+    problem = request.problem()
+    if problem is not None:
+        return request, f"cannot be satisfied: {problem}"
+    if job_class not in cluster.classes:
+        valid = ", ".join(cluster.class_order)
+        return request, (
+            f"class {job_class!r} has no PM-scores in the active campaign (valid: {valid})"
+        )
+    return request, None
+
+
 def plannable_request(
     job: JobDescription, *, job_class: str, labels: LabelTable, cluster: Cluster, job_id: str
 ) -> PlacementRequest | None:
     """The placement request ``decide`` would place for ``job``, or None when it would pass
-    the job whatever is free (unreadable, not modelled, unsatisfiable, unknown class). Cheap:
-    no placement; a re-planning round needs every pending job's size before it places any."""
+    the job whatever is free. Cheap: no placement; a re-planning round needs every pending
+    job's size before it places any."""
     try:
         ask = gpu_ask(job)
     except JobDescError:
         return None
-    if ask is None or _why_not_modelled(job, ask, labels) is not None:
+    if ask is None:
         return None
-    try:
-        request = _request(job, ask, job_class, labels, job_id)
-    except JobDescError:
-        return None
-    if job.min_nodes is None and job.num_tasks is not None and job.num_tasks > request.gpus:
-        return None
-    if request.problem() is not None or job_class not in cluster.classes:
-        return None
-    return request
+    request, why = _placeable(
+        job, ask, job_class=job_class, labels=labels, cluster=cluster, job_id=job_id
+    )
+    return None if why is not None else request
 
 
 def decide(
@@ -703,34 +734,13 @@ def decide(
         return _pass(f"cannot read the GPU request: {error}", job_class=job_class, **common)
     if ask is None:
         return Decision("pass", MappingProxyType({}), None, "no GPUs asked")
-    why = _why_not_modelled(job, ask, labels)
-    if why is not None:
-        return _pass(why, job_class=job_class, **common)
     job_id = str(job.job_id) if job.job_id is not None else token
-    try:
-        request = _request(job, ask, job_class, labels, job_id)
-    except JobDescError as error:
-        return _pass(f"cannot model the request: {error}", job_class=job_class, **common)
-    if job.min_nodes is None and job.num_tasks is not None and job.num_tasks > request.gpus:
-        # Slurm derives the node count from the tasks' CPUs, which the advisor does not see;
-        # pinning the GPUs' node count could make Slurm reject a job it would accept.
-        why = (
-            f"{job.num_tasks} tasks on {request.gpus} GPU(s) without a node count: Slurm "
-            "derives the nodes from the tasks' CPUs"
-        )
+    request, why = _placeable(
+        job, ask, job_class=job_class, labels=labels, cluster=cluster, job_id=job_id
+    )
+    if why is not None:
         return _pass(why, job_class=job_class, request=request, **common)
-    problem = request.problem()
-    if problem is not None:
-        why = f"cannot be satisfied: {problem}"
-        return _pass(why, job_class=job_class, request=request, **common)
-    if job_class not in cluster.classes:
-        valid = ", ".join(cluster.class_order)
-        return _pass(
-            f"class {job_class!r} has no PM-scores in the active campaign (valid: {valid})",
-            job_class=job_class,
-            request=request,
-            **common,
-        )
+    assert request is not None
     candidates = _partition_candidates(job, cluster, partition_nodes, default_partition)
     if isinstance(candidates, str):
         return _pass(candidates, job_class=job_class, request=request, **common)
