@@ -385,19 +385,15 @@ def dcgm_features(
         except ValueError:
             pass  # idle throughout: the plain mean below
         else:
-            return UtilizationFeatures(
-                dram_util=dram_b.mean,
-                fu_util=fu_b.mean,
+            return UtilizationFeatures.over_busy_time(
+                dram_b,
+                fu_b,
                 source="dcgm",
                 dram_source=f"dcgm {DCGM_FIELDS[DRAM_FIELD].name} over busy time "
                 "(GR_ENGINE_ACTIVE)",
                 fu_source=f"{fu_source} over busy time",
                 measurements=len(chosen),
-                weight_total=dram_b.busy_s,
                 weight_unit="samples",
-                dram_excluded_fraction=dram_b.excluded_fraction,
-                fu_excluded_fraction=fu_b.excluded_fraction,
-                busy_fraction=dram_b.busy_fraction,
             )
     dram = weighted_mean_skipping_missing(dram_values, weights)
     fu = weighted_mean_skipping_missing(fu_values, weights)

@@ -309,18 +309,14 @@ def _features(source: str | None, intervals: Sequence[_Interval]) -> Utilization
             pass  # idle throughout: nothing ran, the whole-window mean says so
         else:
             how = "over busy time" if rescale else "weighted by the busy share"
-            return UtilizationFeatures(
-                dram_util=dram_b.mean,
-                fu_util=fu_b.mean,
+            return UtilizationFeatures.over_busy_time(
+                dram_b,
+                fu_b,
                 source="nvml",
                 dram_source=f"{dram_source} {how}",
                 fu_source=f"{fu_source} {how}",
                 measurements=len(intervals),
-                weight_total=dram_b.busy_s,
                 weight_unit="s",
-                dram_excluded_fraction=dram_b.excluded_fraction,
-                fu_excluded_fraction=fu_b.excluded_fraction,
-                busy_fraction=dram_b.busy_fraction,
             )
         window = "whole window: the GPU was idle throughout"
         busy_fraction: float | None = 0.0

@@ -90,6 +90,34 @@ class UtilizationFeatures:
         return asdict(self)
 
     @classmethod
+    def over_busy_time(
+        cls,
+        dram: BusyTimeMean,
+        fu: BusyTimeMean,
+        *,
+        source: str,
+        dram_source: str,
+        fu_source: str,
+        measurements: int,
+        weight_unit: str,
+    ) -> UtilizationFeatures:
+        """Features from busy-time means (a sampled source: NVML, DCGM), so every source
+        records its busy time and fraction the same way."""
+        return cls(
+            dram_util=dram.mean,
+            fu_util=fu.mean,
+            source=source,
+            dram_source=dram_source,
+            fu_source=fu_source,
+            measurements=measurements,
+            weight_total=dram.busy_s,
+            weight_unit=weight_unit,
+            dram_excluded_fraction=dram.excluded_fraction,
+            fu_excluded_fraction=fu.excluded_fraction,
+            busy_fraction=dram.busy_fraction,
+        )
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UtilizationFeatures:
         """Inverse of :meth:`to_dict`; unknown keys are an error (they mean a format change)."""
         known = {f.name for f in fields(cls)}
