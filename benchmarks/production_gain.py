@@ -17,7 +17,8 @@ Placements: ``advisor`` is the engine as ``--config`` configures it (site-config
 what ``slurm-pal serve`` runs with that file); ``pal`` and ``pm-first`` are the paper's policies
 (pack tolerance 0); ``null`` is packing with each node's GPUs taken in a seeded random order,
 blind to PM-scores: it shows how far the queue's own noise moves single runs. ``--variant
-NAME=POLICY,key=value,...`` adds a core policy with parameters (for design experiments).
+NAME=POLICY,key=value,...`` adds a policy with site settings (``avoid_above``, ``wait``,
+``pack_tolerance``; for design experiments).
 
 Profiles: ``longhorn`` is measured GPUs (per-GPU medians of PAL's Longhorn V100 files, drawn
 without repetition, silhouette binning); ``artifact`` is PAL's artifact's per-GPU draws from the
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from slurm_pal.adapters.config import load_config
 from slurm_pal.adapters.traces import read_sia_trace
+from slurm_pal.core.placement import SETTINGS
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
@@ -65,7 +67,8 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_variant(text: str) -> tuple[str, Variant]:
-    """``NAME=POLICY,key=value,...`` -> (NAME, (POLICY, policy params))."""
+    """``NAME=POLICY,key=value,...`` -> (NAME, the advisor placement with that policy and
+    those site settings)."""
     name, _, spec = text.partition("=")
     policy, *pairs = spec.split(",")
     params: dict[str, float | bool | str] = {}
@@ -82,7 +85,15 @@ def parse_variant(text: str) -> tuple[str, Variant]:
         params[key] = value
     if not name or not policy:
         raise SystemExit(f"--variant wants NAME=POLICY[,key=value...], got {text!r}")
-    return name, (policy, {"policy_params": tuple(params.items())})
+    if policy not in SETTINGS:
+        raise SystemExit(f"--variant {text!r}: unknown policy; valid: {', '.join(SETTINGS)}")
+    unknown = sorted(set(params) - set(SETTINGS[policy]))
+    if unknown:
+        valid = ", ".join(SETTINGS[policy]) or "none"
+        raise SystemExit(f"--variant {text!r}: {policy} takes no {unknown}; valid: {valid}")
+    # Run as the advisor placement: the builder and settings the service uses.
+    options = {"advisor_policy": policy, "advisor_settings": tuple(params.items())}
+    return name, ("advisor", options)
 
 
 @functools.cache

@@ -71,10 +71,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
 
 
-def stats(arm: AdvisorArm, prep: object) -> dict[str, object]:
-    return arm.stats(prep)  # type: ignore[arg-type]
-
-
 def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -146,7 +142,7 @@ def main() -> int:
         report["fill_sbatch_ms_p99"] = round(percentile(fill, 0.99) * 1000, 1)
         log(f"filled in {report['fill_s']} s; sbatch p99 {report['fill_sbatch_ms_p99']} ms")
         time.sleep(12)  # two refreshes: the advisor's view holds every pending job
-        before = stats(arm, prep)
+        before = arm.stats(prep)
         spool = settings.work / "spool"
         spooled_before = len(list(spool.glob("*"))) if spool.exists() else 0
         # The storm: `ending` holders end at once, while a submitter keeps going.
@@ -165,7 +161,7 @@ def main() -> int:
         fired = time.perf_counter()
 
         def all_rounds_done() -> bool:
-            now = stats(arm, prep)
+            now = arm.stats(prep)
             done = int(now.get("replans_at_job_end", 0)) - int(before.get("replans_at_job_end", 0))
             return done >= args.ending
 
@@ -174,7 +170,7 @@ def main() -> int:
         time.sleep(3.0)
         stop.set()
         submitter.join(timeout=60)
-        after = stats(arm, prep)
+        after = arm.stats(prep)
         for key in ("job_end_ms_p50", "job_end_ms_p99", "job_end_ms_max"):
             report[key] = after.get(key)
         report["rounds"] = int(after["replans"]) - int(before["replans"])  # type: ignore[arg-type]

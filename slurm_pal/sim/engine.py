@@ -163,7 +163,6 @@ class SimConfig:
     max_time: float = 10 * 365 * 86400.0
     migration_seconds: float = 30.0
     xi: float | None = None
-    policy_params: tuple[tuple[str, float | int | bool | str], ...] = ()
     advisor_policy: str = "packed-pm"
     advisor_settings: tuple[tuple[str, float | bool], ...] = ()
     decisions: str = "every-event"
@@ -242,7 +241,7 @@ class _Simulation:
         assert self.cluster.uuids == tuple(s.uuid for s in gpus.specs())
         self.truth = {name: np.asarray(v, dtype=float) for name, v in gpus.true_slowdown.items()}
         self.truth_lists = {name: v.tolist() for name, v in self.truth.items()}
-        params: dict[str, object] = dict(config.policy_params)
+        params: dict[str, object] = {}
         if config.policy_name == "random":
             params["seed"] = config.seed
         if config.placement == "null":
