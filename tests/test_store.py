@@ -11,6 +11,7 @@ import pytest
 from slurm_pal.adapters import store as store_module
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.store import SCHEMA_VERSION, Store, StoreError
+from slurm_pal.adapters.store import campaigns as store_campaigns
 from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.campaigns import RunClockEvents
 from slurm_pal.example_campaign import generate_example_campaign
@@ -115,7 +116,7 @@ def test_failure_while_binning_rolls_everything_back(
     def broken(*args: object, **kwargs: object):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(store_module, "build_profile", broken)
+    monkeypatch.setattr(store_campaigns, "build_profile", broken)
     with Store(path) as store, pytest.raises(RuntimeError, match="disk on fire"):
         ingest(store, [campaign_file(tmp_path, 1)])
     assert table_counts(path) == before
