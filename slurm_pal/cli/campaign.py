@@ -8,7 +8,6 @@ the store only sees what ``collect`` ingests.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,11 +20,8 @@ import typer
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
-from slurm_pal.adapters.slurm.parse import gpu_counts
-from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.campaigns.settings import CampaignSettings
-from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands, SlurmError
+from slurm_pal.campaigns.slurm import SlurmCommands, SlurmError
 from slurm_pal.campaigns.workspace import (
     COLLECTED_DIR,
     SBATCH_DIR,
@@ -38,45 +34,56 @@ from slurm_pal.campaigns.workspace import (
     create_campaign,
     default_benchmarks,
     default_campaign_id,
-    job_name,
     load_plan,
     parse_commands,
     read_records,
-    read_submissions,
+)
+from slurm_pal.cli.campaign_inputs import (
+    gpu_ids_from_labels,
+    gpus_from_slurm,
+    jobs_from_decisions,
+    node_states,
+    parse_gpu_list,
+    read_production_jsonl,
+    stored_clock_events,
+    stored_diff,
+    targeted_plan,
+    task_states,
+)
+from slurm_pal.cli.campaign_views import (
+    RESTART_ADVICE,
+    counts_line,
+    json_state,
+    print_campaign_slowdowns,
+    print_check,
+    print_diff,
+    print_drift,
+    print_label_changes,
+    print_progress,
 )
 from slurm_pal.cli.common import (
     AppState,
     console,
     err_console,
     fail,
-    fmt_score,
     print_json,
     reported_errors,
     state,
 )
 from slurm_pal.core.campaigns import (
-    CLOCK_EVENTS_UNKNOWN,
     DEFAULT_TOLERANCE,
-    CampaignCheck,
-    CampaignDiff,
-    ClockEventSummary,
-    GpuKey,
-    PlannedGpu,
-    TaskProgress,
     check_campaign,
-    diff_campaigns,
     gpus_from_hostlist,
     measurement_rows,
-    node_unavailable,
     progress_counts,
-    summarize_clock_events,
-    task_progress,
     waiting_for_unavailable_nodes,
 )
-from slurm_pal.core.drift import DriftDetector, JobInfo, runs_from_records
-from slurm_pal.core.hostlist import compress as compress_hostlist
+from slurm_pal.core.drift import DriftDetector, runs_from_records
 from slurm_pal.core.hostlist import expand as expand_hostlist
 from slurm_pal.site.render import plan_from_store
+
+# The restart advice is part of what this module offers its callers (tests check the text).
+__all__ = ["RESTART_ADVICE", "app", "site_campaign_settings"]
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -216,7 +223,7 @@ def plan(
                 fail("--gpus-per-node needs --nodes HOSTLIST (or leave both out: ask Slurm)")
             gpus = gpus_from_hostlist(nodes, gpus_per_node)
         else:
-            gpus, notes = _gpus_from_slurm(nodes, plan_partition)
+            gpus, notes = gpus_from_slurm(nodes, plan_partition)
         if exclude:
             skip = set(expand_hostlist(exclude))
             gpus = [g for g in gpus if g.node not in skip]
@@ -307,65 +314,6 @@ def plan(
 # -- submit / status -------------------------------------------------------------------------
 
 
-def _progress(
-    the_plan: CampaignPlan, directory: Path, slurm: CampaignSlurm, *, need_queue: bool = True
-) -> tuple[list[TaskProgress], list[str]]:
-    """Every task's state: Slurm's queue first, then the records.
-
-    Without ``need_queue`` a failing squeue only costs the queued states (a warning), so
-    ``status`` works where Slurm is not reachable; ``submit`` must know the queue, or it
-    would submit queued tasks twice.
-    """
-    submissions = read_submissions(directory)
-    queued: dict[GpuKey, tuple[str, str]] = {}
-    problems: list[str] = []
-    if submissions:
-        by_job = {s.job_id: s.node for s in submissions}
-        names = [job_name(the_plan.campaign, node) for node in {s.node for s in submissions}]
-        try:
-            in_queue = dict(slurm.queued(names))
-        except SlurmError as exc:
-            if need_queue:
-                raise
-            in_queue = {}
-            problems.append(f"Slurm queue unknown, states come from the records only: {exc}")
-        for task, value in in_queue.items():
-            job, _, index = task.partition("_")
-            if job in by_job and index.isdigit():
-                queued[(by_job[job], int(index))] = value
-    records, record_problems = read_records(directory, the_plan.campaign)
-    problems += record_problems
-    sent = {(s.node, g) for s in submissions for g in s.gpus}
-    tasks = task_progress(the_plan.gpus, the_plan.classes, the_plan.repeats, records, queued, sent)
-    return tasks, problems
-
-
-def _counts_line(tasks: list[TaskProgress]) -> str:
-    counts = progress_counts(tasks)
-    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no tasks"
-
-
-def _progress_table(tasks: list[TaskProgress], the_plan: CampaignPlan) -> Table:
-    table = Table(
-        title=f"campaign {the_plan.campaign}: {_counts_line(tasks)}", title_justify="left"
-    )
-    for col in ("node", "GPU", "state", "ok runs", "failed runs", "Slurm reason"):
-        table.add_column(col)
-    total = len(the_plan.classes) * the_plan.repeats
-    for t in tasks:
-        if t.state == "done":
-            continue
-        table.add_row(
-            t.node,
-            str(t.gpu_index),
-            t.state,
-            f"{t.ok_runs}/{total}",
-            str(t.failed_runs),
-            t.slurm_reason,
-        )
-    return table
-
-
 @app.command()
 def submit(
     ctx: typer.Context,
@@ -388,7 +336,7 @@ def submit(
     slurm = SlurmCommands(sbatch=sbatch, squeue=squeue, sinfo=sinfo)
     with _errors():
         the_plan, directory = load_plan(_root(st, root), campaign)
-        tasks, _ = _progress(the_plan, directory, slurm)
+        tasks, _ = task_states(the_plan, directory, slurm)
         todo: dict[str, list[int]] = {}
         for t in tasks:
             if t.state in ("failed", "incomplete", "not submitted"):
@@ -406,11 +354,11 @@ def submit(
                     ),
                 )
             submitted.append({"node": node, "job_id": job_id, "gpus": gpus})
-        tasks, problems = _progress(the_plan, directory, slurm)
+        tasks, problems = task_states(the_plan, directory, slurm)
         last = ""
         while wait and not dry_run and any(t.state in ("pending", "running") for t in tasks):
             if all(t.state != "running" for t in tasks) and waiting_for_unavailable_nodes(
-                tasks, _node_states(slurm, {t.node for t in tasks if t.state == "pending"})
+                tasks, node_states(slurm, {t.node for t in tasks if t.state == "pending"})
             ):
                 nodes = sorted({t.node for t in tasks if t.state == "pending"})
                 err_console.print(
@@ -420,12 +368,12 @@ def submit(
                     highlight=False,
                 )
                 break
-            line = _counts_line(tasks)
+            line = counts_line(tasks)
             if line != last and not as_json:
                 console.print(f"{time.strftime('%H:%M:%S')} {line}")
                 last = line
             time.sleep(poll)
-            tasks, problems = _progress(the_plan, directory, slurm)
+            tasks, problems = task_states(the_plan, directory, slurm)
     if as_json:
         print_json(
             {
@@ -446,87 +394,7 @@ def submit(
             f"{verb} node {s['node']} GPUs {','.join(map(str, s['gpus']))}"
             + ("" if dry_run else f" as job {s['job_id']}")
         )
-    _print_progress(tasks, the_plan, problems)
-
-
-def _node_states(slurm: CampaignSlurm, nodes: set[str]) -> dict[str, str] | None:
-    """sinfo's node states, or None (then the queue's reasons decide) when sinfo fails."""
-    try:
-        return dict(slurm.node_states(nodes))
-    except SlurmError as exc:
-        err_console.print(f"warning: node states unknown ({exc})", highlight=False)
-        return None
-
-
-def _gpus_from_slurm(
-    nodes: str | None, partition: str | None
-) -> tuple[list[PlannedGpu], list[str]]:
-    """Each node's GPUs as Slurm reports them (device minors 0..N-1), and notes on nodes that
-    cannot run a task now (drained, down): their tasks would wait."""
-    wanted = set(expand_hostlist(nodes)) if nodes else None
-    try:
-        found = CliStateReader().nodes(wanted)
-    except SlurmQueryError as exc:
-        raise CampaignError(
-            f"cannot read the nodes from Slurm ({exc}); give them with --nodes HOSTLIST "
-            "--gpus-per-node N"
-        ) from exc
-    if partition:
-        found = [n for n in found if partition in n.partitions]
-    gpus: list[PlannedGpu] = []
-    notes: list[str] = []
-    for n in sorted(found, key=lambda n: n.name):
-        count = sum(gpu_counts(n.gres).values())
-        if count == 0:
-            continue
-        gpus += [PlannedGpu(n.name, i) for i in range(count)]
-        long_state = " ".join([n.state, *(f.lower() for f in n.flags)])
-        if node_unavailable(long_state):
-            notes.append(
-                f"node {n.name} is {long_state.strip()}"
-                + (f" ({n.reason})" if n.reason else "")
-                + ": its tasks wait until it is resumed (or plan with --exclude)"
-            )
-    missing = sorted(wanted - {n.name for n in found}) if wanted else []
-    if missing:
-        raise CampaignError(
-            f"Slurm does not know node(s) {', '.join(missing)}"
-            + (f" in partition {partition}" if partition else "")
-        )
-    if not gpus:
-        raise CampaignError(
-            "Slurm reports no nodes with GPUs"
-            + (f" in partition {partition}" if partition else "")
-            + (f" among {nodes}" if nodes else "")
-        )
-    return gpus, notes
-
-
-def parse_gpu_list(text: str) -> set[GpuKey]:
-    """``NODE:INDEX,NODE:INDEX`` -> {(node, index)}; the error shows the expected form."""
-    out: set[GpuKey] = set()
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        node, sep, index = item.rpartition(":")
-        if not sep or not node or not index.isdigit():
-            raise CampaignError(
-                f"--only item {item!r} must look like NODE:INDEX (device minor), e.g. gpu07:2"
-            )
-        out.add((node, int(index)))
-    if not out:
-        raise CampaignError("--only names no GPU; give NODE:INDEX,... e.g. gpu07:2,gpu11:0")
-    return out
-
-
-def _print_progress(tasks: list[TaskProgress], the_plan: CampaignPlan, problems: list[str]) -> None:
-    if all(t.state == "done" for t in tasks):
-        console.print(
-            f"campaign {the_plan.campaign}: all {len(tasks)} tasks done; next: "
-            f"slurm-pal campaign collect {the_plan.campaign}"
-        )
-    else:
-        console.print(_progress_table(tasks, the_plan))
-    for p in problems:
-        err_console.print(f"warning: {p}", highlight=False)
+    print_progress(tasks, the_plan, problems)
 
 
 @app.command()
@@ -541,7 +409,7 @@ def status(
     st = state(ctx)
     with _errors():
         the_plan, directory = load_plan(_root(st, root), campaign)
-        tasks, problems = _progress(
+        tasks, problems = task_states(
             the_plan, directory, SlurmCommands(squeue=squeue), need_queue=False
         )
     if as_json:
@@ -554,7 +422,7 @@ def status(
             }
         )
         return
-    _print_progress(tasks, the_plan, problems)
+    print_progress(tasks, the_plan, problems)
 
 
 # -- collect ---------------------------------------------------------------------------------
@@ -652,7 +520,7 @@ def collect(
     if as_json:
         print_json(report)
     else:
-        _print_check(check, problems)
+        print_check(check, problems)
     if result is None:
         if not check.ok_runs:
             fail(
@@ -679,162 +547,7 @@ def collect(
         )
 
 
-def _print_check(check: CampaignCheck, problems: list[str]) -> None:
-    console.print(
-        f"{check.planned_gpus} GPUs planned x {len(check.classes)} class(es) x {check.repeats} "
-        f"run(s): {len(check.ok_runs)} ok runs"
-    )
-    if check.missing:
-        table = Table(
-            title=f"{len(check.missing_gpus)} GPU(s) missing a class", title_justify="left"
-        )
-        for col in ("node", "GPU", "class", "failed runs"):
-            table.add_column(col)
-        for m in check.missing:
-            table.add_row(m.node, str(m.gpu_index), m.job_class, str(m.failed_runs))
-        console.print(table)
-    if check.failures:
-        table = Table(title=f"{len(check.failures)} failed run(s)", title_justify="left")
-        for col in ("node", "GPU", "class", "run", "exit", "reason", "stderr (last line)", "job"):
-            table.add_column(col)
-        for f in check.failures:
-            tail = f.stderr_tail.strip().splitlines()
-            table.add_row(
-                f.node,
-                str(f.gpu_index),
-                f.job_class,
-                str(f.repeat),
-                "-" if f.exit_code is None else str(f.exit_code),
-                f.reason,
-                tail[-1] if tail else "",
-                f.slurm_job_id,
-            )
-        console.print(table)
-    if check.disagreements:
-        table = Table(
-            title=f"{len(check.disagreements)} GPU/class(es) whose repeats disagree by more than "
-            f"{check.tolerance:.0%}: check for throttling (hardware ticket?)",
-            title_justify="left",
-        )
-        for col in ("node", "GPU", "uuid", "class", "runs (s)", "max/min", "SM clock MHz"):
-            table.add_column(col)
-        for d in check.disagreements:
-            clocks = (
-                "-"
-                if d.sm_clock_range is None
-                else (f"{d.sm_clock_range[0]:.0f}-{d.sm_clock_range[1]:.0f}")
-            )
-            table.add_row(
-                d.node,
-                str(d.gpu_index),
-                d.uuid,
-                d.job_class,
-                " ".join(f"{x:.4g}" for x in d.durations),
-                f"{d.ratio:.3f}",
-                clocks,
-            )
-        console.print(table)
-    if check.slowdowns:
-        table = Table(
-            title=f"{len(check.slowdowns)} GPU(s) hit thermal or hardware clock slowdowns while "
-            "measured: a cooling/power fault to fix, not a PM-score (their runs are ingested "
-            "as measured; re-measure after the fix with 'campaign plan --only')",
-            title_justify="left",
-        )
-        for col in ("node", "GPU", "uuid", "reasons", "runs", "classes", "worst run"):
-            table.add_column(col)
-        for sd in check.slowdowns:
-            table.add_row(
-                sd.node,
-                str(sd.gpu_index),
-                sd.uuid,
-                ", ".join(sd.events),
-                f"{sd.runs}/{sd.of_runs}",
-                ",".join(sd.classes),
-                f"{sd.max_share:.0%} of readings",
-            )
-        console.print(table)
-        only = ",".join(f"{sd.node}:{sd.gpu_index}" for sd in check.slowdowns)
-        console.print(f"re-measure them later with: slurm-pal campaign plan --only {only}")
-    if check.clock_events_unknown:
-        n_runs = sum(k for _, _, k in check.clock_events_unknown)
-        err_console.print(
-            f"note: {n_runs} run(s) on {len(check.clock_events_unknown)} GPU(s) have no "
-            "clock-event readings (no NVML on the node, or a runner from before they were "
-            "recorded): whether they hit thermal or hardware slowdowns is unknown",
-            highlight=False,
-        )
-    for node, index, classes_short in _short(check):
-        console.print(
-            f"{node} GPU {index}: fewer runs than planned for {classes_short} (task cut short: "
-            "time limit, node lost?)"
-        )
-    for node, index, uuids in check.uuid_conflicts:
-        err_console.print(f"warning: {node} GPU {index} reported several UUIDs: {', '.join(uuids)}")
-    if check.location_ids:
-        names = ", ".join(u for _, _, u in check.location_ids[:4])
-        more = len(check.location_ids) - 4
-        err_console.print(
-            f"note: {len(check.location_ids)} GPU(s) have no NVML UUID (NVML unavailable on the "
-            f"node) and are named by location ({names}{f', +{more}' if more > 0 else ''}): "
-            "their scores follow the slot, so a swapped GPU would go unnoticed",
-            highlight=False,
-        )
-    for r in check.unplanned:
-        err_console.print(
-            f"warning: record for {r.node} GPU {r.gpu_index} class {r.job_class} run {r.repeat} "
-            "is not in the plan; ignored",
-            highlight=False,
-        )
-    for p in problems:
-        err_console.print(f"warning: {p}", highlight=False)
-
-
-def _short(check: CampaignCheck) -> list[tuple[str, int, str]]:
-    grouped: dict[tuple[str, int], list[str]] = {}
-    for node, index, job_class, n in check.short:
-        grouped.setdefault((node, index), []).append(f"{job_class} ({n}/{check.repeats})")
-    return [(n, i, ", ".join(c)) for (n, i), c in sorted(grouped.items())]
-
-
 # -- diff / activate -------------------------------------------------------------------------
-
-
-def _clock_events(store, campaign_id: str, scores: pd.DataFrame) -> ClockEventSummary:  # type: ignore[no-untyped-def]
-    """The stored campaign's slowdowns, its runs named by the UUIDs its scores use."""
-    rows = store.clock_events(campaign_id)
-    canonical = {u: store.canonical_uuid(campaign_id, u) for u in {r.uuid for r in rows}}
-    runs = [replace(r, uuid=canonical[r.uuid]) for r in rows]
-    measured = scores.loc[scores["measured"], "uuid"].astype(str)
-    return summarize_clock_events(campaign_id, measured, runs)
-
-
-def _diff(store, old: str, new: str) -> CampaignDiff:  # type: ignore[no-untyped-def]
-    for c in (old, new):
-        store.resolve_campaign(c)
-
-    def label_scores(campaign_id: str) -> dict[str, dict[str, float]]:
-        return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}
-
-    old_scores, new_scores = store.gpu_scores(old), store.gpu_scores(new)
-    return diff_campaigns(
-        old,
-        new,
-        old_scores,
-        new_scores,
-        store.gpu_labels(old),
-        store.gpu_labels(new),
-        label_scores(old),
-        label_scores(new),
-        old_clock_events=_clock_events(store, old, old_scores),
-        new_clock_events=_clock_events(store, new, new_scores),
-    )
-
-
-RESTART_ADVICE = (
-    "re-render the Slurm config ('slurm-pal site render') and restart slurmd on these nodes "
-    "and slurmctld: gres.conf Type= labels are read at start"
-)
 
 
 @app.command()
@@ -847,145 +560,11 @@ def diff(
     """GPUs that changed bin, new outliers, and the label changes a switch would make."""
     st = state(ctx)
     with _errors(), st.store() as store:
-        d = _diff(store, old, new)
+        d = stored_diff(store, old, new)
     if as_json:
         print_json(d.to_dict())
         return
-    _print_diff(d)
-
-
-def _print_diff(d: CampaignDiff) -> None:
-    console.print(f"campaign [bold]{d.old}[/] -> [bold]{d.new}[/]")
-    if d.new_outliers:
-        table = Table(
-            title=f"{len(d.new_outliers)} new outlier(s): hardware-ticket candidates",
-            title_justify="left",
-        )
-        for col in ("uuid", "node", "GPU", "class", "old bin", "PM-score"):
-            table.add_column(col)
-        for c in d.new_outliers:
-            table.add_row(
-                c.uuid, c.node, _idx(c.gpu_index), c.job_class, c.old_bin, fmt_score(c.new_score)
-            )
-        console.print(table)
-    if d.bin_changes:
-        table = Table(
-            title=f"{len(d.bin_changes)} bin change(s) (GPU x class)", title_justify="left"
-        )
-        for col in ("uuid", "node", "GPU", "class", "bin", "PM-score"):
-            table.add_column(col)
-        for c in d.bin_changes:
-            table.add_row(
-                c.uuid,
-                c.node,
-                _idx(c.gpu_index),
-                c.job_class,
-                f"{c.old_bin} -> {c.new_bin}",
-                f"{fmt_score(c.old_score)} -> {fmt_score(c.new_score)}",
-            )
-        console.print(table)
-    else:
-        console.print("no GPU changed bin")
-    if d.cleared_outliers:
-        console.print(
-            f"{len(d.cleared_outliers)} outlier(s) of {d.old} are no longer outliers: "
-            + ", ".join(f"{c.uuid} ({c.job_class})" for c in d.cleared_outliers)
-        )
-    if d.only_old or d.only_new:
-        console.print(
-            f"GPUs only in {d.old}: {', '.join(d.only_old) or 'none'}; "
-            f"only in {d.new}: {', '.join(d.only_new) or 'none'}"
-        )
-    _print_diff_slowdowns(d)
-    _print_label_changes(d)
-
-
-UNKNOWN_CLOCK_EVENTS = (
-    "no per-run clock-event readings kept: collected before slurm-pal kept them, ingested from "
-    "a CSV, or no NVML on the nodes"
-)
-
-
-def _slowdown_state(summary: ClockEventSummary, uuid: str) -> str:
-    events = summary.gpu_state(uuid)
-    if events is None:
-        return "unknown"
-    return ", ".join(events) if events else "none"
-
-
-def _clock_events_line(summary: ClockEventSummary) -> str:
-    if summary.status == CLOCK_EVENTS_UNKNOWN:
-        return f"unknown ({UNKNOWN_CLOCK_EVENTS})"
-    seen = f"{len(summary.slowdowns)} GPU(s)" if summary.slowdowns else "none"
-    if summary.unknown_gpus:
-        seen += (
-            f"; unknown for {len(summary.unknown_gpus)} GPU(s) ({summary.unknown_runs} run(s) "
-            "without readings)"
-        )
-    return seen
-
-
-def _print_diff_slowdowns(d: CampaignDiff) -> None:
-    """GPUs that hit thermal/hardware slowdowns in either campaign; a campaign without
-    readings is said to be unknown, never shown as clean."""
-    old_s, new_s = d.old_clock_events, d.new_clock_events
-    if old_s is None or new_s is None:
-        return
-    both = (*old_s.slowdowns, *new_s.slowdowns)
-    hot = {s.uuid: s for s in both}
-    if hot:
-        table = Table(
-            title=f"{len(hot)} GPU(s) hit thermal or hardware clock slowdowns while measured: "
-            "a cooling/power fault, their PM-score there is not what jobs get",
-            title_justify="left",
-        )
-        for col in ("uuid", "node", "GPU", f"in {d.old}", f"in {d.new}", "worst run"):
-            table.add_column(col)
-        for uuid, s in sorted(hot.items()):
-            worst = max(x.max_share for x in both if x.uuid == uuid)
-            table.add_row(
-                uuid,
-                s.node,
-                str(s.gpu_index),
-                _slowdown_state(old_s, uuid),
-                _slowdown_state(new_s, uuid),
-                f"{worst:.0%} of readings",
-            )
-        console.print(table)
-    for summary in (old_s, new_s):
-        console.print(
-            f"thermal/hardware slowdowns in {summary.campaign}: {_clock_events_line(summary)}",
-            highlight=False,
-        )
-
-
-def _print_label_changes(d: CampaignDiff) -> None:
-    if d.label_changes:
-        table = Table(
-            title=f"{len(d.label_changes)} GPU(s) change gres.conf Type= label",
-            title_justify="left",
-        )
-        for col in ("uuid", "node", "GPU", "label"):
-            table.add_column(col)
-        for c in d.label_changes:
-            table.add_row(
-                c.uuid, c.node, _idx(c.gpu_index), f"{c.old_label or '-'} -> {c.new_label or '-'}"
-            )
-        console.print(table)
-        console.print(
-            f"restart needed on {len(d.restart_nodes)} node(s): "
-            f"{', '.join(d.restart_nodes)}; {RESTART_ADVICE}"
-        )
-    else:
-        console.print("labels unchanged: switching needs no Slurm restart")
-    if d.label_score_changes:
-        console.print(
-            f"{len(d.label_score_changes)} label score(s) change (advisor table only, no restart)"
-        )
-
-
-def _idx(value: int | None) -> str:
-    return "-" if value is None else str(value)
+    print_diff(d)
 
 
 @app.command()
@@ -999,7 +578,7 @@ def activate(
     with _errors(), st.store() as store:
         store.resolve_campaign(campaign)
         previous = store.active_campaign_id()
-        d = _diff(store, previous, campaign) if previous and previous != campaign else None
+        d = stored_diff(store, previous, campaign) if previous and previous != campaign else None
         store.activate(campaign)
     if as_json:
         print_json(
@@ -1011,82 +590,10 @@ def activate(
         + (f" (was {previous})" if previous and previous != campaign else "")
     )
     if d is not None:
-        _print_label_changes(d)
+        print_label_changes(d)
 
 
 # -- suggest ---------------------------------------------------------------------------------
-
-
-def read_production_jsonl(path: Path) -> tuple[list[dict], list[dict]]:
-    """(hook records, advisor decisions) from a JSON-lines export.
-
-    A line is a Prolog/Epilog record (PROTOCOL.md op ``record``: ``kind`` prolog/epilog), or a
-    row of ``advisor_decisions``: ``{"kind": "decision", "job_id", "job": {...}, "answer":
-    {...}}``. Errors name the line.
-    """
-    records: list[dict] = []
-    decisions: list[dict] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CampaignError(f"cannot read --records {path}: {exc}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise CampaignError(f"{path}:{number}: not JSON ({exc})") from exc
-        kind = item.get("kind") if isinstance(item, dict) else None
-        if kind in ("prolog", "epilog"):
-            records.append(item)
-        elif kind == "decision":
-            decisions.append(item)
-        else:
-            raise CampaignError(
-                f"{path}:{number}: 'kind' must be prolog, epilog or decision, got {kind!r}"
-            )
-    return records, decisions
-
-
-def jobs_from_decisions(decisions: list[dict]) -> tuple[dict[str, JobInfo], dict[str, str]]:
-    """Job id -> (history key, class) from the advisor's decisions; why others were left out.
-
-    The key is what the advisor resolved classes by: (user, job name, script sha256).
-    """
-    jobs: dict[str, JobInfo] = {}
-    skipped: dict[str, str] = {}
-    for d in decisions:
-        job_id = str(d.get("job_id") or "")
-        answer = d.get("answer") if isinstance(d.get("answer"), dict) else {}
-        job_class = answer.get("class")  # type: ignore[union-attr]
-        if not job_id:
-            continue
-        if not isinstance(job_class, str) or not job_class:
-            skipped[job_id] = "the advisor gave it no class"
-            continue
-        try:
-            desc = JobDescription.from_wire(d.get("job") or {})
-        except (ValueError, TypeError) as exc:
-            skipped[job_id] = f"unreadable job description ({exc})"
-            continue
-        key = "|".join((desc.user, desc.name, desc.script_sha256 or ""))
-        jobs[job_id] = JobInfo(key, job_class)
-    return jobs, skipped
-
-
-def _gpu_ids_from_labels(path: Path) -> dict[tuple[str, int], str]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {
-            (str(node), int(g["slurm_index"])): str(g["uuid"])
-            for node, gpus in data["nodes"].items()
-            for g in gpus
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CampaignError(
-            f"cannot read labels {path} (labels.json of 'slurm-pal site render'): {exc}"
-        ) from exc
 
 
 @app.command()
@@ -1136,7 +643,7 @@ def suggest(
     with _errors(), st.store() as store:
         campaign_id = store.resolve_campaign(campaign)
         frame = store.gpu_scores(campaign_id)
-        clock = _clock_events(store, campaign_id, frame)
+        clock = stored_clock_events(store, campaign_id, frame)
         scores: dict[str, dict[str, float]] = {}
         where: dict[str, tuple[str, int | None]] = {}
         for r in frame.itertuples(index=False):
@@ -1146,7 +653,7 @@ def suggest(
             Path(st.config.advisor.labels_file) if st.config.advisor.labels_file else None
         )
         if labels_path is not None:
-            gpu_ids = _gpu_ids_from_labels(labels_path)
+            gpu_ids = gpu_ids_from_labels(labels_path)
         else:
             gpu_ids = {
                 (g.node, g.slurm_index): g.uuid for g in plan_from_store(store, campaign_id).gpus
@@ -1172,9 +679,9 @@ def suggest(
     targets = sorted(
         {where[d.gpu] for d in found if d.gpu in where and where[d.gpu][1] is not None}
     )
-    command = _targeted_plan(targets, frame, campaign_id) if targets else None
+    command = targeted_plan(targets, frame, campaign_id) if targets else None
     hot: list[tuple[str, int | None]] = [(s.node, s.gpu_index) for s in clock.slowdowns]
-    hot_command = _targeted_plan(hot, frame, campaign_id, "cooling") if hot else None
+    hot_command = targeted_plan(hot, frame, campaign_id, "cooling") if hot else None
     reasons: dict[str, int] = {}
     for why in skipped.values():
         reasons[why] = reasons.get(why, 0) + 1
@@ -1191,7 +698,7 @@ def suggest(
                     | {
                         "node": where.get(d.gpu, ("", None))[0],
                         "gpu_index": where.get(d.gpu, ("", None))[1],
-                        "campaign_slowdown": _json_state(clock, d.gpu),
+                        "campaign_slowdown": json_state(clock, d.gpu),
                     }
                     for d in found
                 ],
@@ -1209,68 +716,5 @@ def suggest(
     )
     for why, n in sorted(reasons.items(), key=lambda x: -x[1]):
         console.print(f"  {n} job(s) left out: {why}", highlight=False)
-    _print_campaign_slowdowns(clock, hot_command)
-    if not found:
-        console.print("no GPU drifts: nothing to re-measure")
-        return
-    table = Table(
-        title=f"{len(found)} GPU(s) slower than their PM-scores say", title_justify="left"
-    )
-    for col in ("GPU", "node", "index", "runs", "apps", "slowdown", "runs slower", "expected s",
-                "observed s", "campaign slowdowns"):  # fmt: skip
-        table.add_column(col)
-    for d in found:
-        node, index = where.get(d.gpu, ("", None))
-        table.add_row(
-            d.gpu,
-            node,
-            _idx(index),
-            str(d.runs),
-            str(d.apps),
-            f"{d.median_residual:+.1%}",
-            f"{d.share_slower:.0%}",
-            f"{d.expected_s:.4g}",
-            f"{d.observed_s:.4g}",
-            _slowdown_state(clock, d.gpu),
-        )
-    console.print(table)
-    if command:
-        console.print(f"re-measure them: {command}", highlight=False, soft_wrap=True)
-
-
-def _json_state(summary: ClockEventSummary, uuid: str) -> list[str] | None:
-    """A GPU's slowdown reasons in the campaign for --json: [] clean, None unknown."""
-    events = summary.gpu_state(uuid)
-    return None if events is None else list(events)
-
-
-def _print_campaign_slowdowns(summary: ClockEventSummary, command: str | None) -> None:
-    console.print(
-        f"thermal/hardware slowdowns while {summary.campaign} measured: "
-        f"{_clock_events_line(summary)}",
-        highlight=False,
-    )
-    if summary.slowdowns:
-        gpus = ", ".join(
-            f"{s.node}:{s.gpu_index} ({', '.join(s.events)})" for s in summary.slowdowns
-        )
-        console.print(
-            f"  {gpus}: PM-scores taken under a cooling/power fault; after the fix, "
-            f"re-measure: {command}",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _targeted_plan(  # type: ignore[no-untyped-def]
-    targets: list[tuple[str, int | None]], frame, campaign_id: str, suffix: str = "recheck"
-) -> str:
-    """The ``campaign plan`` command that measures just these GPUs (whole nodes held)."""
-    nodes = sorted({n for n, _ in targets})
-    per_node = frame[frame["node"].isin(nodes)].groupby("node")["gpu_index"].nunique()
-    gpus = int(per_node.max()) if len(per_node) else 1
-    only = ",".join(f"{n}:{i}" for n, i in targets)
-    return (
-        f"slurm-pal campaign plan --nodes {compress_hostlist(nodes)} --gpus-per-node {gpus} "
-        f"--only {only} --id {campaign_id}-{suffix}"
-    )
+    print_campaign_slowdowns(clock, hot_command)
+    print_drift(found, where, clock, command)
