@@ -1,10 +1,11 @@
 """The rendered job_submit.lua under the real Lua 5.1 interpreter with a mock ``slurm`` table:
-its JSON encoder/decoder, the GPU-request translation, and the whole submit path against a
-Python Unix-socket server that answers, stalls, answers garbage or closes mid-line.
+JSON through lua-cjson as the plugin sets it up, the GPU-request translation, and the whole
+submit path against a Python Unix-socket server that answers, stalls, answers garbage or closes
+mid-line.
 
 Only slurmctld is mocked (the ``slurm`` table and a plain-table ``job_desc``); the socket, the
-lua-socket module and the interpreter are real. Needs ``lua5.1`` and ``lua-socket``
-(scripts/install-slurm.sh installs both)."""
+lua-socket and lua-cjson modules and the interpreter are real. Needs ``lua5.1``, ``lua-socket``
+and ``lua-cjson`` (scripts/install-slurm.sh installs them)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,25 @@ from slurm_pal.site.render import HookSettings, lua_string, plan_site, render_fi
 LUA = shutil.which("lua5.1")
 
 
+def _missing_lua() -> str | None:
+    """Why the plugin cannot run here (no interpreter, no lua-cjson), or None."""
+    if LUA is None:
+        return "lua5.1 not installed: bash scripts/install-slurm.sh"
+    probe = subprocess.run([LUA, "-e", 'require "cjson"'], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return "lua-cjson not installed: bash scripts/install-slurm.sh"
+    return None
+
+
+MISSING_LUA = _missing_lua()
+
+
 @pytest.fixture(autouse=True)
 def _need_lua() -> None:
-    """Skip without lua5.1 locally; in CI (CI=true, install-slurm.sh ran) it is a failure."""
-    if LUA is None:
-        why = "lua5.1 not installed: bash scripts/install-slurm.sh"
+    """Skip without lua5.1 and lua-cjson locally; in CI (CI=true, install-slurm.sh ran) it is a
+    failure."""
+    if MISSING_LUA is not None:
+        why = MISSING_LUA
         if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
@@ -245,6 +260,8 @@ def test_decoder_null_and_whitespace(short_dir: Path) -> None:
     assert out == [{"null": True, "x": [1]}]
 
 
+# lua-cjson 2.1.0 also takes "1." and raw control characters inside strings; the advisor never
+# writes either and every field it sets is type-checked, so they are left out here.
 BAD_JSON = [
     "",
     "{",
@@ -252,7 +269,6 @@ BAD_JSON = [
     "[1,]",
     "[1 2]",
     "01",
-    "1.",
     ".5",
     "-",
     "1e",
@@ -261,11 +277,13 @@ BAD_JSON = [
     '"\\u12"',
     '"\\ud800"',
     '"\\udc00x"',
-    '"a\x01b"',
     '"unterminated',
     '{"a":1}x',
     "nul",
     "NaN",
+    "Infinity",
+    "-inf",
+    "0x10",
     "'a'",
     "{a:1}",
     "[" * 40 + "]" * 40,
@@ -552,6 +570,59 @@ def test_missing_lua_socket_fails_open(short_dir: Path) -> None:
     out = json.loads(proc.stdout)
     _failed_open(out)
     assert "lua-socket" in out["logs"][0]
+
+
+def test_missing_lua_cjson_fails_open(short_dir: Path, serve) -> None:
+    """Without lua-cjson the script still loads, asks nobody, and every GPU job fails open
+    with one line that names the module (printed line by line: no JSON writer here)."""
+    server = serve(answer())
+    script = _render(short_dir, str(server.path))
+    code = (
+        'package.preload["cjson"] = function() error("no module") end\n'
+        + MOCK % lua_string(str(script))
+        + f"local job = {GPU_JOB}\n"
+        + "print(slurm_job_submit(job, {}, 1000)); print(job.tres_per_node)\n"
+        + "print(job.req_nodes); print(#LOGS); print(LOGS[1])\n"
+    )
+    proc = subprocess.run([str(LUA), "-"], input=code, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    rc, tres, req_nodes, n_logs, log = proc.stdout.splitlines()
+    assert (rc, tres, req_nodes, n_logs) == ("0", "gres:gpu:2", "nil", "1")
+    assert "accepted as written" in log and "lua-cjson" in log
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        (b'{"v":1,"ok":true,"pad":"' + b"x" * 1048576 + b'"}\n', "longer than"),
+        (b'{"v":1,"ok":true,"x":' + b"[" * 40 + b"]" * 40 + b"}\n", "nested"),
+        (b'{"v":1,"ok":true,"action":"route","set":{"min_nodes":1e400}}\n', "node count"),
+        (b'{"v":1,"ok":true,"action":"route","set":null,"x":NaN}\n', "not JSON"),
+    ],
+)
+def test_oversized_deep_or_odd_answers_fail_open(
+    short_dir: Path, serve, reply: bytes, why: str
+) -> None:
+    server = serve(lambda _line: reply)
+    script = _render(short_dir, str(server.path))
+    out = submit(script, GPU_JOB)
+    _failed_open(out)
+    assert why in out["logs"][0]
+
+
+def test_null_set_is_no_change_and_numbers_go_out_exact(short_dir: Path, serve) -> None:
+    """``"set": null`` changes nothing; a uid near 2^32 and the script size are sent exactly
+    (lua-cjson writes 14 significant digits)."""
+    server = serve(lambda _line: b'{"v":1,"ok":true,"action":"pass","set":null}\n')
+    script = _render(short_dir, str(server.path))
+    out = submit(
+        script, '{tres_per_node = "gres:gpu:1", script = string.rep("y", 123456)}', 4294967294
+    )
+    assert out["rc"] == 0 and not out["logs"]
+    assert out["job"]["tres_per_node"] == "gres:gpu:1"
+    sent = server.requests[0]["job"]
+    assert sent["uid"] == 4294967294 and sent["script_size"] == 123456
 
 
 def test_request_passes_the_advisors_own_parser_and_hashes_the_script_as_sent(
