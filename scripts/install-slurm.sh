@@ -7,7 +7,7 @@
 # No daemon is started or enabled: the testbed runs its own private munged/slurmctld/slurmd.
 set -euo pipefail
 
-packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-posix lua5.1)
+packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-cjson lua-posix lua5.1)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "install-slurm: this is not a Debian/Ubuntu system (no dpkg/apt-get); install" \
