@@ -13,6 +13,14 @@ or munge socket (a reused pid is never killed), plus any leftover process whose 
 environment names our ``slurm.conf``; nothing outside ``root`` is touched.
 
 The daemons run as root (``SlurmUser=root``); munged runs as user ``munge``.
+
+Release: ``LocalSlurm(release=...)``, default ``$SLURM_PAL_SLURM_RELEASE``, else ``system`` (the
+host's own Slurm on PATH, 22.05 on Debian 12). Another release (``24.11``) runs the programs in
+``$SLURM_PAL_CACHE/slurm-RELEASE/bin`` (default /var/cache/slurm-pal), built by
+``scripts/install-slurm.sh --release RELEASE``: Debian binaries patched to use their own root's
+loader and libraries, so they run on the host without chroot; slurm.conf then names that root's
+PluginDir, and each slurmd runs in a private mount namespace where the compiled-in
+``/usr/sbin/slurmstepd`` is that release's slurmstepd.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ REQUIRED_BINARIES = (
     "runuser",
 )
 SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+RELEASE_ENV = "SLURM_PAL_SLURM_RELEASE"
+CACHE_ENV = "SLURM_PAL_CACHE"
+DEFAULT_CACHE = "/var/cache/slurm-pal"
+SYSTEM_RELEASES = ("", "system", "22.05")  # the host's own Slurm (Debian 12: 22.05)
+# Where Debian's slurmd execs slurmstepd (SBINDIR, compiled in; no setting changes it).
+STEPD_PATH = "/usr/sbin/slurmstepd"
 STATE_FILE = "testbed.json"
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes; slurmd adds names to its spool
 TERMINAL_JOB_STATES = frozenset(
@@ -87,14 +101,31 @@ class NodeSpec:
         return ",".join(f"gpu:{t}:{n}" if t else f"gpu:{n}" for t, n in counts.items())
 
 
-def missing_binaries() -> list[str]:
-    """Slurm/munge programs this machine lacks (install with scripts/install-slurm.sh)."""
-    return [b for b in REQUIRED_BINARIES if _which(b) is None]
+def default_release() -> str:
+    """The release a testbed runs when none is given: ``$SLURM_PAL_SLURM_RELEASE`` or system."""
+    return os.environ.get(RELEASE_ENV, "").strip() or "system"
 
 
-def _which(name: str) -> str | None:
-    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(SBIN_DIRS)
-    return shutil.which(name, path=path)
+def release_bin_dir(release: str | None = None) -> Path | None:
+    """The folder of ``release``'s Slurm and munge programs; None for the host's own Slurm."""
+    release = default_release() if release is None else release
+    if release in SYSTEM_RELEASES:
+        return None
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE) / f"slurm-{release}" / "bin"
+
+
+def missing_binaries(release: str | None = None) -> list[str]:
+    """Slurm/munge programs this machine lacks for ``release`` (default: see the module
+    docstring); install them with scripts/install-slurm.sh [--release RELEASE]."""
+    bin_dir = release_bin_dir(release)
+    return [b for b in REQUIRED_BINARIES if _which(b, bin_dir) is None]
+
+
+def _which(name: str, bin_dir: Path | None = None) -> str | None:
+    dirs = [os.environ.get("PATH", ""), *SBIN_DIRS]
+    if bin_dir is not None:
+        dirs.insert(0, str(bin_dir))
+    return shutil.which(name, path=os.pathsep.join(dirs))
 
 
 @dataclass
@@ -120,6 +151,7 @@ class LocalSlurm:
     extra_conf: tuple[str, ...] = ()
     ctld_port: int = 0  # 0: pick free ports at start
     node_ports: dict[str, int] = field(default_factory=dict)
+    release: str = field(default_factory=default_release)  # see the module docstring
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -164,11 +196,20 @@ class LocalSlurm:
         return files
 
     @property
+    def bin_dir(self) -> Path | None:
+        """This release's programs, first on PATH; None: the host's own Slurm."""
+        return release_bin_dir(self.release)
+
+    @property
     def env(self) -> dict[str, str]:
-        """The environment for Slurm commands: SLURM_CONF set, inherited SLURM_* job vars gone."""
+        """The environment for Slurm commands: SLURM_CONF set, inherited SLURM_* job vars gone,
+        this release's programs first on PATH (jobs inherit it, so srun in a job matches)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
         env["SLURM_CONF"] = str(self.conf)
-        env["PATH"] = os.pathsep.join([env.get("PATH", ""), *SBIN_DIRS])
+        dirs = [env.get("PATH", ""), *SBIN_DIRS]
+        if self.bin_dir is not None:
+            dirs.insert(0, str(self.bin_dir))
+        env["PATH"] = os.pathsep.join(dirs)
         return env
 
     def device(self, index: int) -> str:
@@ -229,8 +270,44 @@ class LocalSlurm:
         self._start_munged(timeout_s)
         self._start_slurmctld(timeout_s)
         for node in self.nodes:
-            self._spawn(["slurmd", "-N", node.name, "-f", str(self.conf)], f"slurmd {node.name}")
+            self._spawn(
+                [
+                    *self._stepd_namespace(),
+                    self._which("slurmd") or "slurmd",
+                    "-N",
+                    node.name,
+                    "-f",
+                    str(self.conf),
+                ],
+                f"slurmd {node.name}",
+            )
         self.wait_idle(timeout_s)
+
+    def _stepd_namespace(self) -> list[str]:
+        """For another release: run slurmd in a private mount namespace where the compiled-in
+        slurmstepd path is this release's slurmstepd (the host's own stays untouched)."""
+        if self.bin_dir is None:
+            return []
+        stepd = self._which("slurmstepd")
+        if stepd is None or not os.path.exists(STEPD_PATH):
+            raise TestbedError(
+                f"Slurm {self.release} needs {self.bin_dir}/slurmstepd and an existing "
+                f"{STEPD_PATH} to mount it over; run 'bash scripts/install-slurm.sh "
+                f"--release {self.release}'"
+            )
+        script = 'mount --bind "$0" "$1" && shift && exec "$@"'
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            stepd,
+            STEPD_PATH,
+        ]
 
     def stop(self, timeout_s: float = 10.0) -> list[str]:
         """Cancel jobs, stop our daemons (SIGTERM, then SIGKILL), leave no stray process.
@@ -365,12 +442,25 @@ class LocalSlurm:
         return "\n".join(parts) or f"(no logs in {self.log_dir})"
 
     # -- internals ---------------------------------------------------------------------------
+    def _which(self, name: str) -> str | None:
+        return _which(name, self.bin_dir)
+
+    def _plugin_dir(self) -> str | None:
+        """Another release's PluginDir (Slurm's compiled-in one holds the host's plugins)."""
+        slurmd = self._which("slurmd") if self.bin_dir is not None else None
+        if slurmd is None:
+            return None
+        root = Path(slurmd).resolve().parents[2]  # ROOT/usr/sbin/slurmd-wlm
+        found = sorted(root.glob("usr/lib/*-linux-gnu/slurm-wlm"))
+        return str(found[0]) if found else None
+
     def _preflight(self) -> None:
-        missing = missing_binaries()
+        missing = missing_binaries(self.release)
         if missing:
+            option = "" if self.bin_dir is None else f" --release {self.release}"
             raise TestbedError(
-                f"Slurm/munge programs not found: {', '.join(missing)}; "
-                "install them with 'bash scripts/install-slurm.sh' (Debian, as root)"
+                f"Slurm {self.release} programs not found: {', '.join(missing)}; "
+                f"install them with 'bash scripts/install-slurm.sh{option}' (Debian, as root)"
             )
         if os.geteuid() != 0:
             raise TestbedError(
@@ -435,6 +525,16 @@ class LocalSlurm:
         etc = self.root / "etc"
         if self.job_submit_lua is not None:
             (etc / "job_submit.lua").write_text(self.job_submit_lua)
+        context = self._config_context()
+        self.conf.write_text(env.get_template("slurm.conf.j2").render(context))
+        (etc / "gres.conf").write_text(env.get_template("gres.conf.j2").render(context))
+        state = asdict(self)
+        state["root"] = str(self.root)
+        (self.root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    def _config_context(self) -> dict[str, object]:
+        """What the slurm.conf and gres.conf templates render (the multi-host testbed adds
+        the controller's and each node's host name and address)."""
         nodes = [
             {
                 "name": n.name,
@@ -460,23 +560,23 @@ class LocalSlurm:
             "nodes": nodes,
             "partition": self.partition,
             "node_list": compress(n.name for n in self.nodes),
+            "plugin_dir": self._plugin_dir(),
         }
-        self.conf.write_text(env.get_template("slurm.conf.j2").render(context))
-        (etc / "gres.conf").write_text(env.get_template("gres.conf.j2").render(context))
-        state = asdict(self)
-        state["root"] = str(self.root)
-        (self.root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        return context
 
     def _start_munged(self, timeout_s: float) -> None:
         key = self.root / "munge" / "munge.key"
-        self._spawn(["runuser", "-u", "munge", "--", "mungekey", "-c", "-f", "-k", str(key)], "key")
+        # runuser resets nothing we rely on, but name the programs absolutely anyway: the
+        # release's munge, not whatever PATH runuser's child would search.
+        mungekey = self._which("mungekey") or "mungekey"
+        self._spawn(["runuser", "-u", "munge", "--", mungekey, "-c", "-f", "-k", str(key)], "key")
         self._spawn(
             [
                 "runuser",
                 "-u",
                 "munge",
                 "--",
-                "munged",
+                self._which("munged") or "munged",
                 f"--socket={self.munge_socket}",
                 f"--key-file={key}",
                 f"--pid-file={self.pid_files()['munged']}",
@@ -497,7 +597,7 @@ class LocalSlurm:
 
     def _spawn(self, args: list[str], what: str) -> None:
         """Run a command that daemonizes (or finishes) quickly; fail with its output and logs."""
-        exe = _which(args[0])
+        exe = self._which(args[0])
         try:
             proc = subprocess.run(
                 [exe or args[0], *args[1:]],
