@@ -30,7 +30,8 @@ case "$release" in
   *) echo "install-slurm: unknown release $release (known: 22.05 from this machine, 24.11)" >&2; exit 2 ;;
 esac
 
-packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-cjson lua-posix lua5.1)
+packages=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins lua-socket lua-cjson lua-posix lua5.1
+  iproute2 util-linux)  # the multi-host testbed: ip netns, nsenter, unshare
 [ -n "$release" ] && packages+=(debootstrap)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then

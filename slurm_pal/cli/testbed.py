@@ -13,6 +13,8 @@ from slurm_pal.cli.common import console, err_console, fail, print_json, reporte
 from slurm_pal.site.render import RenderError, load_labels
 from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
 from slurm_pal.testbed.emulate import PROFILES, TRACES, EmulationError
+from slurm_pal.testbed.hosts import NS_PREFIX, HostsError, namespaces, remove_namespaces, tag_for
+from slurm_pal.testbed.multihost import MultiHostSlurm, attach
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -38,8 +40,17 @@ def up(
         "/dev/tty{index}", "--device-pattern", help="Fake GPU device of index {index}."
     ),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for idle nodes."),
+    hosts: int = typer.Option(
+        0,
+        "--hosts",
+        help="Run each node on its own compute host (network, UTS and mount namespaces on a "
+        "private bridge) beside a controller host: N compute hosts, one per node. 0: every "
+        "daemon on this host, on loopback.",
+    ),
 ) -> None:
     """Start munged, slurmctld and one slurmd per node; wait until every node is idle."""
+    if hosts < 0:
+        fail(f"--hosts must be >= 0, got {hosts}")
     if labels is not None:
         try:
             per_node = load_labels(labels)
@@ -49,17 +60,30 @@ def up(
             NodeSpec(node, tuple(gpus.get(i) for i in range(max(gpus) + 1)))
             for node, gpus in per_node.items()
         ]
+        if hosts and hosts != len(specs):
+            fail(f"--hosts {hosts} but {labels} describes {len(specs)} nodes (one host each)")
     else:
+        nodes = hosts or nodes
         width = max(2, len(str(nodes)))
         specs = [
             NodeSpec(f"{node_prefix}{i + 1:0{width}d}", (None,) * gpus_per_node)
             for i in range(nodes)
         ]
     try:
-        tb = LocalSlurm(root, specs, device_pattern=device_pattern)
+        if hosts:
+            tb: LocalSlurm = MultiHostSlurm(root, specs, device_pattern=device_pattern)
+        else:
+            tb = LocalSlurm(root, specs, device_pattern=device_pattern)
         tb.start(timeout_s=timeout)
     except TestbedError as exc:
         fail(str(exc))
+    if isinstance(tb, MultiHostSlurm):
+        where = ", ".join(f"{h.name} {h.address}" for h in tb.network.hosts)
+        console.print(f"testbed up in {tb.root}: {len(specs)} nodes idle on hosts {where}")
+        typer.echo(
+            f"slurm-pal testbed exec --dir {tb.root} -- sinfo   # commands on the controller"
+        )
+        return
     console.print(f"testbed up in {tb.root}: {len(specs)} nodes idle")
     typer.echo(f"export SLURM_CONF={tb.conf}")
 
@@ -68,7 +92,7 @@ def up(
 def status(root: Path = DIR_OPT) -> None:
     """Which daemons run, and the node states. Exit 1 when slurmctld is not running."""
     try:
-        tb = LocalSlurm.attach(root)
+        tb = attach(root)
     except TestbedError as exc:
         fail(str(exc))
     running = tb.running()
@@ -81,19 +105,63 @@ def status(root: Path = DIR_OPT) -> None:
             console.print(f"{node:>16}: {st}")
     except TestbedError as exc:
         fail(str(exc))
-    typer.echo(f"export SLURM_CONF={tb.conf}")
+    if isinstance(tb, MultiHostSlurm):
+        typer.echo(
+            f"slurm-pal testbed exec --dir {tb.root} -- sinfo   # commands on the controller"
+        )
+    else:
+        typer.echo(f"export SLURM_CONF={tb.conf}")
 
 
 @app.command()
-def down(root: Path = DIR_OPT) -> None:
-    """Cancel jobs and stop the testbed's daemons (only its own, by pid file)."""
+def down(
+    root: Path = DIR_OPT,
+    all_leftovers: bool = typer.Option(
+        False,
+        "--all",
+        help=f"Also remove every network namespace named {NS_PREFIX}* (multi-host testbeds of "
+        "any folder) and the processes in them.",
+    ),
+) -> None:
+    """Cancel jobs and stop the testbed's daemons (only its own, by pid file); a multi-host
+    testbed's namespaces go too, found by the folder's name even without testbed.json."""
+    stopped: list[str] = []
     try:
-        stopped = LocalSlurm.attach(root).stop()
+        if (root / "testbed.json").exists():
+            stopped = attach(root).stop()
+        leftovers = namespaces(f"{NS_PREFIX}{tag_for(root)}-")
+        if all_leftovers:
+            leftovers = namespaces(NS_PREFIX)
+        stopped += remove_namespaces(leftovers)
+    except (TestbedError, HostsError) as exc:
+        fail(str(exc))
+    console.print(f"stopped {len(stopped)}" + (": " + ", ".join(stopped) if stopped else ""))
+
+
+@app.command(
+    name="exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def exec_(
+    ctx: typer.Context,
+    root: Path = DIR_OPT,
+    host: str | None = typer.Option(
+        None, "--host", help="Host to run on (default: the controller, the login node)."
+    ),
+) -> None:
+    """Run a command on a host of a multi-host testbed with the testbed's SLURM_CONF:
+    `slurm-pal testbed exec -- sbatch --gres=gpu:1 --wrap hostname`."""
+    import subprocess
+
+    if not ctx.args:
+        fail("no command given: slurm-pal testbed exec [--host H] -- COMMAND ...")
+    try:
+        tb = attach(root)
+        if not isinstance(tb, MultiHostSlurm):
+            fail(f"the testbed in {root} runs on this host: export SLURM_CONF={tb.conf}")
+        args = tb.on_host(host or tb.controller, ctx.args)
     except TestbedError as exc:
         fail(str(exc))
-    console.print(
-        f"stopped {len(stopped)} process(es)" + (": " + ", ".join(stopped) if stopped else "")
-    )
+    raise typer.Exit(subprocess.run(args, env=tb.env, check=False).returncode)
 
 
 @app.command()
