@@ -128,6 +128,8 @@ class FakeSlurm:
             from slurm_pal.adapters.slurm.state import SlurmTimeoutError
 
             raise SlurmTimeoutError("slurmctld does not answer")
+        if list(args) == ["scontrol", "--version"]:
+            return "slurm 22.05.8\n"  # the release the samples were captured on
         if args[:2] == ["sinfo", "--json"]:
             return self.sinfo()
         if args[:2] == ["squeue", "--json"]:

@@ -173,4 +173,4 @@ def test_reader_does_not_fall_back_when_slurmctld_is_silent() -> None:
 
     with pytest.raises(SlurmTimeoutError):
         CliStateReader(runner=silent).nodes()
-    assert calls == ["sinfo"]
+    assert calls == ["scontrol", "sinfo"]  # scontrol --version (local), no fallback after sinfo

@@ -1,12 +1,12 @@
-"""Parsers for what Slurm 22.05's command-line tools print (pure: text in, values out).
+"""Parsers for what Slurm's command-line tools print (pure: text in, values out).
 
-Formats handled (all seen on a real 22.05.8, samples in ``tests/fixtures/slurm/``):
+Formats handled (seen on a real 22.05.8, samples in ``tests/fixtures/slurm/``, and 24.11.5):
 
 * GRES strings: ``gpu:v100-a0b0:2,gpu:v100-a1b0:1`` (configured), ``gpu:tesla:2(S:0-1)``,
   ``gpu:v100-a0b0:1(IDX:0),gpu:v100-a1b0:0(IDX:N/A)`` (used, with the global device indices),
   ``gpu:2(IDX:0,2)`` (untyped; a comma inside the parentheses), ``(null)`` / ``N/A`` (none);
 * TRES GPU requests: ``gres:gpu:v100-a0b0:1,gres:gpu:v100-a1b0:1`` (``tres_per_node`` /
-  ``tres_per_job``; the ``gres:`` prefix is what 22.05 stores);
+  ``tres_per_job``; the ``gres:`` prefix is what 22.05 stores, 24.11 stores ``gres/``);
 * ``scontrol show ... -o`` records: ``Key=value`` pairs whose values may contain blanks.
 """
 
@@ -91,8 +91,7 @@ def parse_gres(text: str | None) -> tuple[Gres, ...]:
             if key == "IDX":
                 indices = parse_indices(value)
         body = _ANNOTATION.sub("", item).strip()
-        if body.startswith("gres:"):
-            body = body[len("gres:") :]
+        body = body.removeprefix("gres:").removeprefix("gres/")
         fields = body.split(":")
         count = 1
         if len(fields) > 1 and fields[-1].isdigit():

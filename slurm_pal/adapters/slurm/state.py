@@ -3,9 +3,13 @@
 Why an interface: pyslurm would be the fast path, but it only builds against the Slurm release
 it was made for (PyPI has 25.11; Debian 12 ships 22.05 and the 22.5.x pyslurm is GitHub-only),
 so there is no pyslurm backend yet: it could not be tested here. :class:`CliStateReader` uses
-the command-line tools every Slurm has: ``sinfo --json`` and ``squeue --json`` (which ignore
-their filter options in 22.05, so filtering happens here, on the client) and, when the JSON
-serializer plugin is missing, ``scontrol show node -o -d``.
+the command-line tools every Slurm has: ``squeue --json`` (which ignores its filter options in
+22.05, so filtering happens here, on the client), for nodes ``sinfo --json`` on 22.05 and
+``scontrol show nodes --json`` from 23.02 on (:mod:`slurm_pal.adapters.slurm.release`; 24.11's
+``sinfo --json`` groups nodes like its table does), and, when the JSON serializer plugin is
+missing, ``scontrol show node -o -d``. The parsers read both JSON generations: 22.05's
+(openapi v0.0.38: plain strings and numbers) and 24.11's (data_parser v0.0.42: states as lists,
+numbers as ``{"set", "infinite", "number"}``, TRES as ``gres/gpu:T:n``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurm_pal.adapters.slurm.parse import Gres, gpu_counts, parse_gres, parse_key_values
+from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release
 from slurm_pal.core.hostlist import expand
 
 Runner = Callable[[Sequence[str]], str]
@@ -107,14 +112,26 @@ class CliStateReader:
         *,
         timeout_s: float = 10.0,
         runner: Runner | None = None,
+        release: SlurmRelease | None = None,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.timeout_s = timeout_s
         self._runner = runner or self._run
+        self._release = release
+
+    @property
+    def release(self) -> SlurmRelease:
+        """The tools' release (``scontrol --version``, read once); 22.05 when unreadable."""
+        if self._release is None:
+            self._release = detect_release(self._runner) or OLDEST
+        return self._release
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeState]:
+        command = ["sinfo", "--json"]
+        if self.release.scontrol_json:
+            command = ["scontrol", "show", "nodes", "--json"]
         try:
-            found = parse_sinfo_json(self._runner(["sinfo", "--json"]))
+            found = parse_sinfo_json(self._runner(command))
         except SlurmTimeoutError:
             raise  # slurmctld does not answer: scontrol would not either
         except SlurmQueryError:  # no serializer/openapi plugin: the text form always works
@@ -208,17 +225,35 @@ def _split_state(state: str) -> tuple[str, tuple[str, ...]]:
     return base.lower(), tuple(flags)
 
 
-def _words(text: str | None) -> tuple[str, ...]:
+def _words(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    if isinstance(text, list | tuple):  # 24.11: already a list
+        return tuple(str(w) for w in text if w)
     if not text or text.strip().lower() in ("(null)", "n/a"):
         return ()
     return tuple(w for w in text.split(",") if w)
 
 
+def _state_text(value: object) -> str:
+    """A state as 22.05 prints it (``idle``) or as 24.11 does (``["IDLE", "DRAIN"]``) ->
+    ``IDLE+DRAIN`` style text."""
+    if isinstance(value, list | tuple):
+        return "+".join(str(v) for v in value)
+    return str(value or "")
+
+
+def _number(value: object) -> int:
+    """A number as 22.05 prints it (``5``) or as 24.11 does (``{"set": true, "number": 5}``)."""
+    if isinstance(value, dict):
+        return int(value.get("number") or 0) if value.get("set", True) else 0
+    return int(value or 0)  # type: ignore[call-overload]
+
+
 def parse_sinfo_json(text: str) -> list[NodeState]:
-    """``sinfo --json`` (22.05, openapi v0.0.38) -> one NodeState per node."""
+    """``sinfo --json`` (22.05, openapi v0.0.38) or ``scontrol show nodes --json`` (23.02 and
+    later; 24.11's data_parser v0.0.42) -> one NodeState per node."""
     out: dict[str, NodeState] = {}
-    for n in _load(text, "sinfo --json").get("nodes", []):
-        base, flags = _split_state(str(n.get("state", "")))
+    for n in _load(text, "node JSON").get("nodes", []):
+        base, flags = _split_state(_state_text(n.get("state")))
         flags += tuple(str(f).upper() for f in n.get("state_flags") or () if f not in flags)
         out.setdefault(
             n["name"],
@@ -260,7 +295,8 @@ def parse_scontrol_nodes(text: str) -> list[NodeState]:
 
 
 def parse_squeue_json(text: str) -> list[JobState]:
-    """``squeue --json`` (22.05) -> JobStates; every job slurmctld knows, filters ignored."""
+    """``squeue --json`` (22.05 or 24.11) -> JobStates; every job slurmctld knows (22.05
+    ignores squeue's filters; this reader never passes any)."""
     jobs = []
     for j in _load(text, "squeue --json").get("jobs", []):
         nodes = tuple(expand(j["nodes"])) if j.get("nodes") else ()
@@ -269,12 +305,13 @@ def parse_squeue_json(text: str) -> list[JobState]:
         jobs.append(
             JobState(
                 job_id=int(j["job_id"]),
-                state=str(j.get("job_state", "")).upper(),
+                # 24.11 lists the state and its flags: ["PENDING", "REQUEUED"]; base first.
+                state=_state_text(j.get("job_state")).split("+")[0].upper(),
                 user=j.get("user_name") or str(j.get("user_id", "")),
                 partition=j.get("partition") or "",
                 nodes=nodes,
                 name=j.get("name") or "",
-                priority=int(j.get("priority") or 0),
+                priority=_number(j.get("priority")),
                 reason=j.get("state_reason") or "",
                 tres_per_node=parse_gres(j.get("tres_per_node")),
                 tres_per_job=parse_gres(j.get("tres_per_job")),

@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from slurm_pal.adapters.slurm.release import SlurmRelease, detect_release
+
 __all__ = [
     "JobChange",
     "ScontrolApplier",
@@ -60,7 +62,7 @@ def _is_gpu_typed(tres: str) -> bool:
     return bool(gpu_types(tres))
 
 
-def transition_problem(change: JobChange) -> str | None:
+def transition_problem(change: JobChange, release: SlurmRelease | None = None) -> str | None:
     """Why Slurm 22.05 would refuse or mishandle this change of GPU request (checked on the
     testbed, ``tests/slurm/test_advisor_service.py``), or None.
 
@@ -69,10 +71,15 @@ def transition_problem(change: JobChange) -> str | None:
     the new typed entries into the job's GRES request and keeps the dropped type's entry with
     its old count (also with an explicit ``T:0``), so ``ta:2 -> tb:2`` runs on 4 GPUs and
     ``ta:3,tb:1 -> ta:4`` is held with BadConstraints on a node without ``tb``. Updates that
-    keep every type (new counts, other nodes, added types) are exact."""
+    keep every type (new counts, other nodes, added types) are exact.
+
+    ``release`` None means 22.05's rules; from 24.11 on Slurm replaces the request
+    (:attr:`SlurmRelease.typed_gres_update_replaces`), so no change is refused here."""
     fields = change.fields
     now = change.held_tres
     if change.only_exclusion or not now:
+        return None
+    if release is not None and release.typed_gres_update_replaces:
         return None
     gpu_fields = [str(fields[k]) for k in ("tres_per_node", "tres_per_job") if fields.get(k)]
     new_types = frozenset().union(*(gpu_types(v) for v in gpu_fields))
@@ -90,7 +97,7 @@ def transition_problem(change: JobChange) -> str | None:
     return None
 
 
-def scontrol_steps(change: JobChange) -> list[list[str]]:
+def scontrol_steps(change: JobChange, release: SlurmRelease | None = None) -> list[list[str]]:
     """The ``scontrol update`` argument lists for one update, in order (testbed findings in
     PROTOCOL.md "Reservations and re-planning"): Slurm 22.05 refuses to turn an untyped GPU
     request into a typed one in one update ("Invalid GRES specification (with and without type
@@ -114,8 +121,10 @@ def scontrol_steps(change: JobChange) -> list[list[str]]:
     new_typed = any(
         _is_gpu_typed(str(fields.get(k, ""))) for k in ("tres_per_node", "tres_per_job")
     )
-    if transition_problem(change) is not None:
+    if transition_problem(change, release) is not None:
         return []
+    if release is not None and release.typed_gres_update_replaces:
+        new_typed = False  # one update does it (24.11)
     if change.only_exclusion:
         return [*steps, [*head, *final]]
     if new_typed and now and not _is_gpu_typed(now):
@@ -148,12 +157,30 @@ class ScontrolApplier:
             check=False,
         )
 
+    _release: SlurmRelease | None = None
+    _release_read = False
+
+    @property
+    def release(self) -> SlurmRelease | None:
+        """The release of the scontrol this applier runs, read once (``scontrol --version``,
+        local); None when unreadable, which gets 22.05's rules."""
+        if not self._release_read:
+            self._release = detect_release(self._version)
+            self._release_read = True
+        return self._release
+
+    def _version(self, args: Sequence[str]) -> str:
+        proc = subprocess.run(
+            list(args), env=self.env, capture_output=True, text=True, timeout=self.timeout_s
+        )
+        return proc.stdout
+
     def apply(self, change: JobChange) -> str | None:
         """Run the steps; None on success, else the error text."""
-        problem = transition_problem(change)
+        problem = transition_problem(change, self.release)
         if problem is not None:
             return problem
-        for step in scontrol_steps(change):
+        for step in scontrol_steps(change, self.release):
             try:
                 proc = self.run(step)
             except (OSError, subprocess.TimeoutExpired) as exc:
