@@ -165,6 +165,15 @@ class AdvisorConfig:
     slurm_backend: str = "auto"
     """How Slurm state is read: cli (sinfo/squeue --json), pyslurm, or auto (pyslurm if it
     imports and matches the running Slurm, else cli)."""
+    listen: str | None = None
+    """``HOST:PORT`` of a TCP listener for the compute nodes' Prolog/Epilog records (off when
+    unset). It serves only the ``record`` op, each record inside a munge credential that is
+    checked (uid in record_users, encoding host = the record's node, job on that node)."""
+    record_users: tuple[str, ...] = ("root", "slurm")
+    """Users whose munge credentials may carry records over TCP: the users the Prolog/Epilog
+    (root under slurmd) and EpilogSlurmctld (SlurmUser) run as."""
+    munge_socket: str = "/run/munge/munge.socket.2"
+    """munged's socket on the controller, for decoding the records' credentials."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,11 @@ class HooksConfig:
     """Sample GPU utilization (NVML) while a job runs; nothing happens on nodes without GPUs."""
     sample_s: float = 5.0
     """Seconds between telemetry samples."""
+    advisor: str | None = None
+    """``HOST:PORT`` of the advisor's TCP listener (its ``advisor.listen``): hooks on compute
+    nodes send their records there, each in a munge credential. Unset: the Unix socket."""
+    munge_socket: str = "/run/munge/munge.socket.2"
+    """The node's munged socket, for the records' credentials."""
 
 
 @dataclass(frozen=True)
@@ -396,6 +410,9 @@ def _validate_advisor(config: SiteConfig) -> None:
         )
     if not a.socket.startswith("/"):
         raise ConfigError(f"{src}: 'advisor.socket' must be an absolute path, got {a.socket!r}")
+    for key, value in (("advisor.listen", a.listen), ("hooks.advisor", h.advisor)):
+        if value is not None and _host_port_problem(value):
+            raise ConfigError(f"{src}: '{key}' {_host_port_problem(value)}")
     positive = {
         "advisor.submit_timeout_ms": a.submit_timeout_ms,
         "advisor.refresh_s": a.refresh_s,
@@ -429,6 +446,23 @@ def _validate_advisor(config: SiteConfig) -> None:
             f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "
             f"got {a.avoid_above}"
         )
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); ValueError saying what is wrong."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT (port 1-65535), got {value!r}")
+    return host, int(port)
+
+
+def _host_port_problem(value: str) -> str | None:
+    try:
+        _, port = split_host_port(value)
+    except ValueError as exc:
+        return str(exc)
+    return None if port else f"must be HOST:PORT (port 1-65535), got {value!r}"
 
 
 def default_db_path() -> Path:

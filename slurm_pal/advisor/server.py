@@ -35,6 +35,7 @@ from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.advisor import protocol
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
+from slurm_pal.advisor.jobend import job_gpus
 from slurm_pal.advisor.replan import (
     PendingJob,
     ReplanResult,
@@ -78,6 +79,7 @@ class Counters:
         "answers_undelivered",
         "records_total",
         "records_duplicate",
+        "records_rejected",
         "replans",
         "replans_at_job_end",
         "replans_coalesced",
@@ -251,8 +253,12 @@ class AdvisorServer:
         io_timeout_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
+        listen: str | None = None,
     ) -> None:
         cfg = state.config
+        self.listen = cfg.advisor.listen if listen is None else listen or None
+        self._tcp: Any = None  # transport.RecordListener when advisor.listen is set
+        self._ended_jobs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.max_connections = (
             cfg.advisor.max_connections if max_connections is None else max_connections
         )
@@ -296,6 +302,11 @@ class AdvisorServer:
         self._bind()
         assert self._server is not None
         self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
+        if self.listen:
+            from slurm_pal.advisor.transport import RecordListener
+
+            self._tcp = RecordListener.for_advisor(self, self.listen)
+            self._tcp.start()
         self._spawn("refresh", self._refresh_loop)
         if self.replan_s > 0:
             self._spawn("replan", self._replan_loop)
@@ -313,6 +324,9 @@ class AdvisorServer:
         """Stop the threads, close and remove the socket, flush the store writer."""
         self._stop.set()
         self._refresh_now.set()
+        if self._tcp is not None:
+            self._tcp.stop()
+            self._tcp = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -790,7 +804,12 @@ class AdvisorServer:
             after.append(note)
         return answer
 
-    def _record(self, body: Mapping[str, object]) -> dict[str, object]:
+    def apply_record(self, record: dict[str, object], replan: bool = True) -> dict[str, object]:
+        """The ``record`` op's answer for a record that came another way (the TCP listener,
+        after its checks); ``replan=False``: store it but start no round."""
+        return self._record({"record": record}, replan=replan)
+
+    def _record(self, body: Mapping[str, object], replan: bool = True) -> dict[str, object]:
         record = body["record"]
         assert isinstance(record, dict)
         start = time.perf_counter()
@@ -798,16 +817,19 @@ class AdvisorServer:
         write = self.state.submit_record(record)
         # The round runs while the store writer catches up (it may hold many decisions queued
         # before this record); the answer waits for both, so an ok means the record is stored.
-        replan = None
-        if not known and self.replan_on_epilog and record.get("kind") == "epilog":
-            replan = self._replan_at_job_end(record)
+        round_due = replan and not known and self.replan_on_epilog
+        round_due = round_due and record.get("kind") == "epilog"
+        round_due = round_due and record.get("job_id") not in self._ended_jobs
+        replan_answer = None
+        if round_due:
+            replan_answer = self._replan_at_job_end(record)
         added = write.result(timeout=30.0)
         self.counters.add("records_total")
         if not added:
             self.counters.add("records_duplicate")
         answer: dict[str, object] = {"v": 1, "ok": True, "duplicate": not added}
-        if added and replan is not None:
-            answer["replan"] = replan
+        if added and replan_answer is not None:
+            answer["replan"] = replan_answer
         if record.get("kind") == "epilog":  # what the Epilog waited for: round and write
             self.counters.job_end_ms(round((time.perf_counter() - start) * 1000, 1))
         return answer
@@ -818,8 +840,18 @@ class AdvisorServer:
         the updates land before Slurm can start anything on them, and pending jobs get
         PM-First/PAL's choice when they start, not only when they were submitted."""
         start = time.perf_counter()
+        freed = self.state.released_by(record)
+        # A multi-node job's first Epilog frees every node the job held (the view knows them);
+        # the other nodes' records then start no round of their own.
+        job_id = record.get("job_id")
+        whole = job_gpus(self.state.view, job_id) if isinstance(job_id, int) else None
+        if whole is not None:
+            freed = [*freed, *whole]
+            self._ended_jobs[job_id] = None  # type: ignore[index]
+            while len(self._ended_jobs) > 10_000:
+                self._ended_jobs.popitem(last=False)
         try:
-            result = self.replan_at_job_end(self.state.released_by(record))
+            result = self.replan_at_job_end(freed)
         except Exception as exc:  # the record is kept; re-planning is best effort
             log.warning("re-planning at the end of job %s failed: %s", record.get("job_id"), exc)
             return None

@@ -44,6 +44,7 @@ from slurm_pal.advisor.decide import (
     parse_admin_comment,
 )
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
+from slurm_pal.advisor.jobend import merge_telemetry
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy, configured_policy
 from slurm_pal.core.resolve import JobRecord, StoreView, claimed_app, resolve
@@ -136,8 +137,9 @@ class StoreWriter:
     whose job's decision is still queued then finds no claim to compare with; its measured
     class is kept all the same."""
 
-    def __init__(self, store_path: Path) -> None:
+    def __init__(self, store_path: Path, *, max_batch: int = 256) -> None:
         self.store_path = store_path
+        self.max_batch = max_batch
         self._queue: queue.PriorityQueue[
             tuple[int, int, Callable[[Store], Any] | None, Future[Any] | None]
         ] = queue.PriorityQueue()
@@ -164,25 +166,60 @@ class StoreWriter:
         store = Store(self.store_path)
         try:
             while True:
-                _, _, fn, future = self._queue.get()
-                if fn is None or future is None:
+                batch = self._next_batch()
+                self._run_batch(store, [(fn, fut) for fn, fut in batch if fn and fut])
+                if any(fn is None for fn, _ in batch):
                     return
-                if not future.set_running_or_notify_cancel():
-                    continue
-                try:
-                    future.set_result(fn(store))
-                except BaseException as exc:  # handed to the waiter, or logged below
-                    future.set_exception(exc)
-                    log.warning("store write failed: %s", exc)
         finally:
             store.close()
+
+    def _next_batch(self) -> list[tuple[Callable[[Store], Any] | None, Future[Any] | None]]:
+        """What is queued now, up to ``max_batch``, in lane order. A commit costs an fsync
+        (about 7 ms here) whatever it holds, so a burst of decision saves drains in one
+        commit instead of queueing for seconds in front of the next Epilog's record."""
+        _, _, fn, future = self._queue.get()
+        batch = [(fn, future)]
+        while fn is not None and len(batch) < self.max_batch:
+            try:
+                _, _, fn, future = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            batch.append((fn, future))
+        return batch
+
+    def _run_batch(
+        self, store: Store, batch: list[tuple[Callable[[Store], Any], Future[Any]]]
+    ) -> None:
+        """Run each write in its own savepoint and the lot in one transaction; results are
+        handed out only after the commit, so nobody is told a write is stored before it is."""
+        done: list[tuple[Future[Any], Any, BaseException | None]] = []
+        try:
+            with store.group():
+                for fn, future in batch:
+                    if not future.set_running_or_notify_cancel():
+                        continue
+                    try:
+                        with store.atomic():
+                            result = fn(store)
+                        done.append((future, result, None))
+                    except Exception as exc:  # this write only: its savepoint is rolled back
+                        done.append((future, None, exc))
+        except Exception as exc:  # the commit itself failed: nothing in the batch is stored
+            log.warning("store write failed: %s", exc)
+            done = [(future, None, exc) for future, _, _ in done]
+        for future, result, error in done:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+                log.warning("store write failed: %s", error)
 
 
 def _labels_from(config: SiteConfig, store: Store, labels_file: str | None) -> LabelTable:
     path = labels_file if labels_file is not None else config.advisor.labels_file
     if path:
         return LabelTable.from_labels_json(json.loads(Path(path).read_text()))
-    return LabelTable.from_labels_json(plan_from_store(store).to_dict())
+    return LabelTable.from_labels_json(plan_from_store(store, config=config).to_dict())
 
 
 def build_specs(campaign: str, store: Store, labels: LabelTable) -> tuple[list[GpuSpec], list[str]]:
@@ -783,6 +820,9 @@ def _apply_record(store: Store, record: dict[str, object], classifier: Any) -> b
     if not added or record.get("kind") != "epilog" or not isinstance(telemetry, dict):
         return added
     job_id = int(record["job_id"])  # type: ignore[call-overload]
+    # A multi-node job: one history row from every node's summary so far (merged, not the
+    # last node's alone); each later node's record replaces it with the fuller merge.
+    telemetry = merge_telemetry(store.job_records(job_id)) or telemetry
     row = store.decision_for_job(job_id)
     if row is None:
         log.info("epilog of job %d: no advisor decision for it, history not updated", job_id)

@@ -47,6 +47,8 @@ def _run(
         socket_path=sock,
         spool_dir=spool_dir,
         timeout_s=timeout_s,
+        tcp=cfg.hooks.advisor,
+        munge_socket=cfg.hooks.munge_socket,
         labels=labels,
         telemetry=cfg.hooks.telemetry,
         sample_s=cfg.hooks.sample_s,
@@ -90,7 +92,9 @@ def flush(
     from slurm_pal.hooks.spool import flush as flush_spool
 
     sock, spool, timeout_s = _settings(ctx, socket, spool_dir)
-    result = flush_spool(spool, sock, timeout_s)
+    hooks = state(ctx).config.hooks
+    # [hooks] advisor set: a compute node's records go to the controller over TCP (munge)
+    result = flush_spool(spool, sock, timeout_s, tcp=hooks.advisor, munge_socket=hooks.munge_socket)
     if as_json:
         print_json(
             {

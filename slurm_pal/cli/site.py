@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from slurm_pal.adapters.config import ENV_CONFIG
 from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
 from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors, state
 from slurm_pal.core.hostlist import expand
@@ -17,6 +18,7 @@ from slurm_pal.site.render import (
     DEFAULT_PROLOG,
     HookSettings,
     RenderError,
+    ServiceSettings,
     compare_gres,
     plan_from_store,
     render_files,
@@ -85,7 +87,14 @@ def render(
                 labels_path=labels_path or str(out.resolve() / "labels.json"),
                 python=python,
             )
-            files = render_files(plan, prolog=prolog, epilog=epilog, hooks=hooks)
+            config_file = st.config_path or os.environ.get(ENV_CONFIG) or None
+            service = ServiceSettings.from_config(
+                st.config,
+                config_path=str(Path(config_file).resolve()) if config_file else None,
+                db_path=str(st.db) if st.db else None,
+                python=python,
+            )
+            files = render_files(plan, prolog=prolog, epilog=epilog, hooks=hooks, service=service)
         except RenderError as exc:
             fail(str(exc))
     written = write_site(out, files)

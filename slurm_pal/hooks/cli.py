@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from slurm_pal.advisor import munge
 from slurm_pal.hooks import gpus
 from slurm_pal.hooks.records import HookEnvError, build_record
 from slurm_pal.hooks.spool import deliver, flush, warn
@@ -22,9 +23,11 @@ DEFAULT_LIMIT_S = 8.0
 def run_hook(
     kind: str,
     *,
-    socket_path: str,
+    socket_path: str | None,
     spool_dir: Path,
     timeout_s: float,
+    tcp: str | None = None,
+    munge_socket: str = munge.DEFAULT_SOCKET,
     labels: Path | None = None,
     telemetry: bool = True,
     sample_s: float = 5.0,
@@ -55,7 +58,7 @@ def run_hook(
         summary = gpus.stop_sampler(spool_dir, job_id, sampler_wait_s)
         if summary is not None:
             record["telemetry"] = summary
-    deliver(spool_dir, socket_path, record, timeout_s)
+    deliver(spool_dir, socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
     return record
 
 
@@ -66,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("prolog", "epilog", "flush"):
         p = sub.add_parser(name)
-        p.add_argument("--socket", required=True, help="the advisor's Unix socket")
+        p.add_argument("--socket", default=None, help="the advisor's Unix socket")
+        p.add_argument(
+            "--advisor", default=None, help="HOST:PORT of the advisor's TCP listener (munge)"
+        )
+        p.add_argument("--munge-socket", default=munge.DEFAULT_SOCKET)
         p.add_argument("--spool-dir", required=True, type=Path)
         p.add_argument("--timeout-ms", type=int, default=300)
         if name != "flush":
@@ -104,7 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return gpus.sampler_main(args.spool_dir, args.job, args.uuid, args.sample_s)
     timeout_s = max(args.timeout_ms, 1) / 1000
     if args.command == "flush":
-        result = flush(args.spool_dir, args.socket, timeout_s)
+        result = flush(
+            args.spool_dir,
+            args.socket,
+            timeout_s,
+            tcp=args.advisor,
+            munge_socket=args.munge_socket,
+        )
         print(
             json.dumps(
                 {
@@ -122,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             socket_path=args.socket,
             spool_dir=args.spool_dir,
             timeout_s=timeout_s,
+            tcp=args.advisor,
+            munge_socket=args.munge_socket,
             labels=args.labels,
             telemetry=not args.no_telemetry,
             sample_s=args.sample_s,

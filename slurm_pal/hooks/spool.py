@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_pal.advisor import munge
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.hooks.records import spool_name
 
@@ -79,21 +82,72 @@ def request(socket_path: str, message: Mapping[str, object], timeout_s: float) -
         raise DeliveryError(str(exc)) from None
 
 
-def send_record(socket_path: str, record: Mapping[str, object], timeout_s: float) -> bool:
-    """True when the advisor took the record (``ok``, also as a duplicate)."""
-    answer = request(socket_path, {"v": 1, "op": "record", "record": record}, timeout_s)
+def tcp_request(address: str, message: Mapping[str, object], timeout_s: float) -> dict:
+    """One request line to ``HOST:PORT`` and its answer line, within ``timeout_s`` in all."""
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+            conn.sendall((json.dumps(message) + "\n").encode())
+            data = b""
+            while not data.endswith(b"\n"):
+                conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except (OSError, ValueError) as exc:
+        raise DeliveryError(f"advisor at {address}: {exc}") from None
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise DeliveryError(f"advisor at {address} gave no JSON answer: {data[:200]!r}") from None
+    if not isinstance(answer, dict):
+        raise DeliveryError(f"advisor at {address} gave no JSON object: {data[:200]!r}")
+    return answer
+
+
+def send_record(
+    socket_path: str | None,
+    record: Mapping[str, object],
+    timeout_s: float,
+    *,
+    tcp: str | None = None,
+    munge_socket: str = munge.DEFAULT_SOCKET,
+) -> bool:
+    """True when the advisor took the record (``ok``, also as a duplicate). With ``tcp``
+    (``HOST:PORT``) the record goes there inside a fresh munge credential (PROTOCOL.md,
+    "Records over TCP"), else over the Unix socket."""
+    if tcp:
+        payload = json.dumps(record, sort_keys=True).encode()
+        try:
+            cred = munge.encode(payload, munge_socket, timeout_s)
+        except munge.MungeError as exc:
+            raise DeliveryError(f"no munge credential: {exc}") from None
+        answer = tcp_request(tcp, {"v": 1, "op": "record", "cred": cred}, timeout_s)
+    elif socket_path:
+        answer = request(socket_path, {"v": 1, "op": "record", "record": record}, timeout_s)
+    else:
+        raise DeliveryError("neither the advisor's socket nor its TCP address is set")
     if answer.get("ok") is not True:
         raise RecordRefused(f"advisor refused record {record.get('record_id')}: {answer}")
     return True
 
 
 def deliver(
-    spool_dir: Path, socket_path: str, record: Mapping[str, object], timeout_s: float
+    spool_dir: Path,
+    socket_path: str | None,
+    record: Mapping[str, object],
+    timeout_s: float,
+    *,
+    tcp: str | None = None,
+    munge_socket: str = munge.DEFAULT_SOCKET,
 ) -> bool:
     """Spool ``record``, offer it to the advisor, delete the file on ok. True if delivered."""
     path = write_spool(spool_dir, record)
     try:
-        send_record(socket_path, record, timeout_s)
+        send_record(socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
     except DeliveryError as exc:
         where = f"left in {path}" if path else "NOT spooled (see above): lost"
         warn(f"record {record.get('record_id')} not delivered ({exc}); {where}")
@@ -129,8 +183,16 @@ def spooled(spool_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: (mtime(p), p.name))
 
 
-def flush(spool_dir: Path, socket_path: str, timeout_s: float) -> FlushResult:
-    """Resend every spooled record; once the advisor is unreachable the rest are left as is."""
+def flush(
+    spool_dir: Path,
+    socket_path: str | None,
+    timeout_s: float,
+    *,
+    tcp: str | None = None,
+    munge_socket: str = munge.DEFAULT_SOCKET,
+) -> FlushResult:
+    """Resend every spooled record (over TCP each in a fresh credential: the first one may have
+    expired or been used); once the advisor is unreachable the rest are left as is."""
     result = FlushResult()
     files = spooled(spool_dir)
     for n, path in enumerate(files):
@@ -143,7 +205,7 @@ def flush(spool_dir: Path, socket_path: str, timeout_s: float) -> FlushResult:
             result.unreadable.append(path.name)
             continue
         try:
-            send_record(socket_path, record, timeout_s)
+            send_record(socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
         except RecordRefused as exc:
             warn(f"{path.name}: {exc}")
             result.left.append(path.name)

@@ -12,7 +12,9 @@ pick. This module turns the active campaign (per-GPU node, index, model and labe
 * ``job_submit.lua``: asks the advisor at submit time (socket path, timeout and the site's GPU
   model names rendered in, so it fails open without the advisor);
 * ``prolog.sh`` / ``epilog.sh``: call the stdlib-only hooks (``python -m slurm_pal.hooks``) with
-  the absolute Python of this install, the socket and the spool dir.
+  the absolute Python of this install, the socket (or the advisor's TCP address and the node's
+  munge socket, ``hooks.advisor``) and the spool dir;
+* ``slurm-pal.service``: the systemd unit of ``slurm-pal serve`` on the controller.
 
 GPUs without a node or index (e.g. rows of the Longhorn sgemm file) cannot be placed in
 gres.conf: they are listed as skipped, with the reason.
@@ -40,7 +42,7 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.adapters.config import SYSTEM_DB, SiteConfig, split_host_port
 from slurm_pal.adapters.store import Store
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
@@ -74,6 +76,8 @@ class HookSettings:
     telemetry: bool = True
     sample_s: float = 5.0
     labels_path: str | None = None
+    advisor: str | None = None  # HOST:PORT: hooks send over TCP with a munge credential
+    munge_socket: str = "/run/munge/munge.socket.2"
 
     @classmethod
     def from_config(
@@ -98,7 +102,56 @@ class HookSettings:
             telemetry=config.hooks.telemetry,
             sample_s=config.hooks.sample_s,
             labels_path=labels_path,
+            advisor=config.hooks.advisor,
+            munge_socket=config.hooks.munge_socket,
         )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What the systemd unit of ``slurm-pal serve`` needs: who runs it (SlurmUser: the first
+    of ``advisor.allowed_users`` that is not root), its config, store and socket, and whether
+    it binds a privileged port (``advisor.listen`` below 1024)."""
+
+    python: str = sys.executable
+    user: str = "slurm"
+    group: str = "slurm"
+    config_path: str | None = None
+    db_path: str = "/var/lib/slurm-pal/slurm-pal.db"
+    socket: str = "/run/slurm-pal/advisor.sock"
+    spool_dir: str = "/var/spool/slurm-pal"
+    listen: str | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: SiteConfig,
+        *,
+        config_path: str | None = None,
+        db_path: str | None = None,
+        python: str | None = None,
+    ) -> ServiceSettings:
+        users = [u for u in config.advisor.allowed_users if u != "root"]
+        return cls(
+            python=python or sys.executable,
+            user=users[0] if users else "root",
+            group=config.advisor.socket_group,
+            config_path=config_path,
+            db_path=db_path or config.store.path or str(SYSTEM_DB),
+            socket=config.advisor.socket,
+            spool_dir=config.hooks.spool_dir,
+            listen=config.advisor.listen,
+        )
+
+    @property
+    def privileged_port(self) -> bool:
+        return self.listen is not None and split_host_port(self.listen)[1] < 1024
+
+    @property
+    def runtime_dir(self) -> str | None:
+        """systemd's RuntimeDirectory= when the socket is directly under /run/<name>/."""
+        parent = Path(self.socket).parent
+        return parent.name if parent.parent == Path("/run") else None
 
 
 @dataclass(frozen=True)
@@ -281,9 +334,11 @@ def render_files(
     prolog: str = DEFAULT_PROLOG,
     epilog: str = DEFAULT_EPILOG,
     hooks: HookSettings | None = None,
+    service: ServiceSettings | None = None,
 ) -> dict[str, str]:
     """File name -> content for everything ``site render`` writes."""
     hooks = hooks or HookSettings()
+    service = service or ServiceSettings(python=hooks.python)
     if not plan.gpus:
         raise RenderError(
             f"campaign {plan.campaign!r} has no GPU with a node and index to render"
@@ -313,6 +368,7 @@ def render_files(
         "privileged_uids": sorted(set(hooks.privileged_uids) | {0}),
         "hooks": hooks,
         "hook_limit_s": HOOK_LIMIT_S,
+        "service": service,
     }
     return {
         "gres.conf": env.get_template("gres.conf.j2").render(context),
@@ -322,6 +378,7 @@ def render_files(
         "job_submit.lua": env.get_template("job_submit.lua.j2").render(context),
         "prolog.sh": env.get_template("prolog.sh.j2").render(context, kind="prolog"),
         "epilog.sh": env.get_template("epilog.sh.j2").render(context, kind="epilog"),
+        "slurm-pal.service": env.get_template("slurm-pal.service.j2").render(context),
     }
 
 

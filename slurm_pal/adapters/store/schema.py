@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
@@ -245,7 +245,20 @@ class StoreConnection:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: concurrent writers wait; any error rolls everything back."""
+        """One IMMEDIATE transaction: concurrent writers wait; any error rolls everything back.
+        Inside :meth:`group` it is a savepoint: the write still succeeds or fails whole, and
+        the group's single commit makes it durable."""
+        if self._grouped:
+            self._db.execute("SAVEPOINT write")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK TO write")
+                self._db.execute("RELEASE write")
+                raise
+            else:
+                self._db.execute("RELEASE write")
+            return
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
@@ -254,6 +267,32 @@ class StoreConnection:
             raise
         else:
             self._db.execute("COMMIT")
+
+    _grouped = False
+
+    def atomic(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write of the caller's that succeeds or fails whole (a savepoint inside a group)."""
+        return self._write()
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Many writes, one commit. Each commit waits for the disk (an fsync, milliseconds),
+        so a burst of small writes done one commit each queues for seconds; grouped, the
+        burst costs one. A failing write inside still rolls back only itself."""
+        if self._grouped:
+            yield
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._grouped = True
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        finally:
+            self._grouped = False
 
 
 def _statements(script: str) -> list[str]:

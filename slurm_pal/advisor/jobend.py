@@ -1,0 +1,88 @@
+"""What a job's end means for the advisor when the job spanned several nodes.
+
+Why: each node runs its own Epilog and sends its own record, naming only its node's GPUs.
+The first of them to arrive starts the job-end round; that round must count every node the job
+held as free (Slurm holds each node's GPUs until that node's Epilog ends, so planning them now
+is as safe as planning the record's own node), and the records that follow need no round of
+their own. The job's telemetry is one measurement of one job: the nodes' summaries are merged
+into one, weighted by the busy time each node sampled, and the job history keeps that one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("slurm_pal.advisor")
+
+__all__ = ["job_gpus", "merge_telemetry"]
+
+
+def job_gpus(view: Any, job_id: int) -> list[str] | None:
+    """The UUIDs of every GPU ``job_id`` holds on any node, as the view's last Slurm read shows
+    them (mapped through labels.json); None when the view does not show the job holding GPUs
+    (a job that started and ended between two reads: then only the record's node is known)."""
+    if view is None:
+        return None
+    job = next((j for j in view.jobs if j.job_id == job_id), None)
+    if job is None or not job.allocated_gres:
+        return None
+    labels = view.static.labels
+    uuids = []
+    for node, indices in job.allocated_gpu_indices().items():
+        for index in indices:
+            try:
+                uuids.append(labels.uuid_at_slurm_index(node, index))
+            except KeyError:
+                log.warning("job %d: GPU %d on %s not in labels.json", job_id, index, node)
+    return uuids or None
+
+
+def _weight(summary: Mapping[str, object]) -> float:
+    """The busy time the summary stands for (sampled time x busy share), else its samples."""
+    total = summary.get("weight_total")
+    busy = summary.get("busy_fraction")
+    if isinstance(total, int | float) and total > 0:
+        share = float(busy) if isinstance(busy, int | float) else 1.0
+        return float(total) * share
+    samples = summary.get("samples", summary.get("measurements"))
+    return float(samples) if isinstance(samples, int | float) and samples > 0 else 0.0
+
+
+def merge_telemetry(records: Iterable[Mapping[str, object]]) -> dict[str, object] | None:
+    """One job's telemetry from its Epilog records on every node: DRAM and FU utilization
+    weighted by each node's busy time (equal weights when none has any), samples summed, the
+    nodes listed. None when no record carries usable figures."""
+    parts: list[tuple[str, Mapping[str, object]]] = []
+    for record in records:
+        summary = record.get("telemetry")
+        if record.get("kind") != "epilog" or not isinstance(summary, Mapping):
+            continue
+        if not all(isinstance(summary.get(k), int | float) for k in ("dram_util", "fu_util")):
+            continue
+        parts.append((str(record.get("node")), summary))
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return dict(parts[0][1])
+    weights = [_weight(s) for _, s in parts]
+    if sum(weights) <= 0:
+        weights = [1.0] * len(parts)
+    total = sum(weights)
+    merged: dict[str, object] = dict(parts[0][1])
+    for key in ("dram_util", "fu_util"):
+        merged[key] = sum(w * float(s[key]) for w, (_, s) in zip(weights, parts, strict=True))  # type: ignore[arg-type]
+        merged[key] = round(float(merged[key]) / total, 6)  # type: ignore[arg-type]
+    for key in ("samples", "measurements"):
+        counts = [s.get(key) for _, s in parts]
+        if all(isinstance(c, int) for c in counts):
+            merged[key] = sum(counts)  # type: ignore[arg-type]
+    times = [s.get("weight_total") for _, s in parts]
+    if all(isinstance(t, int | float) for t in times):
+        merged["weight_total"] = sum(times)  # type: ignore[arg-type]
+    sources = {str(s.get("source")) for _, s in parts}
+    merged["source"] = sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
+    merged.pop("busy_fraction", None)  # per node; the merged figures are already over busy time
+    merged["nodes"] = sorted(node for node, _ in parts)
+    return merged
