@@ -27,11 +27,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from slurm_pal.adapters.slurm.update import ScontrolApplier
+from slurm_pal.adapters.slurm.update import JobApplier, ScontrolApplier
 from slurm_pal.advisor import protocol
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
@@ -59,10 +58,6 @@ def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
-
-
-UPDATE_WORKERS = 8
-"""Jobs a re-planning round updates at once (scontrol processes in flight)."""
 
 
 class Counters:
@@ -248,7 +243,7 @@ class AdvisorServer:
         replan_s: float | None = None,
         replan_on_epilog: bool | None = None,
         spool_dir: Path | None = None,
-        applier: ScontrolApplier | None = None,
+        applier: JobApplier | None = None,
         reload_config: Callable[[], None] | None = None,
         io_timeout_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
@@ -595,15 +590,11 @@ class AdvisorServer:
             partition_nodes=view.partition_nodes,
             default_partition=view.default_partition,
         )
-        # Each job's steps run in order; different jobs' updates run side by side (each is a
-        # scontrol process and an RPC slurmctld serializes only inside): started in priority
-        # order, so the jobs Slurm will start first are updated first.
+        # Each job's steps run in order, the jobs in priority order (the jobs Slurm will start
+        # first are updated first); the applier decides how a round goes to Slurm (processes
+        # side by side, one scontrol reading them all, or pyslurm RPCs: adapters/slurm).
         changes = [update.change for update in result.updates]
-        if len(changes) > 1:
-            with ThreadPoolExecutor(max_workers=min(UPDATE_WORKERS, len(changes))) as pool:
-                errors = list(pool.map(self.applier.apply, changes))
-        else:
-            errors = [self.applier.apply(change) for change in changes]
+        errors = self.applier.apply_many(changes)
         for update, error in zip(result.updates, errors, strict=True):
             if error is not None:
                 result.failed[update.job_id] = error

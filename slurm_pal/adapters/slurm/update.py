@@ -5,15 +5,20 @@ and which changes Slurm 22.05 refuses or mishandles (testbed findings, PROTOCOL.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from slurm_pal.adapters.slurm.release import SlurmRelease, detect_release
 
 __all__ = [
+    "JobApplier",
     "JobChange",
     "ScontrolApplier",
+    "ScontrolBatchApplier",
     "gpu_types",
     "scontrol_steps",
     "transition_problem",
@@ -139,13 +144,32 @@ def scontrol_steps(change: JobChange, release: SlurmRelease | None = None) -> li
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
-class ScontrolApplier:
-    """Applies updates with ``scontrol`` (SLURM_CONF from ``env``); one failed job does not
-    stop the others."""
+class JobApplier(Protocol):
+    """Writes a re-planning round's changes to Slurm; each job's error (None: applied)."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> None:
+    def apply(self, change: JobChange) -> str | None: ...
+
+    def apply_many(self, changes: Sequence[JobChange]) -> list[str | None]: ...
+
+
+class ScontrolApplier:
+    """Applies updates with one ``scontrol`` process per step (SLURM_CONF from ``env``); one
+    failed job does not stop the others. A round's jobs run ``workers`` at a time: each is a
+    process and an RPC that slurmctld serializes only inside."""
+
+    def __init__(
+        self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0, workers: int = 8
+    ) -> None:
         self.env = None if env is None else dict(env)
         self.timeout_s = timeout_s
+        self.workers = workers
+
+    def apply_many(self, changes: Sequence[JobChange]) -> list[str | None]:
+        """Each change's error (None: applied), in order; started in the given order."""
+        if len(changes) > 1 and self.workers > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(changes))) as pool:
+                return list(pool.map(self.apply, changes))
+        return [self.apply(change) for change in changes]
 
     def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -181,10 +205,109 @@ class ScontrolApplier:
         if problem is not None:
             return problem
         for step in scontrol_steps(change, self.release):
-            try:
-                proc = self.run(step)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return f"scontrol {' '.join(step)}: {exc}"
-            if proc.returncode != 0:
-                return f"scontrol {' '.join(step)}: {proc.stderr.strip() or proc.returncode}"
+            error = self.apply_step(step)
+            if error is not None:
+                return error
         return None
+
+    def apply_step(self, step: Sequence[str]) -> str | None:
+        """One ``scontrol`` argument list; None on success, else the error text."""
+        try:
+            proc = self.run(step)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"scontrol {' '.join(step)}: {exc}"
+        if proc.returncode != 0:
+            return f"scontrol {' '.join(step)}: {proc.stderr.strip() or proc.returncode}"
+        return None
+
+
+# scontrol reading commands from stdin names the job in every update error it prints, e.g.
+# "Job is no longer pending execution for job 12", "scontrol: error: Could not load state
+# information for job 99: Invalid job id specified" (22.05.8 and 24.11.5, on the testbed).
+_JOB_ERROR = re.compile(r"\bfor job (?P<job>\d+)\b")
+
+
+def stdin_safe(step: Sequence[str]) -> bool:
+    """Can this step go through scontrol's stdin? Its tokenizer splits on blanks and keeps
+    quotes in the value (``AdminComment="a b"`` is stored with the quotes: 22.05.8 and
+    24.11.5, on the testbed), so a value with a blank or a quote cannot be written exactly
+    that way."""
+    return not any(any(c.isspace() or c in "\"'" for c in word) for word in step)
+
+
+class ScontrolBatchApplier(ScontrolApplier):
+    """Applies a round's updates with one ``scontrol`` process reading all of them from stdin
+    (one process, one configuration load and credential cache for the round, instead of one per
+    job), step by step: a job's second step goes in a second process, and only if its first
+    step was applied.
+
+    Errors: scontrol prints each failed update's error with its job id; a line that names no
+    job (scontrol refusing the line itself) makes this applier redo the jobs of that process
+    one by one, so every job's error is still its own. Steps that cannot pass the stdin
+    tokenizer (a value with blanks, such as the advisor's admin comment) run one process each,
+    as :class:`ScontrolApplier` does."""
+
+    def run_batch(self, steps: Sequence[Sequence[str]]) -> subprocess.CompletedProcess[str]:
+        script = "".join(" ".join(step) + "\n" for step in steps)
+        return subprocess.run(
+            ["scontrol"],
+            input=script,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s + 0.05 * len(steps),
+            check=False,
+        )
+
+    def apply_many(self, changes: Sequence[JobChange]) -> list[str | None]:
+        release = self.release
+        errors: list[str | None] = [transition_problem(c, release) for c in changes]
+        plans = [
+            scontrol_steps(c, release) if e is None else []
+            for c, e in zip(changes, errors, strict=True)
+        ]
+        depth = 0
+        while True:
+            todo = [i for i, plan in enumerate(plans) if errors[i] is None and depth < len(plan)]
+            if not todo:
+                return errors
+            batch = [i for i in todo if stdin_safe(plans[i][depth])]
+            single = [i for i in todo if not stdin_safe(plans[i][depth])]
+            if batch:
+                self._batch_step(batch, [plans[i][depth] for i in batch], errors)
+            if single:
+                steps = [plans[i][depth] for i in single]
+                with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(steps)))) as pool:
+                    results = list(pool.map(self.apply_step, steps))
+                for i, error in zip(single, results, strict=True):
+                    errors[i] = error
+            depth += 1
+
+    def _batch_step(
+        self, index: Sequence[int], steps: Sequence[Sequence[str]], errors: list[str | None]
+    ) -> None:
+        try:
+            proc = self.run_batch(steps)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            for i, step in zip(index, steps, strict=True):
+                errors[i] = f"scontrol {' '.join(step)}: {exc}"
+            return
+        by_job = {int(_job_of(step)): (i, step) for i, step in zip(index, steps, strict=True)}
+        unattributed = False
+        for line in proc.stderr.splitlines():
+            m = _JOB_ERROR.search(line)
+            if m and int(m["job"]) in by_job:
+                i, step = by_job[int(m["job"])]
+                errors[i] = f"scontrol {' '.join(step)}: {line.strip()}"
+            elif line.strip():
+                unattributed = True
+        if unattributed or (proc.returncode != 0 and all(errors[i] is None for i in index)):
+            # Which line failed is not known: redo them one by one (an update sets values, so
+            # applying one again is harmless) and keep each job's own answer.
+            for i, step in zip(index, steps, strict=True):
+                errors[i] = self.apply_step(step)
+
+
+def _job_of(step: Sequence[str]) -> str:
+    """The job id of an ``update JobId=N ...`` step."""
+    return step[1].split("=", 1)[1]
