@@ -163,8 +163,10 @@ class AdvisorConfig:
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"
-    """How Slurm state is read: cli (sinfo/squeue --json), pyslurm, or auto (pyslurm if it
-    imports and matches the running Slurm, else cli)."""
+    """How the service reads Slurm and writes its re-plans: cli (sinfo/squeue, scontrol; a
+    round's updates through one scontrol where the values allow), pyslurm (libslurm in-process;
+    refused at start unless it imports and matches the running Slurm), or auto (pyslurm when
+    it would be accepted, else cli). Read once at start (adapters/slurm/pyslurm_backend.py)."""
     listen: str | None = None
     """``HOST:PORT`` of a TCP listener for the compute nodes' Prolog/Epilog records (off when
     unset). It serves only the ``record`` op, each record inside a munge credential that is

@@ -98,7 +98,6 @@ def _run(
     init_store: bool = False,
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
-    from slurm_pal.adapters.slurm.state import CliStateReader
     from slurm_pal.advisor.server import AdvisorServer
     from slurm_pal.advisor.state import AdvisorState
 
@@ -120,10 +119,17 @@ def _run(
         fail(str(exc))
     except StoreError as exc:
         fail(f"cannot open the store: {exc}")
+    from slurm_pal.adapters.slurm.pyslurm_backend import BackendError, choose_backend
+
+    try:  # read once: a reload keeps the backend the service started with
+        backend = choose_backend(config.advisor.slurm_backend)
+    except BackendError as exc:
+        fail(str(exc))
+    logging.getLogger("slurm_pal.advisor").info("Slurm backend: %s (%s)", backend.name, backend.why)
     advisor_state = AdvisorState(
         config,
         app_state.db_path,
-        CliStateReader(),
+        backend.reader,
         policy=policy,
         labels_file=None if labels is None else str(labels),
     )
@@ -139,6 +145,7 @@ def _run(
         refresh_s=refresh_s,
         replan_s=replan_s,
         reload_config=reload_config,
+        applier=backend.applier,
     )
     done = threading.Event()
 
