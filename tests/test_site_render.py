@@ -70,6 +70,8 @@ def test_slurm_order_groups_types_and_numbers_them() -> None:
         "label": "t-b",
         "uuid": "u2",
         "file": "/dev/tty2",
+        "model": "t",
+        "signature": "t-b",
     }
 
 

@@ -203,6 +203,16 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class SiteLabelsConfig:
+    """``[site]``: what `site render` writes into gres.conf."""
+
+    max_labels: int | None = None
+    """At most this many gres Type= labels: the closest PM signatures of one GPU model are
+    merged (labels ``<model>-pm<rank>``), `site render` prints the PM-score cost per class.
+    Unset: one label per signature."""
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     classes: ClassesConfig = field(default_factory=ClassesConfig)
@@ -212,6 +222,7 @@ class SiteConfig:
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     advisor: AdvisorConfig = field(default_factory=AdvisorConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    site: SiteLabelsConfig = field(default_factory=SiteLabelsConfig)
     source: str = "<defaults>"
 
     def resolve_config(self) -> ResolveConfig:
@@ -346,6 +357,9 @@ def _validate(config: SiteConfig) -> None:
             f"{src}: 'classes.default' is {config.classes.default!r}; valid values: "
             f"{', '.join(names)}"
         )
+    max_labels = config.site.max_labels
+    if max_labels is not None and max_labels < 1:
+        raise ConfigError(f"{src}: 'site.max_labels' must be >= 1 (or unset), got {max_labels}")
     b = config.binning
     if not 2 <= b.k_min <= b.k_max:
         raise ConfigError(

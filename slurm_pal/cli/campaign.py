@@ -656,7 +656,8 @@ def suggest(
             gpu_ids = gpu_ids_from_labels(labels_path)
         else:
             gpu_ids = {
-                (g.node, g.slurm_index): g.uuid for g in plan_from_store(store, campaign_id).gpus
+                (g.node, g.slurm_index): g.uuid
+                for g in plan_from_store(store, campaign_id, config=st.config).gpus
             }
         if records is None:  # what the advisor service kept (tables job_records and
             hook_records = store.job_records()  # advisor_decisions)

@@ -19,6 +19,7 @@ from slurm_pal.site.render import (
     HookSettings,
     RenderError,
     ServiceSettings,
+    SitePlan,
     compare_gres,
     plan_from_store,
     render_files,
@@ -78,7 +79,11 @@ def render(
     with reported_errors(), st.store() as store:
         try:
             plan = plan_from_store(
-                store, campaign, device_pattern=device_pattern, nodes=_nodes(nodes)
+                store,
+                campaign,
+                device_pattern=device_pattern,
+                nodes=_nodes(nodes),
+                config=st.config,
             )
             if python is not None and not python.startswith("/"):
                 fail(f"--python must be an absolute path (slurmd has its own PATH), got {python!r}")
@@ -110,7 +115,50 @@ def render(
         for s in plan.skipped:
             table.add_row(s.uuid, s.node or "-", s.label or "-", s.reason)
         err_console.print(table)
+    _print_merge(plan, st.config.site.max_labels)
     console.print(f"note: {RESTART_HINT}")
+
+
+LABELS_HINT = 16
+"""Above this many labels `site render` suggests [site] max_labels."""
+
+
+def _print_merge(plan: SitePlan, max_labels: int | None) -> None:
+    """What [site] max_labels did and what it costs, in PM-score per class."""
+    merge = plan.merge
+    if merge is None:
+        count = len({g.label for g in plan.gpus})
+        if count > LABELS_HINT:
+            console.print(
+                f"{count} labels (one per PM signature): set [site] max_labels to merge the "
+                "closest ones; this command then prints what that costs"
+            )
+        return
+    if not merge.merged:
+        return
+    signatures = len(merge.labels)
+    console.print(
+        f"[site] max_labels = {max_labels}: {signatures} PM signatures merged into "
+        f"{merge.count} labels (<model>-pm<rank>, pm0 = fastest; labels.json keeps each GPU's "
+        "signature)"
+    )
+    cost = Table(
+        title="cost: distance of a GPU's own PM-score from its label's", title_justify="left"
+    )
+    for col in ("class", "worst", "mean (per GPU)"):
+        cost.add_column(col, justify="right")
+    for c in merge.cost:
+        cost.add_row(c.job_class, f"{c.worst:.4f}", f"{c.mean:.4f}")
+    console.print(cost)
+    table = Table(title="labels", title_justify="left")
+    for col in ("label", "signatures", "PM-score per class"):
+        table.add_column(col)
+    for label in sorted(merge.members, key=lambda lb: (lb.split("-", 1)[0], len(lb), lb)):
+        members = merge.members[label]
+        shown = ", ".join(members[:3]) + (f" (+{len(members) - 3})" if len(members) > 3 else "")
+        scores = " ".join(f"{c}={v:.3f}" for c, v in merge.scores[label].items())
+        table.add_row(label, shown, scores)
+    console.print(table)
 
 
 @app.command()
@@ -131,7 +179,7 @@ def check(
     wanted = _nodes(nodes)
     with reported_errors(), st.store() as store:
         try:
-            plan = plan_from_store(store, campaign, nodes=wanted)
+            plan = plan_from_store(store, campaign, nodes=wanted, config=st.config)
         except RenderError as exc:
             fail(str(exc))
     env = dict(os.environ)
@@ -176,3 +224,67 @@ def check(
 
 def _fmt(counts: dict[str, int]) -> str:
     return ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items())) or "no GPUs"
+
+
+@app.command()
+def usage(
+    sacct: str = typer.Option(
+        ...,
+        "--sacct",
+        help="sacct output ('-' for stdin) of: sacct -a -X -P "
+        "--format=JobID,ElapsedRaw,AllocTRES -S START -E END",
+    ),
+    labels: Path | None = typer.Option(
+        None, "--labels", help="labels.json of `site render` (default: label prefix = model)."
+    ),
+    by_label: bool = typer.Option(False, "--by-label", help="Also list each label's GPU-hours."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """GPU-hours by GPU model from Slurm accounting, rolled up from the PM labels."""
+    import json
+    import sys
+
+    from slurm_pal.site.usage import UsageError, label_models, parse_sacct, rollup
+
+    try:
+        text = sys.stdin.read() if sacct == "-" else Path(sacct).read_text()
+    except OSError as exc:
+        fail(f"--sacct {sacct}: {exc.strerror or exc}")
+    models: dict[str, str] = {}
+    try:
+        if labels is not None:
+            models = label_models(json.loads(labels.read_text()))
+        rows = rollup(parse_sacct(text, source="stdin" if sacct == "-" else sacct), models)
+    except UsageError as exc:
+        fail(str(exc))
+    except (OSError, ValueError) as exc:  # labels.json unreadable or not JSON
+        fail(f"--labels {labels}: {exc}")
+    if as_json:
+        print_json(
+            [
+                {
+                    "model": u.model,
+                    "jobs": u.jobs,
+                    "gpu_hours": round(u.gpu_hours, 3),
+                    "labels": {k: round(v, 3) for k, v in sorted(u.labels.items())},
+                }
+                for u in rows
+            ]
+        )
+        return
+    table = Table(title="GPU usage by model", title_justify="left")
+    for col in ("model", "jobs", "GPU-hours", "labels"):
+        table.add_column(col, justify="right" if col in ("jobs", "GPU-hours") else "left")
+    for u in rows:
+        detail = (
+            ", ".join(f"{k} {v:.1f}" for k, v in sorted(u.labels.items()))
+            if by_label
+            else str(len(u.labels))
+        )
+        table.add_row(u.model, str(u.jobs), f"{u.gpu_hours:.1f}", detail)
+    console.print(table)
+    if any(u.model == "(untyped)" for u in rows):
+        console.print(
+            "(untyped): AllocTRES had gres/gpu without a type: list every label in "
+            "AccountingStorageTRES (see site render's slurm.conf.snippet)"
+        )

@@ -19,6 +19,7 @@ cluster, K-Means runs on all values, and scores are centroids divided by the med
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -325,3 +326,154 @@ def _as_durations(X: ArrayLike) -> NDArray[np.float64]:
     if np.any(x <= 0):
         raise ValueError("measurements must be durations > 0 (higher = slower)")
     return x
+
+
+# --- bounding the number of labels ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One PM signature as label merging sees it: its label, GPU model, PM-score per class and
+    how many GPUs carry it (every GPU of a signature has the same scores)."""
+
+    label: str
+    model: str
+    scores: Mapping[str, float]
+    gpus: int
+
+
+@dataclass(frozen=True)
+class MergeCost:
+    """What merging costs one class: how far a GPU's own PM-score is from its label's (the
+    GPU-weighted mean of the label's members), worst and mean over the GPUs."""
+
+    job_class: str
+    worst: float
+    mean: float
+
+
+@dataclass(frozen=True)
+class LabelMerge:
+    """Which label every signature is rendered as, each label's PM-scores, and the cost."""
+
+    labels: Mapping[str, str]  # signature label -> rendered label
+    scores: Mapping[str, Mapping[str, float]]  # rendered label -> class -> PM-score
+    members: Mapping[str, tuple[str, ...]]  # rendered label -> its signatures
+    cost: tuple[MergeCost, ...]  # per class, in the signatures' class order
+    merged: bool  # False: every signature kept its own label (nothing to merge)
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+
+def merge_signatures(
+    signatures: Sequence[Signature],
+    max_labels: int | None,
+    *,
+    keep_apart_above: float | None = None,
+) -> LabelMerge:
+    """At most ``max_labels`` labels: merge the closest signatures of one GPU model.
+
+    Why: one signature is one gres.conf ``Type=``; a big site can have dozens, which breaks
+    ``--gres=gpu:<model>`` habits and usage reports by model. Merging is complete linkage: the
+    two groups whose union spans the smallest PM-score range in any class go together first, so
+    an outlier merges last. Groups are never merged across GPU models, nor across
+    ``keep_apart_above`` in any class (packed-pm keeps jobs off GPUs above ``advisor.avoid_above``
+    by their label, so such GPUs must keep labels of their own). When the cap binds, every label
+    of a model that merged becomes ``<model>-pm<rank>`` (0 = fastest: lowest mean PM-score), so
+    the model stays readable; otherwise labels are unchanged. Raises ValueError when the cap
+    cannot be met, saying the smallest count that can.
+    """
+    if max_labels is not None and (not isinstance(max_labels, int) or max_labels < 1):
+        raise ValueError(f"max_labels must be an integer >= 1, got {max_labels!r}")
+    sigs = sorted(signatures, key=lambda s: s.label)
+    if len({s.label for s in sigs}) != len(sigs):
+        raise ValueError("signature labels must be unique")
+    classes = list(dict.fromkeys(c for s in sigs for c in s.scores))
+    vectors = {
+        s.label: np.array([s.scores.get(c, np.nan) for c in classes], dtype=float) for s in sigs
+    }
+    groups: list[list[Signature]] = [[s] for s in sigs]
+
+    def above(group: list[Signature]) -> NDArray[np.bool_]:
+        stack = np.vstack([vectors[s.label] for s in group])
+        return np.asarray(stack > keep_apart_above, dtype=bool)
+
+    def spread(a: list[Signature], b: list[Signature]) -> float | None:
+        if a[0].model != b[0].model:
+            return None
+        members = a + b
+        stack = np.vstack([vectors[s.label] for s in members])
+        if keep_apart_above is not None:
+            flags = above(members)
+            if np.any(flags.any(axis=0) & ~flags.all(axis=0)):
+                return None
+        return float(np.nanmax(np.nanmax(stack, axis=0) - np.nanmin(stack, axis=0)))
+
+    merged = False
+    while max_labels is not None and len(groups) > max_labels:
+        best: tuple[float, int, str, int, int] | None = None
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                width = spread(groups[i], groups[j])
+                if width is None:
+                    continue
+                size = sum(s.gpus for s in groups[i] + groups[j])
+                key = (width, size, groups[i][0].label, i, j)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            raise ValueError(
+                f"max_labels = {max_labels} cannot be met: {len(groups)} labels are the fewest "
+                "that keep GPU models apart"
+                + (
+                    f" and GPUs above {keep_apart_above:g} (advisor.avoid_above) on their own"
+                    if keep_apart_above is not None
+                    else ""
+                )
+            )
+        _, _, _, i, j = best
+        groups[i] = groups[i] + groups[j]
+        del groups[j]
+        merged = True
+
+    def group_scores(group: list[Signature]) -> NDArray[np.float64]:
+        if len(group) == 1:  # exactly its own scores, no rounding
+            return vectors[group[0].label].copy()
+        weights = np.array([s.gpus for s in group], dtype=float)
+        stack = np.vstack([vectors[s.label] for s in group])
+        if weights.sum() <= 0:
+            return np.nanmean(stack, axis=0)
+        masked = np.ma.masked_invalid(stack)
+        return np.ma.average(masked, axis=0, weights=weights).filled(np.nan)
+
+    rendered: dict[str, str] = {}
+    scores: dict[str, dict[str, float]] = {}
+    members: dict[str, tuple[str, ...]] = {}
+    renamed_models = {g[0].model for g in groups if len(g) > 1}
+    by_model: dict[str, list[tuple[float, list[Signature], NDArray[np.float64]]]] = {}
+    for group in groups:
+        mean = group_scores(group)
+        by_model.setdefault(group[0].model, []).append((float(np.nanmean(mean)), group, mean))
+    for model, entries in by_model.items():
+        entries.sort(key=lambda e: (e[0], min(s.label for s in e[1])))
+        for rank, (_, group, mean) in enumerate(entries):
+            name = f"{model}-pm{rank}" if model in renamed_models else group[0].label
+            members[name] = tuple(sorted(s.label for s in group))
+            scores[name] = {c: float(v) for c, v in zip(classes, mean, strict=True)}
+            for s in group:
+                rendered[s.label] = name
+    cost = []
+    for k, c in enumerate(classes):
+        errors, weights = [], []
+        for s in sigs:
+            own = vectors[s.label][k]
+            if np.isnan(own):
+                continue
+            errors.append(abs(own - scores[rendered[s.label]][c]))
+            weights.append(s.gpus)
+        worst = max(errors, default=0.0)
+        mean = float(np.average(errors, weights=weights)) if sum(weights) > 0 else 0.0
+        cost.append(MergeCost(c, float(worst), mean))
+    return LabelMerge(rendered, scores, members, tuple(cost), merged)

@@ -44,6 +44,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from slurm_pal.adapters.config import SYSTEM_DB, SiteConfig, split_host_port
 from slurm_pal.adapters.store import Store
+from slurm_pal.core.binning import LabelMerge, Signature, merge_signatures
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
 DEFAULT_PROLOG = "/etc/slurm/slurm-pal-prolog.sh"
@@ -163,6 +164,7 @@ class RenderedGpu:
     uuid: str
     model: str
     file: str
+    signature: str = ""  # its PM signature; differs from ``label`` when max_labels merged it
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ class SitePlan:
     device_pattern: str
     gpus: tuple[RenderedGpu, ...]  # per node in Slurm's order (grouped by type)
     skipped: tuple[SkippedGpu, ...]
+    merge: LabelMerge | None = None  # signatures -> labels under [site] max_labels (None: unset)
 
     def node_labels(self) -> dict[str, dict[int, str]]:
         """Node -> {device index: label}."""
@@ -223,6 +226,8 @@ class SitePlan:
                         "label": g.label,
                         "uuid": g.uuid,
                         "file": g.file,
+                        "model": g.label.split("-", 1)[0],
+                        "signature": g.signature or g.label,
                     }
                     for g in self.gpus
                     if g.node == node
@@ -240,16 +245,31 @@ def plan_site(
     *,
     device_pattern: str = DEFAULT_DEVICE_PATTERN,
     nodes: Iterable[str] | None = None,
+    max_labels: int | None = None,
+    keep_apart_above: float | None = None,
 ) -> SitePlan:
     """Match every labelled GPU to its node and index (pure; ``gpu_scores`` as the store has it).
 
     ``nodes`` limits the plan to those nodes (GPUs elsewhere are left out, not skipped).
+    ``max_labels`` bounds the Type= labels by merging the closest signatures of the whole
+    campaign (:func:`~slurm_pal.core.binning.merge_signatures`; never GPUs on either side of
+    ``keep_apart_above``), so a partial render labels its GPUs as a full one would.
     """
     if "{index}" not in device_pattern:
         raise RenderError(
             f"device pattern {device_pattern!r} must contain '{{index}}', e.g. /dev/nvidia{{index}}"
         )
     wanted = None if nodes is None else set(nodes)
+    merge = None
+    if max_labels is not None:
+        try:
+            merge = merge_signatures(
+                signatures_of(gpu_scores, gpu_labels),
+                max_labels,
+                keep_apart_above=keep_apart_above,
+            )
+        except ValueError as exc:
+            raise RenderError(f"[site] max_labels: {exc}") from None
     inventory = gpu_scores.drop_duplicates("uuid")[["uuid", "node", "gpu_index", "gpu_model"]]
     candidates: list[RenderedGpu] = []
     skipped: list[SkippedGpu] = []
@@ -271,7 +291,10 @@ def plan_site(
         else:
             i = int(index)
             file = device_pattern.format(index=i)
-            candidates.append(RenderedGpu(node, i, -1, label, str(uuid), str(model), file))
+            rendered = label if merge is None else merge.labels.get(label, label)
+            candidates.append(
+                RenderedGpu(node, i, -1, rendered, str(uuid), str(model), file, label)
+            )
     by_slot: dict[tuple[str, int], list[RenderedGpu]] = {}
     for g in candidates:
         by_slot.setdefault((g.node, g.index), []).append(g)
@@ -293,7 +316,26 @@ def plan_site(
             )
     gpus = _slurm_order(gpus)
     skipped.sort(key=lambda s: (_node_key(s.node), s.uuid))
-    return SitePlan(campaign, device_pattern, tuple(gpus), tuple(skipped))
+    return SitePlan(campaign, device_pattern, tuple(gpus), tuple(skipped), merge)
+
+
+def signatures_of(gpu_scores: pd.DataFrame, gpu_labels: Mapping[str, str]) -> list[Signature]:
+    """Each label of the campaign as a :class:`Signature`: model (the label's prefix), PM-score
+    per class (the same for all its GPUs) and GPU count."""
+    frame = gpu_scores[gpu_scores["uuid"].isin(list(gpu_labels))]
+    frame = frame.assign(label=frame["uuid"].map(gpu_labels))
+    out = []
+    for label, rows in frame.groupby("label", sort=True):
+        scores = rows.groupby("job_class", sort=False)["pm_score"].mean()
+        out.append(
+            Signature(
+                str(label),
+                str(label).split("-", 1)[0],
+                {str(c): float(v) for c, v in scores.items()},
+                int(rows["uuid"].nunique()),
+            )
+        )
+    return out
 
 
 def plan_from_store(
@@ -302,15 +344,20 @@ def plan_from_store(
     *,
     device_pattern: str = DEFAULT_DEVICE_PATTERN,
     nodes: Iterable[str] | None = None,
+    config: SiteConfig | None = None,
 ) -> SitePlan:
-    """The plan for a stored campaign (the active one by default)."""
+    """The plan for a stored campaign (the active one by default); ``config`` gives
+    ``[site] max_labels`` (and ``advisor.avoid_above``, which merging keeps apart)."""
     campaign_id = store.resolve_campaign(campaign)
+    max_labels = None if config is None else config.site.max_labels
     return plan_site(
         campaign_id,
         store.gpu_scores(campaign_id),
         store.gpu_labels(campaign_id),
         device_pattern=device_pattern,
         nodes=nodes,
+        max_labels=max_labels,
+        keep_apart_above=None if max_labels is None else config.advisor.avoid_above,  # type: ignore[union-attr]
     )
 
 

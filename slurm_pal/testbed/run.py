@@ -227,7 +227,7 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
         )
         for c in classes:
             store.set_application_class(app_name(c), c)
-        plan = plan_from_store(store, campaign, device_pattern=settings.device_pattern)
+        plan = plan_from_store(store, campaign, device_pattern=settings.device_pattern, config=cfg)
         site_dir = work / "site"
         hooks = HookSettings.from_config(
             load_config(config_path), labels_path=str(site_dir / "labels.json")
