@@ -809,8 +809,7 @@ class AdvisorServer:
         # The round runs while the store writer catches up (it may hold many decisions queued
         # before this record); the answer waits for both, so an ok means the record is stored.
         round_due = replan and not known and self.replan_on_epilog
-        round_due = round_due and record.get("kind") == "epilog"
-        round_due = round_due and record.get("job_id") not in self._ended_jobs
+        round_due = round_due and record.get("kind") == "epilog" and self._first_end(record)
         replan_answer = None
         if round_due:
             replan_answer = self._replan_at_job_end(record)
@@ -825,6 +824,23 @@ class AdvisorServer:
             self.counters.job_end_ms(round((time.perf_counter() - start) * 1000, 1))
         return answer
 
+    def _first_end(self, record: Mapping[str, object]) -> bool:
+        """Is this the first Epilog of its job to start a round? A multi-node job's first one
+        frees every node the view shows it on, so the other nodes' records need no round;
+        a job the view does not show (it began and ended between two reads) frees only each
+        record's own node, so each of its records gets its round."""
+        job_id = record.get("job_id")
+        if not isinstance(job_id, int):
+            return True
+        with self._end_lock:
+            if job_id in self._ended_jobs:
+                return False
+            if job_gpus(self.state.view, job_id) is not None:
+                self._ended_jobs[job_id] = None
+                while len(self._ended_jobs) > 10_000:
+                    self._ended_jobs.popitem(last=False)
+        return True
+
     def _replan_at_job_end(self, record: Mapping[str, object]) -> dict[str, object] | None:
         """Re-plan the pending jobs while the Epilog that sent ``record`` waits for this
         answer: Slurm keeps the ending job's GPUs until its Epilog ends (checked on 22.05), so
@@ -832,15 +848,11 @@ class AdvisorServer:
         PM-First/PAL's choice when they start, not only when they were submitted."""
         start = time.perf_counter()
         freed = self.state.released_by(record)
-        # A multi-node job's first Epilog frees every node the job held (the view knows them);
-        # the other nodes' records then start no round of their own.
+        # A multi-node job's first Epilog frees every node the job held (the view knows them)
         job_id = record.get("job_id")
         whole = job_gpus(self.state.view, job_id) if isinstance(job_id, int) else None
         if whole is not None:
             freed = [*freed, *whole]
-            self._ended_jobs[job_id] = None  # type: ignore[index]
-            while len(self._ended_jobs) > 10_000:
-                self._ended_jobs.popitem(last=False)
         try:
             result = self.replan_at_job_end(freed)
         except Exception as exc:  # the record is kept; re-planning is best effort
