@@ -14,7 +14,8 @@ from tests.conftest import LONGHORN, LONGHORN_FILES
 
 
 def test_demo_runs_on_embedded_defaults(run_cli) -> None:
-    out = run_cli("demo", "--nodes", "4").output
+    # The live part runs in tests/slurm/test_demo_live.py.
+    out = run_cli("demo", "--nodes", "4", "--offline").output
     assert "class A: K=" in out and "PM signatures" in out
 
 

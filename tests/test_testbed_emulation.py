@@ -193,7 +193,7 @@ def test_traces() -> None:
     assert len(make_trace("tiny")) == 6
     demo = make_trace("demo16")
     assert len(demo) == 16 and max(j.gpus for j in demo) <= 4 and demo[-1].submit < 20
-    with pytest.raises(EmulationError, match="valid: mixed48, demo16, tiny"):
+    with pytest.raises(EmulationError, match="valid: mixed48, demo16, demo32, tiny"):
         make_trace("philly")
     with pytest.raises(EmulationError, match="scale"):
         make_trace("tiny", scale=0)

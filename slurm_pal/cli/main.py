@@ -68,11 +68,19 @@ def demo(
     offline: bool = typer.Option(
         False, "--offline", help="Only the campaign part: no local Slurm, no jobs."
     ),
+    png: Path = typer.Option(
+        Path("slurm-pal-demo.png"),
+        "--png",
+        help="Where the PNG comparing the two arms goes (needs the 'plot' extra).",
+    ),
+    trace_seed: int = typer.Option(
+        0, "--trace-seed", help="Seed of the demo's workload (another draw of the same mix)."
+    ),
 ) -> None:
     """The one-command demo: ingest the bundled example campaign and show its bins and labels;
     then (root, Slurm installed) start a local Slurm with fake GPUs and the advisor, submit a
-    small mixed workload with plain sbatch, show where each job went and why, and the measured
-    gain over stock Slurm. Stops everything it started.
+    small mixed workload with plain sbatch, show where each job went and why, the measured
+    gain over stock Slurm and a PNG comparing the two. Stops everything it started.
 
     Uses a throw-away store unless --db (or SLURM_PAL_DB) names one.
     """
@@ -124,7 +132,7 @@ def demo(
             console.print(f"  - {item}", highlight=False, markup=False)
         return
     with reported_errors():
-        code = live_demo(console, cfg)
+        code = live_demo(console, cfg, trace_seed=trace_seed, png=png)
     if code:
         raise typer.Exit(code)
 

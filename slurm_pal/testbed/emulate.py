@@ -265,6 +265,9 @@ TRACES: Mapping[str, str] = {
     "A-D alike, 3-15 s on median GPUs (log-uniform): ~3 min per arm on 4 x 4 GPUs",
     "demo16": "16 jobs in ~8 s, 1/2/4 GPUs (50/25/25 %), mostly compute-bound A and "
     "memory-bound D (40/10/10/40 %), 3-10 s each: more work than the GPUs, so placement shows",
+    "demo32": "32 jobs in ~16 s, 1/2/4 GPUs (50/30/20 %), compute-bound A and memory-bound D "
+    "(40/10/10/40 %), 3-10 s (log-uniform): ~1.4x the work the GPUs can do while it arrives, "
+    "so jobs queue and every free GPU gets used, the slow ones too (the demo's trace)",
     "tiny": "6 jobs in 3 s: 1, 2, 4 and 8 GPUs of classes A-D, 2-4 s each (tests)",
 }
 
@@ -312,6 +315,19 @@ def make_trace(
         bases = rng.uniform(3.0, 10.0, size=n)
         jobs = [
             TraceJob(f"d{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
+            for i, b in enumerate(bases)
+        ]
+    elif name == "demo32":
+        # Contention is the point: a job placed on a free GPU or made to wait only matters when
+        # the GPUs are short, and the slow GPUs only get used when the others are busy.
+        rng = np.random.default_rng(seed)
+        n = 32
+        submits = np.concatenate([[0.0], np.cumsum(rng.exponential(16.0 / n, size=n - 1))])
+        sizes = rng.choice([1, 2, 4], size=n, p=[0.5, 0.3, 0.2])
+        classes = rng.choice(list(CLASSES), size=n, p=[0.4, 0.1, 0.1, 0.4])
+        bases = np.exp(rng.uniform(math.log(3.0), math.log(10.0), size=n))
+        jobs = [
+            TraceJob(f"c{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
             for i, b in enumerate(bases)
         ]
     else:

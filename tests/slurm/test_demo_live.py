@@ -1,0 +1,32 @@
+"""`slurm-pal demo` end to end on the real Slurm: both arms run, the verdict line and the PNG.
+No assertion on which arm wins (one run; the README gives the measured spread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurm_pal.cli.main import app
+from tests.slurm.conftest import RELEASE, require_slurm
+
+pytestmark = pytest.mark.slurm
+
+
+def test_demo_runs_both_arms_and_writes_the_png(tmp_path: Path) -> None:
+    if RELEASE != "system":
+        pytest.skip("the demo runs the host's Slurm; one release is enough for it")
+    require_slurm()
+    png = tmp_path / "demo.png"
+    result = CliRunner().invoke(
+        app, ["demo", "--png", str(png)], env={"SLURM_PAL_CONFIG": None, "SLURM_PAL_DB": None}
+    )
+    out = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "trace demo32, seed 0" in out and "all 32 jobs ended" in out
+    assert "measured average JCT advisor (packed-pm) / stock:" in out
+    assert "advisor beat stock:" in out or "advisor did not beat stock on this run:" in out
+    pytest.importorskip("matplotlib")
+    assert "(the two arms compared)" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "stopped everything the demo started" in out
