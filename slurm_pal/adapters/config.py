@@ -213,6 +213,21 @@ class SiteLabelsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics of `slurm-pal serve` (advisor/metrics.py); off unless port or textfile."""
+
+    port: int = 0
+    """HTTP port serving /metrics (0 = off)."""
+    address: str = "127.0.0.1"
+    """Address the port binds: loopback by default; "0.0.0.0" or "::" lets a remote Prometheus
+    scrape (the figures name no users or jobs; firewall it like any exporter)."""
+    textfile: str | None = None
+    """node_exporter textfile collector file (``*.prom``), rewritten atomically; unset = off."""
+    textfile_s: float = 15.0
+    """Seconds between rewrites of the textfile."""
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     classes: ClassesConfig = field(default_factory=ClassesConfig)
@@ -222,6 +237,7 @@ class SiteConfig:
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     advisor: AdvisorConfig = field(default_factory=AdvisorConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     site: SiteLabelsConfig = field(default_factory=SiteLabelsConfig)
     source: str = "<defaults>"
 
@@ -373,6 +389,7 @@ def _validate(config: SiteConfig) -> None:
         raise ConfigError(f"{src}: 'binning.n_init' must be >= 1, got {b.n_init}")
     _validate_classification(config)
     _validate_advisor(config)
+    _validate_metrics(config)
     loc = config.locality
     for key in ("within_node", "within_switch", "across_switches"):
         value = getattr(loc, key)
@@ -462,6 +479,21 @@ def _validate_advisor(config: SiteConfig) -> None:
             f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "
             f"got {a.avoid_above}"
         )
+
+
+def _validate_metrics(config: SiteConfig) -> None:
+    src, m = config.source, config.metrics
+    if not 0 <= m.port <= 65535:
+        raise ConfigError(f"{src}: 'metrics.port' must be 1-65535 (0 = off), got {m.port}")
+    if not m.address:
+        raise ConfigError(f"{src}: 'metrics.address' must be an IP address, got ''")
+    if m.textfile is not None and not (m.textfile.startswith("/") and m.textfile.endswith(".prom")):
+        raise ConfigError(
+            f"{src}: 'metrics.textfile' must be an absolute path ending in .prom (what "
+            f"node_exporter's textfile collector reads), got {m.textfile!r}"
+        )
+    if m.textfile_s <= 0:
+        raise ConfigError(f"{src}: 'metrics.textfile_s' must be > 0, got {m.textfile_s}")
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -14,11 +14,13 @@ and ``advisor.allowed_users`` are served, others get ``permission denied``.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import grp
 import json
 import logging
+import math
 import os
 import pwd
 import socket
@@ -33,6 +35,7 @@ from typing import Any
 from slurm_pal.adapters.slurm.update import JobApplier, ScontrolApplier
 from slurm_pal.advisor import protocol
 from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.jobend import job_gpus
 from slurm_pal.advisor.replan import (
@@ -47,7 +50,7 @@ from slurm_pal.advisor.replan import (
 from slurm_pal.advisor.state import AdvisorState, View
 from slurm_pal.core.request import PlacementRequest
 
-__all__ = ["AdvisorServer", "Counters", "peer_uid", "sweep_spool"]
+__all__ = ["AdvisorServer", "Counters", "ReloadRefused", "peer_uid", "sweep_spool"]
 
 log = logging.getLogger("slurm_pal.advisor")
 LATENCY_WINDOW = 2048
@@ -58,6 +61,10 @@ def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
+
+
+class ReloadRefused(Exception):
+    """A reload whose config or labels.json is unusable: the running config is kept."""
 
 
 class Counters:
@@ -86,6 +93,9 @@ class Counters:
         "bad_requests",
         "spool_applied",
         "spool_bad",
+        "fail_open",
+        "reloads",
+        "reloads_refused",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -93,6 +103,12 @@ class Counters:
         self._values = dict.fromkeys(self.NAMES, 0)
         self._latency: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._end_rounds: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        # Cumulative since start, for the Prometheus endpoint (the windows above are for stats).
+        self._histograms = {
+            "decide": Histogram(DECIDE_BUCKETS),
+            "replan_round": Histogram(ROUND_BUCKETS),
+            "job_end": Histogram(ROUND_BUCKETS),
+        }
         self._clock = clock
         self._started = clock()
 
@@ -103,12 +119,24 @@ class Counters:
     def decide_ms(self, ms: float) -> None:
         with self._lock:
             self._latency.append(ms)
+            self._histograms["decide"].observe(ms / 1000)
+
+    def replan_round_ms(self, ms: float) -> None:
+        """How long one re-planning round took (plan and Slurm writes), whatever started it."""
+        with self._lock:
+            self._histograms["replan_round"].observe(ms / 1000)
 
     def job_end_ms(self, ms: float) -> None:
         """How long an Epilog waited for its answer: its round (or the one it joined) and the
         record's store write."""
         with self._lock:
             self._end_rounds.append(ms)
+            self._histograms["job_end"].observe(ms / 1000)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Copies of the cumulative histograms (seconds): decide, replan_round, job_end."""
+        with self._lock:
+            return {name: h.copy() for name, h in self._histograms.items()}
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -123,6 +151,42 @@ class Counters:
         out["job_end_ms_max"] = ends[-1] if ends else None
         out["uptime_s"] = round(self._clock() - self._started, 3)
         return out
+
+
+DECIDE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Upper bounds (s) of the decide histogram: a decide is well under a millisecond in memory; the
+plugin gives up at advisor.submit_timeout_ms (300 ms)."""
+ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds (s) of the re-planning round and job-end histograms (the Epilog waits 900 ms)."""
+
+
+class Histogram:
+    """A cumulative histogram (Prometheus' ``le`` buckets, plus sum and count); not locked:
+    :class:`Counters` holds its lock around every use."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # per bucket; the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) per bucket, ending with (inf, count)."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+    def copy(self) -> Histogram:
+        twin = Histogram(self.bounds)
+        twin.counts, twin.sum, twin.count = list(self.counts), self.sum, self.count
+        return twin
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -270,8 +334,10 @@ class AdvisorServer:
         self.spool_dir = Path(cfg.hooks.spool_dir if spool_dir is None else spool_dir)
         self.applier = applier or ScontrolApplier(getattr(state.reader, "env", None))
         self.reload_config = reload_config
+        self._reload_lock = threading.Lock()
         self.io_timeout_s = io_timeout_s
         self.counters = Counters()
+        self.fail_opens = FailOpenLog(fail_open_path(self.socket_path), self.socket_group)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: _UnixServer | None = None
@@ -296,6 +362,11 @@ class AdvisorServer:
         self._refresh_once()
         self._bind()
         assert self._server is not None
+        try:
+            self.fail_opens.prepare()
+        except OSError as exc:
+            log.warning("cannot create %s (fail-opens not counted): %s", self.fail_opens.path, exc)
+        self.poll_fail_opens()
         self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
         if self.listen:
             from slurm_pal.advisor.transport import RecordListener
@@ -303,8 +374,7 @@ class AdvisorServer:
             self._tcp = RecordListener.for_advisor(self, self.listen)
             self._tcp.start()
         self._spawn("refresh", self._refresh_loop)
-        if self.replan_s > 0:
-            self._spawn("replan", self._replan_loop)
+        self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)
         log.info(
             "serving on %s (policy %s, refresh %gs, replan %gs, replan on epilog %s, spool %s)",
             self.socket_path,
@@ -408,6 +478,7 @@ class AdvisorServer:
                 return
             self._refresh_once()
             self._warm_requests()
+            self.poll_fail_opens()
             rounds += 1
             if rounds % max(1, round(300 / max(self.refresh_s, 0.001))) == 0:
                 log.info("stats %s", format_stats(self.counters.snapshot()))
@@ -420,7 +491,9 @@ class AdvisorServer:
                 sweep_spool(self.spool_dir, self.state.apply_record, self.counters)
 
     def _replan_loop(self) -> None:
-        while not self._stop.wait(self.replan_s):
+        while not self._stop.wait(self.replan_s if self.replan_s > 0 else 1.0):
+            if self.replan_s <= 0:
+                continue
             try:
                 self.replan()
             except Exception as exc:
@@ -470,7 +543,9 @@ class AdvisorServer:
             return extra | frozenset(self._freed_at)
 
     def _counted_round(self, freed: frozenset[str]) -> ReplanResult:
+        start = time.perf_counter()
         result = self._replan_round(freed)
+        self.counters.replan_round_ms((time.perf_counter() - start) * 1000)
         self.counters.add("replans")
         self.counters.add("replan_updates", len(result.applied))
         self.counters.add("replan_failed", len(result.failed))
@@ -721,17 +796,41 @@ class AdvisorServer:
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}
             if request.op == "reload":
-                if self.reload_config is not None:
-                    self.reload_config()
-                self.state.reload()
-                self._refresh_once()
-                return {"v": 1, "ok": True, **self.state.health()}
+                return {"v": 1, "ok": True, **self.reload()}
+        except ReloadRefused as exc:  # logged by reload()
+            return protocol.error_answer(f"reload refused, running config kept: {exc}")
         except Exception as exc:  # a bug or a broken store must not end the service
             log.exception("op %s failed", request.op)
             if request.op == "decide":
                 self.counters.add("decide_errors")
             return protocol.error_answer(f"{request.op} failed: {exc}")
         return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
+
+    def reload(self) -> dict[str, object]:
+        """The ``reload`` op and SIGHUP: re-read the config (``reload_config`` applies what can
+        change live and returns the keys that changed), labels.json and the store, then Slurm.
+        Reservations, decisions and counters stay. A config ``reload_config`` refuses raises
+        :class:`ReloadRefused` after one log line; nothing changes then."""
+        with self._reload_lock:
+            try:
+                changed = self.reload_config() if self.reload_config is not None else None
+            except ReloadRefused as exc:
+                self.counters.add("reloads_refused")
+                log.warning("reload refused, running config kept: %s", exc)
+                raise
+            self.state.reload()
+            self._refresh_once()
+            self.counters.add("reloads")
+            changed = list(changed or ())
+            log.info("reloaded config, labels and store: %s", ", ".join(changed) or "no change")
+            return {**self.state.health(), "changed": changed}
+
+    def poll_fail_opens(self) -> int:
+        """Count job_submit.lua's new fail-open lines (each refresh, each metrics scrape)."""
+        new = self.fail_opens.poll()
+        if new:
+            self.counters.add("fail_open", new)
+        return new
 
     def _undelivered(self, answer: Mapping[str, object], why: str) -> None:
         """A route nobody received: the job went through as written, so the GPUs reserved for

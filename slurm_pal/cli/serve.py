@@ -1,8 +1,11 @@
-"""`slurm-pal serve`: run the advisor service, and ask a running one (health, stats, replan).
+"""`slurm-pal serve`: run the advisor service, and ask a running one (health, stats, replan,
+reload).
 
 The service runs in the foreground (systemd or the testbed own the process; `--foreground`
 is accepted for scripts written against PROTOCOL.md). Defaults come from the site config's
-``[advisor]`` table; the global ``--db``/``--config`` select the store and the config.
+``[advisor]`` table; the global ``--db``/``--config`` select the store and the config. SIGHUP
+and `serve reload` re-read the config and labels.json (advisor/reload.py); ``[metrics]`` turns
+on the Prometheus endpoint or textfile (advisor/metrics.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.table import Table
@@ -98,7 +102,9 @@ def _run(
     init_store: bool = False,
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
-    from slurm_pal.advisor.server import AdvisorServer
+    from slurm_pal.advisor.metrics import MetricsExporter
+    from slurm_pal.advisor.reload import Overrides, Reloader
+    from slurm_pal.advisor.server import AdvisorServer, ReloadRefused
     from slurm_pal.advisor.state import AdvisorState
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
@@ -134,65 +140,111 @@ def _run(
         labels_file=None if labels is None else str(labels),
     )
 
-    def reload_config() -> None:
-        from slurm_pal.adapters.config import load_config
-
-        advisor_state.set_config(load_config(app_state.config_path), policy=policy)
-
+    reloader = Reloader(
+        app_state.config_path,
+        Overrides(policy=policy, labels=labels, refresh_s=refresh_s, replan_s=replan_s),
+    )
+    reloader.remember(config)
     server = AdvisorServer(
         advisor_state,
         _socket(app_state, socket),
         refresh_s=refresh_s,
         replan_s=replan_s,
-        reload_config=reload_config,
+        reload_config=lambda: reloader(server),
         applier=backend.applier,
     )
+    log = logging.getLogger("slurm_pal.advisor")
     done = threading.Event()
+    hangup = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
-        logging.getLogger("slurm_pal.advisor").info("signal %d: stopping", signum)
+        log.info("signal %d: stopping", signum)
         done.set()
+
+    def reload_signal(_signum: int, _frame: object) -> None:
+        hangup.set()  # the main loop reloads: a handler must not wait for the service's locks
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload_signal)
     try:
         server.start()
     except Exception as exc:
         advisor_state.writer.close()
         fail(f"cannot start the advisor: {exc}")
+    metrics = MetricsExporter(config.metrics, server)
+    try:
+        metrics.start()
+    except OSError as exc:
+        server.stop()
+        m = config.metrics
+        where = f"{m.address}:{m.port}" if m.port else str(m.textfile)
+        fail(f"cannot serve metrics on {where}: {exc.strerror or exc}")
     if pidfile is not None:
         pidfile.write_text(f"{os.getpid()}\n")
     try:
-        while not done.wait(0.5):
-            pass
+        while not done.is_set():
+            if not hangup.wait(0.5):
+                continue
+            hangup.clear()
+            log.info("SIGHUP: reloading")
+            try:
+                server.reload()
+            except ReloadRefused:
+                pass  # logged with its reason; the running config is kept
+            except Exception as exc:
+                log.warning("reload failed: %s", exc)
     finally:
+        metrics.stop()
         server.stop()
         if pidfile is not None:
             pidfile.unlink(missing_ok=True)
 
 
-def _ask(ctx: typer.Context, op: str, timeout_s: float) -> dict:
+SOCKET_OPT = typer.Option(
+    None,
+    "--socket",
+    help="Unix socket of the running advisor (default: `serve --socket`, else advisor.socket).",
+    show_default=False,
+)
+
+
+def _ask(ctx: typer.Context, op: str, timeout_s: float, socket: Path | None, as_json: bool) -> dict:
+    """The advisor's answer to ``op``; when it is down or answers an error: one line on
+    stderr (or ``{"ok": false, "error": ...}`` on stdout with ``--json``) and exit 1."""
     from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 
     app_state = state(ctx)
     with reported_errors():
-        path = _socket(app_state, ctx.meta.get("socket"))  # meta is shared with the group
+        # the subcommand's --socket, else the group's (meta is shared with the group)
+        path = _socket(app_state, socket if socket is not None else ctx.meta.get("socket"))
     try:
         answer = AdvisorClient(str(path)).request({"v": 1, "op": op}, timeout_s)
     except AdvisorUnavailable as exc:
-        fail(str(exc), code=1)
+        _refused(str(exc), as_json)
     if not answer.get("ok"):
-        fail(f"the advisor answered: {answer.get('error')}", code=1)
+        _refused(f"the advisor answered: {answer.get('error')}", as_json)
     return answer
+
+
+def _refused(message: str, as_json: bool) -> NoReturn:
+    if as_json:
+        print_json({"ok": False, "error": message})
+        raise typer.Exit(1)
+    fail(message, code=1)
 
 
 @app.command()
 def health(
     ctx: typer.Context,
-    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+    socket: Path | None = SOCKET_OPT,
+    as_json: bool = typer.Option(
+        False, "--json", help='Print the answer as JSON ({"ok": false, "error": ...} when down).'
+    ),
 ) -> None:
-    """Is the advisor up, and what does it serve (campaign, policy, GPUs, free GPUs)."""
-    answer = _ask(ctx, "health", 5.0)
+    """Is the advisor up, and what does it serve (campaign, policy, GPUs, free GPUs).
+    Exit 0 when it answers, 1 when it is down or answers an error."""
+    answer = _ask(ctx, "health", 5.0, socket, as_json)
     if as_json:
         print_json(answer)
         return
@@ -202,10 +254,11 @@ def health(
 @app.command()
 def stats(
     ctx: typer.Context,
+    socket: Path | None = SOCKET_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the counters as JSON."),
 ) -> None:
     """The running advisor's counters (decides, records, re-plans, latency p50/p99)."""
-    answer = _ask(ctx, "stats", 5.0)
+    answer = _ask(ctx, "stats", 5.0, socket, as_json)
     if as_json:
         print_json(answer)
         return
@@ -215,14 +268,32 @@ def stats(
 @app.command()
 def replan(
     ctx: typer.Context,
+    socket: Path | None = SOCKET_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Run one re-planning round now and show what it changed."""
-    answer = _ask(ctx, "replan", 120.0)
+    answer = _ask(ctx, "replan", 120.0, socket, as_json)
     if as_json:
         print_json(answer)
         return
     _table("re-planning round", answer)
+
+
+@app.command()
+def reload(
+    ctx: typer.Context,
+    socket: Path | None = SOCKET_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+) -> None:
+    """Re-read the config file and labels.json in the running advisor (as SIGHUP does):
+    policy settings, timings and the label map change live; reservations and decisions stay.
+    A config or labels.json it cannot use is refused (exit 1) and the running one kept."""
+    answer = _ask(ctx, "reload", 120.0, socket, as_json)
+    if as_json:
+        print_json(answer)
+        return
+    changed = answer.get("changed") or []
+    typer.echo("reloaded: " + ("; ".join(map(str, changed)) if changed else "no change"))
 
 
 def _table(title: str, answer: dict) -> None:
