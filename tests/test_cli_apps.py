@@ -52,7 +52,7 @@ def classify(run_cli, path: Path, app: str, *extra: str, ok: bool = True):
 
 
 def stored(run_cli) -> list[dict]:
-    return json.loads(run_cli("apps", "list", "--json").output)
+    return json.loads(run_cli("apps", "list", "--json").stdout)
 
 
 def nvml_record(dram: float, fu: float, seconds: float) -> dict:
@@ -377,7 +377,7 @@ def test_resolve_uses_rules_names_and_measured_history(run_cli, tmp_path: Path) 
     history = resolve("--script", str(script), "-J", "train")
     assert (history["class"], history["origin"], history["mismatch"]) == ("D", "history", True)
     assert "(claimed resnet50 -> A ignored)" in history["reason"]
-    mismatches = json.loads(run_cli("apps", "mismatches", "--json").output)
+    mismatches = json.loads(run_cli("apps", "mismatches", "--json").stdout)
     assert [(m["job_id"], m["claimed_app"], m["measured_class"]) for m in mismatches] == [
         ("1", "resnet50", "D"),
         ("2", "resnet50", "D"),

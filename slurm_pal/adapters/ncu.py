@@ -612,9 +612,16 @@ class _Parser:
             if errors:
                 line, text = errors[0]
                 raise self.error(line, f"no Nsight Compute table in the file; ncu reported: {text}")
+            # text.split("\n") gives one (empty) line for an empty file: count real lines.
+            lines = sum(1 for line in self.lines if line.strip())
+            if not lines:
+                raise self.error(
+                    None, "the file is empty: no Nsight Compute table (ncu --csv output) in it"
+                )
             raise self.error(
                 None,
-                f"no Nsight Compute table in the file ({len(self.lines)} lines, none starts "
+                f"no Nsight Compute table in the file ({lines} non-empty line"
+                f"{'' if lines == 1 else 's'}, none starts "
                 "with '\"ID\",'); was it written with '-o/--export' (then use "
                 "'ncu --import X.ncu-rep --csv') or did the application launch no kernel?",
             )

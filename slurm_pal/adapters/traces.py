@@ -10,7 +10,9 @@ work is its observed run time ``End - Start``: what it took on the GPUs it got, 
 estimate of its median-GPU run time a history can give; a job that ran on several nodes
 (``NNodes`` > 1) already paid the site's locality penalty, so its time is divided by
 ``spanned_penalty`` (the simulator charges it again when it spans nodes). Job steps
-(``123.batch``), jobs without GPUs and jobs that never started or have not ended are left out;
+(``123.batch``) repeat their job and are skipped; jobs without GPUs and jobs that never
+started, have not ended, or ended before they started are left out and counted by reason
+(:class:`Trace` ``left_out``) so the caller can say how much of the history was replayed;
 submit times are made relative to the first submission.
 
 Errors name the file and the line.
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -33,7 +38,16 @@ from slurm_pal.core.workload import (
     pal_job_class,
 )
 
-__all__ = ["TraceFormatError", "read_sacct", "read_sia_trace", "read_trace"]
+__all__ = [
+    "Trace",
+    "TraceFormatError",
+    "detect_trace_format",
+    "load_trace",
+    "read_sacct",
+    "read_sacct_trace",
+    "read_sia_trace",
+    "read_trace",
+]
 
 SIA_COLUMNS = ("job_id", "num_gpus", "submit_time", "duration", "model")
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
@@ -50,11 +64,39 @@ class TraceFormatError(ValueError):
         self.line = line
 
 
+@dataclass(frozen=True)
+class Trace:
+    """The jobs read from a trace and the rows left out, by reason (``{"still running": 3}``)."""
+
+    jobs: list[SimJob]
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def left_out_text(self) -> str | None:
+        """``"left out 3 of 7 jobs: 2 still running, 1 never started"``, or None."""
+        dropped = sum(self.left_out.values())
+        if not dropped:
+            return None
+        reasons = ", ".join(f"{n} {why}" for why, n in self.left_out.items())
+        return f"left out {dropped} of {dropped + len(self.jobs)} jobs: {reasons}"
+
+
 def _read_text(path: Path | str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8-sig")
+    except IsADirectoryError:
+        raise TraceFormatError(path, "is a directory, not a trace file") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(
+            path, f"not a text trace (byte {exc.start} is not UTF-8); is it binary?"
+        ) from None
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def detect_trace_format(path: Path | str) -> str:
+    """``"sacct"`` when the header is ``|``-separated, else ``"sia"``."""
+    head = _read_text(path).lstrip().split("\n", 1)[0]
+    return "sacct" if "|" in head else "sia"
 
 
 def read_sia_trace(
@@ -79,6 +121,9 @@ def read_sia_trace(
             path, f"not a Sia-Philly trace: missing column(s) {', '.join(missing)}", line=1
         )
     times = {model.lower(): float(value) for model, value in iteration_time.items()}
+    bad = {m: t for m, t in times.items() if not (math.isfinite(t) and t > 0)}
+    if bad:
+        raise ValueError(f"iteration times must be > 0 seconds, got {bad}")
     jobs: list[SimJob] = []
     for line, row in enumerate(reader, start=2):
         row = {str(k).strip(): (v or "").strip() for k, v in row.items()}
@@ -88,7 +133,7 @@ def read_sia_trace(
             raise TraceFormatError(
                 path,
                 f"no iteration time for model {model!r} (known: {', '.join(sorted(times))}; "
-                "give one or a default)",
+                "give one: sim run --iter-time MODEL=SECONDS)",
                 line,
             )
         try:
@@ -98,6 +143,10 @@ def read_sia_trace(
             iterations = float(row["duration"])
         except ValueError as exc:
             raise TraceFormatError(path, f"bad number: {exc}", line) from None
+        if not (math.isfinite(iterations) and iterations > 0):
+            raise TraceFormatError(
+                path, f"job {job_number}: duration must be > 0 iterations, got {iterations:g}", line
+            )
         tracked = track is None or track[0] <= job_number <= track[1]
         known = model.lower() in {name.lower() for name in model_class}
         try:
@@ -152,6 +201,19 @@ def read_sacct(
     ``class_of(job_name, user)`` (or a ``{job name: class}`` map) names each job's class; jobs it
     does not know get ``default_class``, exactly like unknown jobs in production.
     """
+    return read_sacct_trace(
+        path, default_class=default_class, class_of=class_of, spanned_penalty=spanned_penalty
+    ).jobs
+
+
+def read_sacct_trace(
+    path: Path | str,
+    *,
+    default_class: str = PAL_DEFAULT_CLASS,
+    class_of: Callable[[str, str], str | None] | Mapping[str, str] | None = None,
+    spanned_penalty: float = 1.0,
+) -> Trace:
+    """:func:`read_sacct` plus the jobs it left out, counted by reason."""
     text = _read_text(path)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
@@ -187,6 +249,7 @@ def read_sacct(
     if not spanned_penalty >= 1.0:
         raise ValueError(f"spanned_penalty must be >= 1.0, got {spanned_penalty}")
     raw: list[tuple[str, float, int, float, str, str]] = []
+    left_out: Counter[str] = Counter()
     for line_number, line in enumerate(lines[1:], start=2):
         values = line.split("|")
         job_id = field(values, "JobID")
@@ -196,6 +259,7 @@ def read_sacct(
         gres = field(values, "AllocGRES") or field(values, "ReqGRES")
         gpus = sacct_gpus(tres, gres)
         if gpus < 1:
+            left_out["without GPUs"] += 1
             continue
         try:
             submit = _sacct_time(field(values, "Submit"))
@@ -203,8 +267,19 @@ def read_sacct(
             end = _sacct_time(field(values, "End"))
         except ValueError as exc:
             raise TraceFormatError(path, f"bad timestamp: {exc}", line_number) from None
-        if submit is None or start is None or end is None or end <= start:
-            continue  # never ran, still running, or ran for no time: nothing to replay
+        # Nothing to replay: say why, so a history that lost most of its rows is noticed.
+        if submit is None:
+            left_out["without a submit time"] += 1
+            continue
+        if start is None:
+            left_out["never started (pending or cancelled)"] += 1
+            continue
+        if end is None:
+            left_out["still running (no end time)"] += 1
+            continue
+        if end <= start:
+            left_out["ended before (or when) they started"] += 1
+            continue
         name, user = field(values, "JobName"), field(values, "User")
         try:
             nodes = int(field(values, "NNodes") or 1)
@@ -213,7 +288,10 @@ def read_sacct(
         work = (end - start) / (spanned_penalty if nodes > 1 else 1.0)
         raw.append((job_id, submit, gpus, work, name, user))
     if not raw:
-        raise TraceFormatError(path, "no finished GPU jobs in the sacct output")
+        reasons = ", ".join(f"{n} {why}" for why, n in left_out.items())
+        raise TraceFormatError(
+            path, "no finished GPU jobs in the sacct output" + (f" ({reasons})" if reasons else "")
+        )
     first = min(submit for _, submit, *_ in raw)
     jobs = [
         SimJob(
@@ -230,17 +308,21 @@ def read_sacct(
         for job_id, submit, gpus, work, name, user in raw
     ]
     jobs.sort(key=lambda job: (job.submit_time, job.job_id))
-    return jobs
+    return Trace(jobs, dict(left_out.most_common()))
 
 
 def read_trace(path: Path | str, fmt: str = "auto", **options: object) -> list[SimJob]:
     """Read a trace, detecting Sia-Philly CSV vs sacct parsable2 from the header when
     ``fmt == "auto"``. ``options`` go to the reader."""
+    return load_trace(path, fmt, **options).jobs
+
+
+def load_trace(path: Path | str, fmt: str = "auto", **options: object) -> Trace:
+    """:func:`read_trace` plus the rows it left out (sacct histories; Sia rows never are)."""
     if fmt == "auto":
-        head = _read_text(path).lstrip().split("\n", 1)[0]
-        fmt = "sacct" if "|" in head else "sia"
+        fmt = detect_trace_format(path)
     if fmt == "sia":
-        return read_sia_trace(path, **options)  # type: ignore[arg-type]
+        return Trace(read_sia_trace(path, **options))  # type: ignore[arg-type]
     if fmt == "sacct":
-        return read_sacct(path, **options)  # type: ignore[arg-type]
+        return read_sacct_trace(path, **options)  # type: ignore[arg-type]
     raise ValueError(f"unknown trace format {fmt!r}; valid: auto, sia, sacct")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from slurm_pal.adapters.config import CLASSIFY_SOURCES, SiteConfig
@@ -60,7 +61,7 @@ def _input_errors() -> Iterator[None]:
     try:
         yield
     except (NcuParseError, DcgmParseError, TelemetryInputError) as exc:
-        fail(str(exc).replace("[", "\\["))
+        fail(str(exc))
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ def _apps_table(apps: Sequence[Application], title: str | None = None) -> Table:
     table.add_column("FU metric family")
     for a in apps:
         table.add_row(
-            a.name,
+            escape(a.name),
             _class_text(a),
             _pct(a.dram_util),
             _pct(a.fu_util),
@@ -441,7 +442,7 @@ def classify(
         )
         return
     console.print(
-        f"application [bold]{name}[/]: DRAM {features.dram_util:.1f} %, "
+        f"application [bold]{escape(name)}[/]: DRAM {features.dram_util:.1f} %, "
         f"FU {features.fu_util:.1f} % ({short_fu_source(features.fu_source)}) from "
         f"{len(files)} {used} file(s), {features.measurements} measurement(s)",
         highlight=False,
@@ -474,7 +475,7 @@ def classify(
 def list_apps(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     """Stored applications with their utilization and class ("admin" marks an override)."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         apps = store.applications()
         model = store.active_classifier()
     if as_json:
@@ -509,7 +510,7 @@ def set_class(
             if job_class is not None:
                 stored = store.set_application_class(name, _check_class(job_class, cfg))
                 console.print(
-                    f"application [bold]{name}[/] is class [bold]{stored.job_class}[/] "
+                    f"application [bold]{escape(name)}[/] is class [bold]{stored.job_class}[/] "
                     "(admin override)"
                 )
                 return
@@ -522,10 +523,13 @@ def set_class(
                 name, predicted_class=predicted, model_id=None if model is None else model.id
             )
     if stored.features is None:
-        console.print(f"application [bold]{name}[/] removed (it had no profile, only the override)")
+        console.print(
+            f"application [bold]{escape(name)}[/] removed (it had no profile, only the override)"
+        )
     else:
         console.print(
-            f"application [bold]{name}[/]: override cleared; class {stored.job_class or '-'}"
+            f"application [bold]{escape(name)}[/]: override cleared; "
+            f"class {stored.job_class or '-'}"
         )
 
 
@@ -557,7 +561,7 @@ def fit(
                 f"--n-classes must be within 1..{len(names)} (classes.names: {', '.join(names)}), "
                 f"got {k}"
             )
-        with st.store() as store:
+        with st.store(create=False) as store:
             apps = [a for a in store.applications() if a.features is not None]
             if not apps:
                 fail("no profiled applications: store some with 'slurm-pal apps classify'")
@@ -619,7 +623,7 @@ def _origin(apps: Sequence[Application], name: str) -> str | None:
 def mismatches(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     """Jobs whose named application's class differs from what their telemetry measured."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         rows = store.class_mismatches()
     if as_json:
         print_json(rows)
@@ -632,10 +636,10 @@ def mismatches(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
         table.add_column(column)
     for r in rows:
         table.add_row(
-            r["job_id"],
-            r["user"],
-            r["job_name"],
-            r["claimed_app"],
+            escape(str(r["job_id"])),
+            escape(str(r["user"])),
+            escape(str(r["job_name"])),
+            escape(str(r["claimed_app"])),
             r["claimed_class"],
             r["measured_class"],
             r["recorded_at"],
@@ -668,7 +672,7 @@ def resolve_job(
         if script is not None:
             text = script.read_text(encoding="utf-8", errors="replace")
             sha = _sha256(script)
-        with st.store() as store:
+        with st.store(create=False) as store:
             view = store.store_view(cfg.classification.history_window, cfg.classes.names)
         job = JobRequest(
             user=user,
@@ -692,4 +696,4 @@ def resolve_job(
             }
         )
         return
-    console.print(f"class [bold]{result.job_class}[/]: {result.reason}", highlight=False)
+    console.print(f"class [bold]{result.job_class}[/]: {escape(result.reason)}", highlight=False)

@@ -6,6 +6,8 @@ import json
 import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,14 +15,65 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.errors import NotRenderableError
+from rich.measure import Measurement
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.rule import Rule
+from rich.text import Text
 
 from slurm_pal.adapters.campaign_csv import CampaignFormatError
 from slurm_pal.adapters.config import ConfigError, SiteConfig, load_config, resolve_db_path
 from slurm_pal.adapters.store import Store, StoreError
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 100_000
+"""Line width when the output is not a terminal: wide enough that no value is ever cut."""
+
+LOG_RULE_WIDTH = 80
+"""Rules (horizontal lines) and short text keep this width in logs."""
+
+
+class FullWidthConsole(Console):
+    """A console that prints every value in full when its output is a pipe or a log file.
+
+    Rich assumes 80 columns when it cannot ask a terminal, so a table piped into ``tee`` or a
+    log came out with its values cut (``33.…``). Off a terminal this console is as wide as
+    each printed thing needs (tables at their natural width, text on its own lines); on a
+    terminal it behaves exactly like rich's console.
+    """
+
+    def _piped(self) -> bool:
+        return self._width is None and not self.is_terminal
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return ConsoleDimensions(PIPE_WIDTH, size.height) if self._piped() else size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+    def print(self, *objects: Any, width: int | None = None, **kwargs: Any) -> None:
+        if width is None and self._piped() and not kwargs.get("soft_wrap"):
+            width = self._natural_width(objects, kwargs.get("markup"))
+        super().print(*objects, width=width, **kwargs)
+
+    def _natural_width(self, objects: tuple[Any, ...], markup: bool | None) -> int:
+        widest = LOG_RULE_WIDTH
+        options = self.options.update(markup=markup)
+        for item in objects:
+            if isinstance(item, Rule):
+                continue
+            try:
+                widest = max(widest, Measurement.get(self, options, item).maximum)
+            except NotRenderableError:
+                widest = max(widest, len(str(item)))
+        return widest
+
+
+console = FullWidthConsole()
+err_console = FullWidthConsole(stderr=True)
 
 EXIT_USAGE = 2
 KNOWN_ERRORS = (ConfigError, StoreError, CampaignFormatError)
@@ -47,8 +100,16 @@ class AppState:
         return resolve_db_path(self.db, self.config)
 
     @contextmanager
-    def store(self) -> Iterator[Store]:
-        store = Store(self.db_path)
+    def store(self, *, create: bool = True) -> Iterator[Store]:
+        """The store. ``create=False`` for commands that only read: a store that does not exist
+        yet reads as an empty one (in memory, with a note on stderr) and nothing is created on
+        disk, neither the database nor its folders."""
+        path = self.db_path
+        if not create and not path.exists():
+            warn(f"no store at {path} yet (nothing stored there): showing an empty one")
+            store = Store(":memory:")
+        else:
+            store = Store(path, create=create)
         try:
             yield store
         finally:
@@ -63,8 +124,20 @@ def state(ctx: typer.Context) -> AppState:
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """One line on stderr and the exit code. ``message`` is plain text, printed as it is:
+    file names and values with brackets (``missing[red].csv``, ``slurm-pal[plot]``) are
+    never read as rich markup."""
+    line = Text("error:", style="bold red")
+    line.append(" " + message)
+    err_console.print(line, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """A notice on stderr (plain text, like :func:`fail`), never mixed into stdout."""
+    line = Text("note:", style="yellow")
+    line.append(" " + message)
+    err_console.print(line, highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -73,11 +146,7 @@ def reported_errors() -> Iterator[None]:
     try:
         yield
     except KNOWN_ERRORS as exc:
-        fail(_escape(str(exc)))
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", "\\[")
+        fail(str(exc))
 
 
 def print_json(data: Any) -> None:
@@ -120,3 +189,139 @@ def stdout_kept_clean(active: bool = True) -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+PROGRESS_AFTER_ENV = "SLURM_PAL_PROGRESS_AFTER_S"
+"""Seconds a step runs before a log (not a terminal) hears of it; 0 reports every step."""
+
+LOG_PROGRESS_EVERY_S = 10.0
+"""Off a terminal, a running bar prints its count at most this often."""
+
+
+def _progress_after() -> float:
+    try:
+        return max(0.0, float(os.environ.get(PROGRESS_AFTER_ENV, "2")))
+    except ValueError:
+        return 2.0
+
+
+class Steps:
+    """Progress through named steps that may each take a while (reading a large file, storing,
+    binning). Call it with each step's description as the work moves on.
+
+    On a terminal: a spinner with the step and its elapsed time on stderr, gone at the end. In
+    a log: a step that runs for ``$SLURM_PAL_PROGRESS_AFTER_S`` (2 s) prints ``step ...`` and
+    then its time when it ends, so a long silent stretch in a log always says what it is
+    doing; short steps print nothing."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._timer: threading.Timer | None = None
+        self._current: tuple[str, float, threading.Event] | None = None
+        if not quiet and err_console.is_terminal:
+            columns = (TextColumn("{task.description}"), TimeElapsedColumn())
+            self._progress = Progress(*columns, console=err_console, transient=True)
+            self._progress.start()
+
+    def __call__(self, description: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            if self._task is None:
+                self._task = self._progress.add_task(description, total=None)
+            else:
+                self._progress.reset(self._task, description=description)
+            return
+        self._end_step()
+        said = threading.Event()
+
+        def announce() -> None:
+            said.set()
+            _log_line(f"{description} ...")
+
+        self._current = (description, time.monotonic(), said)
+        self._timer = threading.Timer(_progress_after(), announce)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _end_step(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
+        if self._current is not None:
+            description, started, said = self._current
+            if said.is_set():
+                _log_line(f"{description}: done in {time.monotonic() - started:.1f} s")
+        self._timer, self._current = None, None
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        self._end_step()
+
+
+def _log_line(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def steps(quiet: bool = False) -> Iterator[Steps]:
+    """:class:`Steps` for the length of a block."""
+    progress = Steps(quiet)
+    try:
+        yield progress
+    finally:
+        progress.close()
+
+
+@contextmanager
+def step(description: str, quiet: bool = False) -> Iterator[None]:
+    """One step that may take a while (see :class:`Steps`)."""
+    with steps(quiet) as progress:
+        progress(description)
+        yield
+
+
+@contextmanager
+def progress_bar(description: str, total: int, quiet: bool = False) -> Iterator[Callable[[], None]]:
+    """A counted task (simulations, paired runs); yields ``advance()``, called once per item.
+
+    On a terminal: a bar on stderr, gone when done. In a log: ``description: done/total (t s)``
+    once the task has run ``$SLURM_PAL_PROGRESS_AFTER_S`` seconds and then at most every
+    ten seconds, and the total time at the end if anything was said."""
+    if quiet:
+        yield lambda: None
+        return
+    if err_console.is_terminal:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=err_console, transient=True) as progress:
+            task = progress.add_task(description, total=total)
+            yield lambda: progress.advance(task)
+        return
+    after = _progress_after()
+    every = LOG_PROGRESS_EVERY_S if after > 0 else 0.0
+    started = time.monotonic()
+    counts: dict[str, Any] = {"done": 0, "said_at": None}
+
+    def advance() -> None:
+        counts["done"] += 1
+        now = time.monotonic()
+        said_at = counts["said_at"]
+        due = now - started >= after if said_at is None else now - said_at >= every
+        if due and counts["done"] < total:
+            counts["said_at"] = now
+            _log_line(f"{description}: {counts['done']}/{total} ({now - started:.0f} s)")
+
+    yield advance
+    if counts["said_at"] is not None:
+        _log_line(
+            f"{description}: {counts['done']}/{total} done in {time.monotonic() - started:.1f} s"
+        )

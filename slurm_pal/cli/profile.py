@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
@@ -16,6 +17,7 @@ from slurm_pal.cli.common import (
     print_json,
     reported_errors,
     state,
+    steps,
 )
 from slurm_pal.core.variability import ClassBins
 
@@ -63,43 +65,72 @@ def ingest(
                 f"(set classes.names in the site config, {cfg.source})"
             )
         model = gpu_model or cfg.profiling.gpu_model
-        files = [read_campaign_csv(p, job_class=job_class, gpu_model=model) for p in paths]
-        for f in files:
-            unknown = sorted(set(f.rows["job_class"]) - set(cfg.classes.names))
-            if unknown:
-                fail(
-                    f"{f.path}: unknown class(es) {', '.join(unknown)}; valid classes: "
-                    f"{', '.join(cfg.classes.names)}"
+        with steps() as progress:
+            files = []
+            for p in paths:
+                progress(f"reading {p}")
+                files.append(read_campaign_csv(p, job_class=job_class, gpu_model=model))
+            for f in files:
+                unknown = sorted(set(f.rows["job_class"]) - set(cfg.classes.names))
+                if unknown:
+                    fail(
+                        f"{f.path}: unknown class(es) {', '.join(unknown)}; valid classes: "
+                        f"{', '.join(cfg.classes.names)}"
+                    )
+            with st.store() as store:
+                result = store.ingest(
+                    files,
+                    campaign_id=campaign,
+                    class_order=cfg.classes.names,
+                    binner=cfg.binning.binner(pal_artifact=pal_artifact),
+                    description=description,
+                    on_step=progress,
                 )
-        with st.store() as store:
-            result = store.ingest(
-                files,
-                campaign_id=campaign,
-                class_order=cfg.classes.names,
-                binner=cfg.binning.binner(pal_artifact=pal_artifact),
-                description=description,
-            )
     verb = "created" if result.created else "updated"
     console.print(
-        f"{verb} campaign [bold]{result.campaign_id}[/]: {result.files} file(s), "
+        f"{verb} campaign [bold]{escape(result.campaign_id)}[/]: {result.files} file(s), "
         f"{result.rows} run(s), class(es) {', '.join(result.classes)}"
         + (" (now active)" if result.activated else "")
     )
 
 
 @app.command()
-def bins(ctx: typer.Context, campaign: str | None = CAMPAIGN_OPT, as_json: bool = JSON_OPT) -> None:
+def bins(
+    ctx: typer.Context,
+    campaign: str | None = CAMPAIGN_OPT,
+    as_json: bool = JSON_OPT,
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Write bins-CAMPAIGN.png into this directory: per class, the histogram of GPUs' "
+        "PM-scores with the bins marked (needs slurm-pal[plot]).",
+        show_default=False,
+    ),
+) -> None:
     """Per class: chosen K, silhouette, bins (PM-score and GPU count), outliers."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    if plot is not None:
+        from slurm_pal.cli.plots import plot_directory, pyplot
+
+        pyplot()  # a missing matplotlib is said before anything else
+        plot_directory(plot)
+    with reported_errors(), st.store(create=False) as store:
         campaign_id = store.resolve_campaign(campaign)
         per_class = store.class_bins(campaign_id)
+        scores = store.gpu_scores(campaign_id) if plot is not None else None
+    written = None
+    if plot is not None and scores is not None:
+        from slurm_pal.cli.plots import bins_plot
+
+        written = bins_plot(campaign_id, per_class, scores, plot / f"bins-{campaign_id}.png")
     if as_json:
         print_json({c: b.to_dict() for c, b in per_class.items()})
         return
-    console.print(f"campaign [bold]{campaign_id}[/]")
+    console.print(f"campaign [bold]{escape(campaign_id)}[/]")
     for b in per_class.values():
         console.print(_bins_table(b))
+    if written is not None:
+        console.print(f"wrote {written}", markup=False, highlight=False)
 
 
 def _bins_table(b: ClassBins) -> Table:
@@ -116,7 +147,7 @@ def _bins_table(b: ClassBins) -> Table:
     for i, item in enumerate(b.bins):
         table.add_row(str(i), f"{item.score:.4f}", str(item.gpus))
     for uuid, score in b.outliers:
-        table.add_row("outlier", f"{score:.4f}", uuid)
+        table.add_row("outlier", f"{score:.4f}", escape(uuid))
     return table
 
 
@@ -129,7 +160,7 @@ def show(
 ) -> None:
     """One GPU: raw medians, normalized values, PM-scores and bins per class, and its label."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         campaign_id = store.resolve_campaign(campaign)
         uuid = store.canonical_uuid(campaign_id, gpu)
         rows = store.gpu_scores(campaign_id, uuid)
@@ -162,8 +193,10 @@ def show(
         print_json(info)
         return
     console.print(
-        f"GPU [bold]{uuid}[/] ({info['gpu_model']}) on {info['node'] or '?'} "
-        f"index {info['gpu_index'] if info['gpu_index'] is not None else '?'}, label {label}"
+        f"GPU [bold]{escape(uuid)}[/] ({escape(str(info['gpu_model']))}) on "
+        f"{escape(str(info['node'] or '?'))} "
+        f"index {info['gpu_index'] if info['gpu_index'] is not None else '?'}, "
+        f"label {escape(str(label))}"
     )
     table = Table()
     for col in ("class", "runs", "raw median", "normalized", "PM-score", "bin", "measured"):
@@ -195,20 +228,22 @@ def labels(
 ) -> None:
     """The PM signature labels (future gres.conf Type= values): bins and scores per class."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         campaign_id = store.resolve_campaign(campaign)
         rows = store.labels(campaign_id)
     if as_json:
         print_json({"campaign": campaign_id, "labels": rows})
         return
-    table = Table(title=f"campaign {campaign_id}: {len(rows)} PM signatures", title_justify="left")
+    table = Table(
+        title=f"campaign {escape(campaign_id)}: {len(rows)} PM signatures", title_justify="left"
+    )
     table.add_column("label")
     table.add_column("model")
     table.add_column("GPUs", justify="right")
     table.add_column("PM-scores per class")
     for r in rows:
         scores = "  ".join(f"{c}={s:.3f}" for c, s in r["scores"].items())
-        table.add_row(r["label"], r["gpu_model"], str(r["gpus"]), scores)
+        table.add_row(r["label"], escape(str(r["gpu_model"])), str(r["gpus"]), scores)
     console.print(table)
 
 
@@ -216,7 +251,7 @@ def labels(
 def campaigns(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     """List campaigns; the active one is what the advisor places by."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         items = store.campaigns()
     if as_json:
         print_json([c.__dict__ for c in items])
@@ -227,7 +262,7 @@ def campaigns(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     for c in items:
         mode = "pal-artifact" if c.binning.get("pal_artifact") else "silhouette"
         table.add_row(
-            c.id,
+            escape(c.id),
             "*" if c.active else "",
             c.created_at,
             ",".join(c.classes),
@@ -242,9 +277,9 @@ def campaigns(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 def activate(ctx: typer.Context, campaign: str = typer.Argument(..., help="Campaign id.")) -> None:
     """Make a campaign the active one."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         store.activate(campaign)
-    console.print(f"campaign [bold]{campaign}[/] is now active")
+    console.print(f"campaign [bold]{escape(campaign)}[/] is now active")
 
 
 @app.command()
@@ -257,14 +292,15 @@ def rebin(
 ) -> None:
     """Recompute a campaign's bins with the site's binning settings (raw rows are kept)."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store, steps() as progress:
         campaign_id = store.resolve_campaign(campaign)
         store.rebin(
             campaign_id,
             class_order=st.config.classes.names,
             binner=st.config.binning.binner(pal_artifact=pal_artifact),
+            on_step=progress,
         )
-    console.print(f"campaign [bold]{campaign_id}[/] re-binned")
+    console.print(f"campaign [bold]{escape(campaign_id)}[/] re-binned")
 
 
 @app.command()
@@ -286,7 +322,9 @@ def example(
         fail(str(exc))
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False)
-    console.print(f"wrote {len(frame)} runs ({nodes}x{gpus_per_node} GPUs, classes A-D) to {out}")
+    console.print(
+        f"wrote {len(frame)} runs ({nodes}x{gpus_per_node} GPUs, classes A-D) to {escape(str(out))}"
+    )
 
 
 def print_bins(store: Store, campaign_id: str) -> None:

@@ -13,20 +13,23 @@ from pathlib import Path
 
 import typer
 from rich import box
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from slurm_pal.adapters.config import load_config
-from slurm_pal.adapters.traces import TraceFormatError, read_trace
+from slurm_pal.adapters.traces import TraceFormatError, detect_trace_format, load_trace
 from slurm_pal.cli.common import (
     console,
-    err_console,
     fail,
     print_json,
+    progress_bar,
     reported_errors,
     state,
     stdout_kept_clean,
+    step,
+    warn,
 )
+from slurm_pal.cli.plots import plot_directory, sim_plots
 from slurm_pal.core.workload import (
     PAL_DEFAULT_CLASS,
     PAL_ITERATION_TIME,
@@ -54,9 +57,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PROGRESS_THRESHOLD = 3
-"""Show a progress bar from this many simulations on."""
-
+TRACE_FORMATS = ("auto", "sia", "sacct")
 
 SITE_PLACEMENTS = ("packed-sticky", "advisor", "null")
 """What ``sim run --config`` compares by default: Slurm's packing, the configured advisor, and
@@ -96,20 +97,34 @@ def load_jobs(
     default_class: str,
     classes: Sequence[str],
     spanned_penalty: float = 1.0,
+    quiet: bool = False,
 ) -> list[SimJob]:
     """The trace file, or a Poisson trace when ``poisson`` > 0. ``spanned_penalty``: the
-    site's penalty already in the run times of multi-node jobs of a sacct history."""
+    site's penalty already in the run times of multi-node jobs of a sacct history. Rows of the
+    trace left out (sacct jobs that never ran or have not ended) are counted in a note on
+    stderr unless ``quiet``."""
+    if trace_format not in TRACE_FORMATS:
+        fail(f"unknown --trace-format {trace_format!r}; valid: {', '.join(TRACE_FORMATS)}")
+    if poisson < 0:
+        fail(f"--poisson must be >= 1 jobs, got {poisson}")
     if poisson > 0:
-        return poisson_workload(poisson, load, seed=seed, classes=tuple(classes))
+        if trace is not None:
+            fail("give --trace PATH or --poisson N, not both")
+        if not (math.isfinite(load) and load > 0):
+            fail(f"--load must be > 0 jobs per hour, got {load:g}")
+        try:
+            return poisson_workload(poisson, load, seed=seed, classes=tuple(classes))
+        except ValueError as exc:
+            fail(str(exc))
     if trace is None:
         fail("give --trace PATH or --poisson N")
-    if not trace.is_file():
+    if not trace.exists():
         fail(f"trace {trace} not found")
     options: dict[str, object] = {}
-    fmt = trace_format
-    if fmt == "auto":
-        head = trace.read_text(encoding="utf-8-sig").lstrip().split("\n", 1)[0]
-        fmt = "sacct" if "|" in head else "sia"
+    try:
+        fmt = detect_trace_format(trace) if trace_format == "auto" else trace_format
+    except TraceFormatError as exc:
+        fail(str(exc))
     if fmt == "sia":
         options = {
             "model_class": {**PAL_MODEL_CLASS, **{k.lower(): v for k, v in class_map.items()}},
@@ -126,9 +141,14 @@ def load_jobs(
             "spanned_penalty": spanned_penalty,
         }
     try:
-        return read_trace(trace, fmt, **options)
+        with step(f"reading {trace}", quiet=quiet):
+            read = load_trace(trace, fmt, **options)
     except (TraceFormatError, ValueError) as exc:
-        fail(str(exc).replace("[", "\\["))
+        fail(str(exc))
+    note = read.left_out_text()
+    if note and not quiet:
+        warn(f"{trace}: {note}")
+    return read.jobs
 
 
 def simulated_gpus(
@@ -159,7 +179,15 @@ def hours(seconds: float) -> str:
 def results_table(summaries: list[dict], title: str) -> Table:
     """One row per (placement, scheduler); times in hours, gain = lower average JCT than
     Packed-Sticky (Tiresias) under the same scheduler."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        # The title says what was simulated and is often wider than the numbers: never wrap it.
+        min_width=len(title),
+    )
     table.add_column("placement", no_wrap=True)
     table.add_column("sched", no_wrap=True)
     for column in ("JCT h", "gain", "p99 h", "mksp h", "wait h", "FTF", "util", "pre", "mig"):
@@ -196,64 +224,24 @@ def with_gains(results: list[SimResult]) -> list[dict]:
 def run_with_progress(
     jobs: list[SimJob], gpus: SimGpus, configs: list[SimConfig], workers: int, quiet: bool
 ) -> list[SimResult]:
-    if quiet or len(configs) < PROGRESS_THRESHOLD:
-        return run_grid(jobs, gpus, configs, workers=workers)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=True) as progress:
-        task = progress.add_task("simulating", total=len(configs))
-        return run_grid(
-            jobs, gpus, configs, workers=workers, on_done=lambda _: progress.advance(task)
-        )
+    """Every config on the trace, with a progress bar on stderr (in a log: a count line once
+    it has run a few seconds)."""
+    with progress_bar("simulating", len(configs), quiet=quiet) as advance:
+        return run_grid(jobs, gpus, configs, workers=workers, on_done=lambda _: advance())
 
 
-def write_plots(results: list[SimResult], directory: Path) -> list[Path]:
-    """JCT CDF per placement and GPUs in use over time, one pair of PNGs per scheduler."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        fail("--plot needs matplotlib (pip install 'slurm-pal[plot]')")
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for scheduler in dict.fromkeys(r.scheduler for r in results):
-        group = [r for r in results if r.scheduler == scheduler]
-        figure, axes = plt.subplots(figsize=(7, 4.5))
-        for result in group:
-            jcts = sorted(j / 3600 for j in result.jcts())
-            if jcts:
-                fraction = [(i + 1) / len(jcts) for i in range(len(jcts))]
-                axes.step(jcts, fraction, where="post", label=result.placement)
-        axes.set_xlabel("job completion time (h)")
-        axes.set_ylabel("fraction of jobs")
-        axes.set_title(f"JCT CDF ({scheduler})")
-        axes.grid(alpha=0.3)
-        axes.legend()
-        path = directory / f"jct_cdf_{scheduler}.png"
-        figure.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(figure)
-        written.append(path)
-        figure, axes = plt.subplots(figsize=(7, 4.5))
-        for result in group:
-            times = [t / 3600 for t, _ in result.timeline]
-            busy = [b for _, b in result.timeline]
-            axes.step(times, busy, where="post", label=result.placement)
-        axes.set_xlabel("time (h)")
-        axes.set_ylabel("GPUs in use")
-        axes.set_title(f"GPUs in use ({scheduler}, {group[0].n_gpus} GPUs)")
-        axes.grid(alpha=0.3)
-        axes.legend()
-        path = directory / f"gpus_in_use_{scheduler}.png"
-        figure.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(figure)
-        written.append(path)
-    return written
+def check_run_options(
+    workers: int, seed: int | None, migration_seconds: float, xi: float | None
+) -> None:
+    """Options the engine would take silently or fail on deep inside: one line each."""
+    if workers < 1:
+        fail(f"--workers must be >= 1, got {workers}")
+    if seed is not None and seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
+    if not (math.isfinite(migration_seconds) and migration_seconds >= 0):
+        fail(f"--migration-seconds must be >= 0, got {migration_seconds:g}")
+    if xi is not None and not (math.isfinite(xi) and xi >= 1.0):
+        fail(f"--xi must be >= 1 (an interference slowdown), got {xi:g}")
 
 
 @app.command("run")
@@ -357,6 +345,7 @@ def run(
         n_nodes, per_node = parse_cluster(cluster)
     except ValueError as exc:
         fail(str(exc))
+    check_run_options(workers, seed, migration_seconds, xi)
     profiles = parse_pairs(profile, "--profile")
     times: dict[str, float] = {}
     for model, value in parse_pairs(iter_time, "--iter-time").items():
@@ -364,8 +353,13 @@ def run(
             times[model] = float(value)
         except ValueError:
             fail(f"--iter-time {model}={value}: not a number")
+        if not (math.isfinite(times[model]) and times[model] > 0):
+            fail(f"--iter-time {model}={value}: must be > 0 seconds per iteration")
+    if plot is not None:
+        plot_directory(plot)
     with reported_errors():
-        gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
+        with step("reading the variability profiles", quiet=not profiles):
+            gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
         jobs = load_jobs(
             trace,
             trace_format,
@@ -377,6 +371,7 @@ def run(
             default_class,
             gpus.classes,
             spanned_penalty=locality_penalty,
+            quiet=False,
         )
         try:
             common = {
@@ -399,14 +394,14 @@ def run(
                 for p in placements
             ]
             with stdout_kept_clean(as_json):
-                results = run_with_progress(jobs, gpus, configs, workers, quiet=as_json)
+                results = run_with_progress(jobs, gpus, configs, workers, quiet=False)
         except ValueError as exc:
-            fail(str(exc).replace("[", "\\["))
+            fail(str(exc))
     summaries = with_gains(results)
     if timeline:
         for summary, result in zip(summaries, results, strict=True):
             summary["gpus_in_use"] = [[t, busy] for t, busy in result.timeline]
-    written = write_plots(results, plot) if plot is not None else []
+    written = sim_plots(results, plot) if plot is not None else []
     if as_json:
         print_json(summaries)
         return
@@ -419,6 +414,8 @@ def run(
     console.print(results_table(summaries, title))
     unplaceable = sorted({j for r in results for j in r.unplaceable})
     if unplaceable:
-        console.print(f"[yellow]left out (more GPUs than the cluster):[/] {', '.join(unplaceable)}")
+        console.print(
+            "[yellow]left out (more GPUs than the cluster):[/] " + escape(", ".join(unplaceable))
+        )
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", markup=False, highlight=False)

@@ -16,6 +16,7 @@ in pass-through: ``policy = "packed"``), and it never recommends a candidate tha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,21 +30,25 @@ from slurm_pal.cli.common import (
     console,
     fail,
     print_json,
+    progress_bar,
     reported_errors,
     state,
     stdout_kept_clean,
+    step,
+    warn,
 )
+from slurm_pal.cli.plots import plot_directory, tune_plot
 from slurm_pal.cli.sim import (
+    check_run_options,
     load_jobs,
     parse_pairs,
-    run_with_progress,
     simulated_gpus,
     split_names,
 )
 from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
-from slurm_pal.sim.experiments import BASELINE, PairedRatios
+from slurm_pal.sim.experiments import BASELINE, PairedRatios, run_grid
 from slurm_pal.sim.inputs import parse_cluster
 from slurm_pal.sim.variability import SimGpus
 
@@ -72,7 +77,23 @@ def parse_numbers(text: str, what: str) -> list[float]:
         fail(f"{what} must be comma-separated numbers, got {text!r}")
     if not values:
         fail(f"no {what} given")
+    if not all(math.isfinite(v) for v in values):
+        fail(f"{what} must be finite numbers, got {text!r}")
     return values
+
+
+def parse_counts(text: str, what: str) -> list[int]:
+    """Comma-separated whole numbers (``4,3,2``); ``1.5`` is refused, not rounded."""
+    counts = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            fail(f"{what} must be comma-separated whole numbers, got {text!r}")
+        counts.append(int(part))
+    if not counts:
+        fail(f"no {what} given")
+    return counts
 
 
 def merged_classes(order: tuple[str, ...], keep: int) -> tuple[tuple[str, str], ...]:
@@ -207,13 +228,23 @@ def tune(
     default_class: str = typer.Option(PAL_DEFAULT_CLASS, "--default-class"),
     workers: int = typer.Option(2, "--workers", help="Worker processes."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Write tune.png into this directory: each candidate's per-run JCT ratio vs packing.",
+        show_default=False,
+    ),
 ) -> None:
     """Compare the advisor's settings with Slurm's packing over paired runs; recommend one
     only when its gain is clear of the noise."""
     with reported_errors():
         site = load_config(config) if config is not None else state(ctx).config
     policies = split_names(placement, list(TUNABLE), "placement")
-    (scheduler_name,) = split_names(scheduler, list(SCHEDULERS), "scheduler")[:1]
+    schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
+    if len(schedulers) > 1:
+        fail(f"tune takes one --scheduler, got {', '.join(schedulers)}: run it once per scheduler")
+    scheduler_name = schedulers[0]
+    check_run_options(workers, 0, 0.0, None)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     if seeds < 2:
@@ -231,6 +262,9 @@ def tune(
     if not 0.0 <= unknown_share <= 1.0:
         fail("--unknown-share must be within 0..1")
     profiles = parse_pairs(profile, "--profile")
+    counts_asked = parse_counts(class_counts, "--class-counts") if class_counts else None
+    if plot is not None:
+        plot_directory(plot)
 
     def draw(seed: int) -> tuple[list[SimJob], SimGpus]:
         gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
@@ -245,6 +279,7 @@ def tune(
             default_class,
             gpus.classes,
             spanned_penalty=site_penalty,
+            quiet=seed > 0,  # one note about left-out rows, not one per seed
         )
         if unknown_share > 0:
             rng = np.random.default_rng(seed)
@@ -253,13 +288,10 @@ def tune(
         return jobs, gpus
 
     with reported_errors():
-        draws = [draw(seed) for seed in range(seeds)]
+        with step(f"drawing {seeds} clusters and traces"):
+            draws = [draw(seed) for seed in range(seeds)]
         order = draws[0][1].classes
-        counts = (
-            [int(k) for k in parse_numbers(class_counts, "--class-counts")]
-            if class_counts
-            else [len(order)]
-        )
+        counts = counts_asked or [len(order)]
         if any(not 1 <= k <= len(order) for k in counts):
             fail(f"class counts must be within 1..{len(order)}")
         defaults: list[str | None] = [None]
@@ -269,9 +301,9 @@ def tune(
             if unknown_names:
                 fail(f"unknown default class(es) {', '.join(map(str, unknown_names))}")
         if default_classes and all(job.known for job in draws[0][0]):
-            console.print(
-                "[yellow]every job's class is known: --default-classes changes nothing "
-                "(see --unknown-share)[/]"
+            warn(
+                "every job's class is known: --default-classes changes nothing "
+                "(see --unknown-share)"
             )
         candidates = candidates_for(
             policies, site, advisor_penalties, thresholds, counts, defaults, order
@@ -289,19 +321,23 @@ def tune(
         everything = reference + noise + candidates
         results: dict[tuple[int, int], dict[str, float]] = {}
         try:
-            with stdout_kept_clean(as_json):
+            total = seeds * len(everything)
+            with stdout_kept_clean(as_json), progress_bar("paired runs", total) as advance:
                 for seed, (jobs, gpus) in enumerate(draws):
                     configs = [SimConfig(seed=seed, **{**common, **c.options}) for c in everything]
-                    runs = run_with_progress(jobs, gpus, configs, workers, quiet=True)
+                    runs = run_grid(
+                        jobs, gpus, configs, workers=workers, on_done=lambda _: advance()
+                    )
                     for index, run in enumerate(runs):
                         summary = run.summary()
                         results[(index, seed)] = {
                             k: float(summary[k]) for k in ("avg_jct", "p99_jct", "makespan")
                         }
         except ValueError as exc:
-            fail(str(exc).replace("[", "\\["))
+            fail(str(exc))
 
     rows = []
+    per_run: dict[str, list[float]] = {}
     for index, candidate in enumerate(everything[1:], start=1):
         ratios = [
             results[(index, seed)]["avg_jct"] / results[(0, seed)]["avg_jct"]
@@ -312,6 +348,7 @@ def tune(
             for seed in range(seeds)
         ]
         paired = PairedRatios.of(ratios)
+        per_run[candidate.label] = ratios
         rows.append(
             {
                 "candidate": candidate.label,
@@ -350,14 +387,24 @@ def tune(
         "recommended": recommended,
         "candidates": rows,
     }
+    written = None
+    if plot is not None:
+        written = tune_plot(
+            rows,
+            per_run,
+            f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, {seeds} paired "
+            f"runs per candidate (dots: runs; diamond and bar: geomean, 95 % interval)",
+            plot / "tune.png",
+        )
     if as_json:
         print_json(report)
         return
-    table = Table(
-        title=f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, site penalty "
-        f"{site_penalty:g}; {seeds} paired runs each vs {BASELINE} (ratios: lower is better)",
-        box=box.SIMPLE_HEAD,
+    title = (
+        f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, site penalty "
+        f"{site_penalty:g}; {seeds} paired runs each vs {BASELINE} (ratios: lower is better)"
     )
+    console.print(title, highlight=False, markup=False)
+    table = Table(box=box.SIMPLE_HEAD)
     columns = ("candidate", "gain", "95% CI", "median", "p90", "worst", "p99 JCT")
     for column in columns:
         table.add_column(column, justify="left" if column == "candidate" else "right")
@@ -386,3 +433,5 @@ def tune(
         console.print(
             f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
         )
+    if written is not None:
+        console.print(f"wrote {written}", markup=False, highlight=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,12 +52,14 @@ class CampaignStore(StoreConnection):
         binner: PMBinner,
         description: str = "",
         clock_events: Sequence[RunClockEvents] = (),
+        on_step: Callable[[str], None] = lambda step: None,
     ) -> IngestResult:
         """Add measurement files to a campaign (new unless ``campaign_id`` names one) and re-bin.
 
         All or nothing: a file already in the campaign, or any failure while binning, leaves the
         store as it was. The first campaign of a store becomes the active one. ``clock_events``
         (a Slurm campaign's measured runs) land in the same transaction as the rows.
+        ``on_step`` hears of each stage (a million rows take tens of seconds), for progress.
         """
         if not files:
             raise StoreError("nothing to ingest: no files given")
@@ -98,10 +100,13 @@ class CampaignStore(StoreConnection):
                     "INSERT INTO sources VALUES (?,?,?,?,?,?,?)",
                     (campaign_id, f.sha256, f.path, f.fmt, ",".join(classes), len(f.rows), now),
                 )
+                on_step(f"storing {len(f.rows)} runs of {f.path}")
                 self._insert_measurements(campaign_id, f)
             self._insert_clock_events(campaign_id, clock_events)
+            on_step(f"binning campaign {campaign_id}")
             measurements = self._measurements(campaign_id)
             profile = build_profile(measurements, class_order, binner)
+            on_step("storing bins, PM-scores and labels")
             self._replace_derived(campaign_id, profile)
             has_active = db.execute("SELECT 1 FROM campaigns WHERE active = 1").fetchone()
             activated = has_active is None
@@ -116,11 +121,20 @@ class CampaignStore(StoreConnection):
             classes=tuple(sorted({c for f in files for c in f.rows["job_class"]})),
         )
 
-    def rebin(self, campaign_id: str, *, class_order: Sequence[str], binner: PMBinner) -> None:
+    def rebin(
+        self,
+        campaign_id: str,
+        *,
+        class_order: Sequence[str],
+        binner: PMBinner,
+        on_step: Callable[[str], None] = lambda step: None,
+    ) -> None:
         """Recompute a campaign's bins with other binning parameters (raw rows stay as they are)."""
         with self._write() as db:
             self._require_campaign(campaign_id)
+            on_step(f"binning campaign {campaign_id}")
             profile = build_profile(self._measurements(campaign_id), class_order, binner)
+            on_step("storing bins, PM-scores and labels")
             self._replace_derived(campaign_id, profile)
             db.execute(
                 "UPDATE campaigns SET binning = ? WHERE id = ?",

@@ -198,8 +198,14 @@ class StoreError(RuntimeError):
 class StoreConnection:
     """The open database, its migration on open and the one-transaction write helper."""
 
-    def __init__(self, path: Path | str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, path: Path | str, *, timeout_s: float = 30.0, create: bool = True) -> None:
         self.path = Path(path)
+        if not create and str(path) != ":memory:" and not self.path.is_file():
+            # Commands that only read must not leave an empty store (and its folders) behind.
+            raise StoreError(
+                f"no store at {self.path} (nothing stored there yet: 'slurm-pal profile ingest' "
+                "or 'slurm-pal apps classify' create it; or check --db / $SLURM_PAL_DB)"
+            )
         if str(path) != ":memory:":
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
