@@ -236,3 +236,15 @@ def test_usage_rolls_labels_up_to_the_gpu_model(run_cli, tmp_path: Path) -> None
     bad = run_cli("site", "usage", "--sacct", bad_path, ok=False)
     assert bad.exit_code == 2 and "need the columns AllocTRES" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_a_model_request_still_means_the_model_with_merged_labels() -> None:
+    from slurm_pal.advisor.decide import LabelTable, labels_as_models
+
+    _, capped = _example_plan(4)
+    table = LabelTable.from_labels_json(capped.to_dict())
+    # --gres=gpu:v100:2 names the model (not a label), which the advisor places as such...
+    assert table.is_model("v100") and table.models == frozenset({"v100"})
+    assert all(table.is_label(lbl) for lbl in {g.label for g in capped.gpus})
+    # ...and a user who names a merged label is translated back to the model.
+    assert labels_as_models("gres:gpu:v100-pm0:2", table) == "gres:gpu:v100:2"
