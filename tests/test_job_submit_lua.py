@@ -315,13 +315,40 @@ def test_decoder_rejects_malformed_json(short_dir: Path, text: str) -> None:
         ("gres:gpu:a40:1", "gres:gpu:a40:1"),  # 'A40' is a label here, not a model
         ("gres:gpu:h100:1", "gres:gpu:h100:1"),  # unknown type: kept, Slurm will say
         ("gres:gpu:2", "gres:gpu:2"),
-        ("gres/gpu:v100:4", "gres:gpu:4"),
+        ("gres/gpu:v100:4", "gres/gpu:4"),  # 24.11 writes gres/ and refuses gres:
         ("gres:gpu:v100:x", "gres:gpu:v100:x"),  # unreadable: as written
     ],
 )
 def test_translate_model_types(short_dir: Path, tres: str, expected: str) -> None:
     script = _render(short_dir, "/nonexistent.sock")
     assert run_lua(script, f"emit(J.translate({lua_string(tres)}))") == [expected]
+
+
+@pytest.mark.parametrize(
+    ("job", "value", "expected"),
+    [
+        (
+            '{tres_per_node = "gres:gpu:2"}',
+            "gres:gpu:a:1,gres:gpu:b:1",
+            "gres:gpu:a:1,gres:gpu:b:1",
+        ),
+        (
+            '{tres_per_node = "gres/gpu:2"}',
+            "gres:gpu:a:1,gres:gpu:b:1",
+            "gres/gpu:a:1,gres/gpu:b:1",
+        ),
+        ('{tres_per_job = "gres/gpu:a:2"}', "gres:gpu:a:2", "gres/gpu:a:2"),
+        ("{}", "gres:gpu:a:2", "gres:gpu:a:2"),  # nothing says: as the advisor wrote it
+    ],
+)
+def test_tres_written_with_the_releases_prefix(
+    short_dir: Path, job: str, value: str, expected: str
+) -> None:
+    """22.05 stores and accepts only gres:gpu:..., 24.11 only gres/gpu:... (both checked on the
+    testbed): the advisor's values are written the way the job's own request was."""
+    script = _render(short_dir, "/nonexistent.sock")
+    code = f"emit(J.with_prefix({lua_string(value)}, J.tres_prefix({job})))"
+    assert run_lua(script, code) == [expected]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,12 @@ import pytest
 
 from slurm_pal.adapters.slurm.parse import Gres, parse_gres
 from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release, parse_release
-from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError, parse_squeue_json
+from slurm_pal.adapters.slurm.state import (
+    CliStateReader,
+    SlurmQueryError,
+    flat_job_json,
+    parse_squeue_json,
+)
 from slurm_pal.adapters.slurm.update import JobChange, scontrol_steps, transition_problem
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
@@ -39,6 +44,7 @@ def test_release_capabilities() -> None:
     assert not R2205.scontrol_json and SlurmRelease(23, 2).scontrol_json and R2411.scontrol_json
     assert not R2205.typed_gres_update_replaces and R2411.typed_gres_update_replaces
     assert OLDEST.series == "22.05" and not OLDEST.typed_gres_update_replaces
+    assert (R2205.tres_prefix, R2411.tres_prefix) == ("gres:", "gres/")
     assert parse_release(fixture("24.11/version.txt")) == R2411
 
 
@@ -91,6 +97,29 @@ def test_2411_nodes_come_from_scontrol_json() -> None:
     assert n2.partitions == ("debug",)
     reader.nodes(["n2"])
     assert calls.count("scontrol --version") == 1  # read once
+
+
+def test_2411_jobs_ask_for_ended_ones_too() -> None:
+    """24.11's squeue honours filters and hides ended jobs by default; 22.05 lists all."""
+    outputs = {
+        "scontrol --version": fixture("24.11/version.txt"),
+        "squeue --json --states=all": fixture("24.11/squeue.json"),
+    }
+    reader = CliStateReader(runner=lambda args: outputs[" ".join(args)])
+    assert [j.job_id for j in reader.jobs(states=["PENDING"])] == [11]
+
+
+def test_flat_job_json_gives_2205_shapes() -> None:
+    import json
+
+    raw = json.loads(fixture("24.11/squeue.json"))["jobs"][0]
+    flat = flat_job_json(raw)
+    assert flat["job_state"] == "RUNNING" and isinstance(flat["start_time"], int)
+    assert flat["gres_detail"] == raw["gres_detail"] and flat["nodes"] == "n1"
+    assert flat_job_json({"job_state": "PENDING", "priority": 5}) == {
+        "job_state": "PENDING",
+        "priority": 5,
+    }
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ import numpy as np
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.config import ADVISOR_POLICIES, SiteConfig, load_config
+from slurm_pal.adapters.slurm.state import flat_job_json
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim import SimConfig, SimGpus, simulate
@@ -657,7 +658,7 @@ class _GresWatcher:
         while not self._stop.is_set():
             with contextlib.suppress(TestbedError, ValueError, KeyError):
                 out = tb.run(["squeue", "--json"], timeout_s=10, check=False).stdout
-                for job in json.loads(out).get("jobs", []):
+                for job in map(flat_job_json, json.loads(out).get("jobs", [])):
                     if job.get("job_state") == "RUNNING" and job.get("gres_detail"):
                         self.gres[int(job["job_id"])] = list(job["gres_detail"])
                     reason = str(job.get("state_reason") or "")
@@ -678,12 +679,14 @@ class _GresWatcher:
 
 
 def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str, object]]:
-    """Slurm's record of our jobs (22.05 keeps ended jobs for MinJobAge and ignores filters)."""
+    """Slurm's record of our jobs (kept for MinJobAge after they end; 22.05 ignores the
+    ``--states=all`` 24.11 needs to show them), in 22.05's JSON shapes."""
     try:
-        data = json.loads(tb.run(["squeue", "--json"], timeout_s=30).stdout)
+        out = tb.run(["squeue", "--json", "--states=all"], timeout_s=30).stdout
+        data = json.loads(out)
     except (TestbedError, ValueError):
         return {}
-    by_id = {int(j["job_id"]): j for j in data.get("jobs", [])}
+    by_id = {int(j["job_id"]): flat_job_json(j) for j in data.get("jobs", [])}
     keep = (
         "job_id",
         "job_state",

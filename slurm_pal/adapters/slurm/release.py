@@ -39,6 +39,19 @@ class SlurmRelease:
         return (self.major, self.minor) >= (23, 2)
 
     @property
+    def squeue_json_filters(self) -> bool:
+        """``squeue --json`` honours its filters (24.11; so ended jobs need ``--states=all``).
+        22.05 ignores them and always lists every job slurmctld knows, ended ones too."""
+        return (self.major, self.minor) >= (23, 2)
+
+    @property
+    def tres_prefix(self) -> str:
+        """How a GRES entry of a TRES request is stored and must be written in job_submit.lua:
+        ``gres:gpu:T:n`` on 22.05, ``gres/gpu:T:n`` on 24.11 (both checked: each refuses the
+        other's at submit). Releases in between are untested and taken as 24.11."""
+        return "gres/" if (self.major, self.minor) >= (23, 2) else "gres:"
+
+    @property
     def typed_gres_update_replaces(self) -> bool:
         """``scontrol update TresPerNode=...`` replaces a pending job's GPU request, types
         included (checked on 24.11: ``binA:2 -> binB:2`` runs on 2 binB GPUs, typed -> untyped

@@ -2,7 +2,8 @@
 
 Why an interface: pyslurm would be the fast path, but it only builds against the Slurm release
 it was made for (PyPI has 25.11; Debian 12 ships 22.05 and the 22.5.x pyslurm is GitHub-only),
-so there is no pyslurm backend yet: it could not be tested here. :class:`CliStateReader` uses
+so the pyslurm backend (``pyslurm_backend.py``) is tested at its boundary only and ``auto``
+falls back to this one. :class:`CliStateReader` uses
 the command-line tools every Slurm has: ``squeue --json`` (which ignores its filter options in
 22.05, so filtering happens here, on the client), for nodes ``sinfo --json`` on 22.05 and
 ``scontrol show nodes --json`` from 23.02 on (:mod:`slurm_pal.adapters.slurm.release`; 24.11's
@@ -145,7 +146,10 @@ class CliStateReader:
         states: Iterable[str] | None = None,
         users: Iterable[str] | None = None,
     ) -> list[JobState]:
-        found = parse_squeue_json(self._runner(["squeue", "--json"]))
+        command = ["squeue", "--json"]
+        if self.release.squeue_json_filters:
+            command.append("--states=all")  # the default hides ended jobs (22.05 shows all)
+        found = parse_squeue_json(self._runner(command))
         ids = None if job_ids is None else {int(j) for j in job_ids}
         st = None if states is None else {s.upper() for s in states}
         us = None if users is None else set(users)
@@ -239,6 +243,19 @@ def _state_text(value: object) -> str:
     if isinstance(value, list | tuple):
         return "+".join(str(v) for v in value)
     return str(value or "")
+
+
+def flat_job_json(job: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``squeue --json`` job with 24.11's shapes made 22.05's, for code that reads the raw
+    JSON: the state list becomes its base state (``["PENDING", "REQUEUED"]`` -> ``PENDING``),
+    ``{"set": true, "number": N}`` becomes N (None when not set)."""
+    out = dict(job)
+    for key, value in job.items():
+        if key == "job_state" and isinstance(value, list | tuple):
+            out[key] = str(value[0]) if value else ""
+        elif isinstance(value, dict) and "set" in value and "number" in value:
+            out[key] = value["number"] if value["set"] else None
+    return out
 
 
 def _number(value: object) -> int:
