@@ -26,9 +26,13 @@ if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 
-# The test suite starts a real Slurm (munge, slurmctld, slurmd) on loopback: install it with dev.
+# The test suite starts a real Slurm (munge, slurmctld, slurmd) on loopback: install it with dev,
+# the host's release and each other release the tests run against (cached after the first run).
 if [ "$extras" = "dev" ] && [ -f scripts/install-slurm.sh ]; then
   bash scripts/install-slurm.sh
+  for release in ${SLURM_PAL_TEST_RELEASES-24.11}; do
+    bash scripts/install-slurm.sh --release "$release"
+  done
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

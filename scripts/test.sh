@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
-# Set up (with the test tools) and run the whole test suite. Extra arguments go to pytest.
-set -euo pipefail
+# Set up (with the test tools) and run the whole test suite, with the host's Slurm (22.05 on
+# Debian 12) for the real-Slurm tests, then tests/slurm once more against each release in
+# SLURM_PAL_TEST_RELEASES (default: 24.11, the cached Debian 13 build of
+# scripts/install-slurm.sh --release 24.11; empty: skip). Extra arguments go to every pytest run.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
-exec .venv/bin/python -m pytest "$@"
+releases="${SLURM_PAL_TEST_RELEASES-24.11}"
+SLURM_PAL_TEST_RELEASES="$releases" bash scripts/setup.sh dev || exit 1
+status=0
+start=$(date +%s)
+.venv/bin/python -m pytest "$@" || status=$?
+echo "test: the suite (host Slurm $(dpkg-query -W -f='${Version}' slurm-client 2>/dev/null || echo unknown)) took $(( $(date +%s) - start )) s"
+for release in $releases; do
+  start=$(date +%s)
+  SLURM_PAL_SLURM_RELEASE="$release" .venv/bin/python -m pytest "$@" tests/slurm || status=$?
+  echo "test: tests/slurm against Slurm $release took $(( $(date +%s) - start )) s"
+done
+exit "$status"

@@ -1,5 +1,10 @@
-"""The real-Slurm fixture: a private Slurm 22.05 on loopback whose GPU types come from
+"""The real-Slurm fixture: a private Slurm on loopback whose GPU types come from
 `slurm-pal site render` of the example campaign (4 nodes x 4 fake GPUs).
+
+The release is $SLURM_PAL_SLURM_RELEASE (unset: the host's Slurm, 22.05 on Debian 12; `24.11`:
+the cached Debian 13 build of scripts/install-slurm.sh --release 24.11). scripts/test.sh runs
+this directory once per release. The release's programs go first on this process's PATH, so
+the advisor's own sinfo/squeue/scontrol calls talk to the same release as the testbed.
 
 Missing Slurm binaries skip these tests locally, but fail them in CI (CI=true), where
 `bash .ci/run` installs Slurm through scripts/setup.sh dev."""
@@ -18,9 +23,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
+from slurm_pal.testbed.cluster import default_release, release_bin_dir
+
+RELEASE = default_release()
+if (_bin := release_bin_dir(RELEASE)) is not None:
+    os.environ["PATH"] = f"{_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 # What the Prolog sees (root, every node of the job, at allocation: PrologFlags=Alloc).
 PROLOG = """#!/bin/sh
@@ -50,6 +61,11 @@ class SlurmLab:
     render_dir: Path
     labels: dict  # labels.json as rendered
     slurm_labels: dict[str, dict[int, str]]  # node -> {Slurm GPU index: label}
+    release: SlurmRelease = OLDEST  # what the testbed's scontrol says it is
+
+    def tres(self, text: str) -> str:
+        """``gres:gpu:T:n`` as this release stores it (24.11: ``gres/gpu:T:n``)."""
+        return text.replace("gres:", self.release.tres_prefix)
 
     def cli(self, *args: str, ok: bool = True):
         """`slurm-pal --db DB ARGS` in-process, with SLURM_CONF pointing at the testbed."""
@@ -66,18 +82,35 @@ class SlurmLab:
         return result
 
 
+def release_of(tb: LocalSlurm) -> SlurmRelease:
+    """The testbed's release as its scontrol reports it (22.05's rules when unreadable)."""
+    return detect_release(lambda args: tb.run(args, check=False).stdout) or OLDEST
+
+
+def stored_tres(tb: LocalSlurm, text: str) -> str:
+    """``gres:gpu:T:n`` as the testbed's release stores and prints it (24.11: ``gres/``)."""
+    return text.replace("gres:", release_of(tb).tres_prefix)
+
+
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
         pytest.fail(f"CI needs the real Slurm testbed: {reason}", pytrace=False)
     pytest.skip(reason)
 
 
+def pytest_report_header() -> str:
+    bin_dir = release_bin_dir(RELEASE)
+    return f"real Slurm: release {RELEASE} ({bin_dir or 'programs on PATH'})"
+
+
 def require_slurm() -> None:
     """Skip (fail in CI) unless the Slurm binaries are installed and we are root."""
-    missing = missing_binaries()
+    missing = missing_binaries(RELEASE)
     if missing:
+        option = "" if release_bin_dir(RELEASE) is None else f" --release {RELEASE}"
         _unavailable(
-            f"Slurm not installed ({', '.join(missing)} missing): bash scripts/install-slurm.sh"
+            f"Slurm {RELEASE} not installed ({', '.join(missing)} missing): "
+            f"bash scripts/install-slurm.sh{option}"
         )
     if os.geteuid() != 0:
         _unavailable("the Slurm testbed runs its daemons as root; run the tests as root")
@@ -146,6 +179,6 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
     atexit.register(teardown)  # also on an interrupted session; stop() is idempotent
     try:
         tb.start()
-        yield SlurmLab(tb, db, work / "site", labels, slurm_labels)
+        yield SlurmLab(tb, db, work / "site", labels, slurm_labels, release_of(tb))
     finally:
         teardown()

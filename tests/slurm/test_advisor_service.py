@@ -28,7 +28,7 @@ from slurm_pal.core.topology import Topology
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.site.render import plan_from_store
 from slurm_pal.testbed import LocalSlurm, NodeSpec
-from tests.slurm.conftest import require_slurm
+from tests.slurm.conftest import require_slurm, stored_tres
 from tests.slurm.conftest import testbed_dir as fresh_root
 
 pytestmark = pytest.mark.slurm
@@ -208,7 +208,7 @@ def test_a_job_passed_for_lack_of_gpus_gets_the_pal_choice_when_gpus_free_up(
     (label,) = [g["label"] for g in svc.labels["nodes"][node] if g["index"] == index]
     fields = parse_key_values(tb.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip())
     assert fields["ReqNodeList"] == node
-    assert fields["TresPerNode"] == f"gres:gpu:{label}:1"
+    assert fields["TresPerNode"] == stored_tres(tb, f"gres:gpu:{label}:1")
     job = svc.wait(job_id, "RUNNING")
     ((got_node, (got,)),) = job.allocated_gpu_indices().items()
     assert got_node == node
@@ -277,7 +277,7 @@ def test_a_job_that_fits_only_on_outliers_waits_off_them_and_is_routed_when_gpus
             tb.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
         )
         assert fields["ReqNodeList"] == "n02" and fields["ExcNodeList"] == "(null)"
-        assert fields["TresPerNode"] == f"gres:gpu:{good}:1"
+        assert fields["TresPerNode"] == stored_tres(tb, f"gres:gpu:{good}:1")
     finally:
         tb.run(["scontrol", "update", "PartitionName=debug", "State=UP"])
     job = svc.wait(job_id, "RUNNING")

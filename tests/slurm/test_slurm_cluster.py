@@ -1,5 +1,6 @@
-"""Against a real Slurm 22.05 (no mocks): rendered GPU types, typed requests, the state reader,
-`site check`. Findings that shape the advisor are spelled out in the test docstrings."""
+"""Against a real Slurm (22.05, and 24.11 with SLURM_PAL_SLURM_RELEASE; no mocks): rendered GPU
+types, typed requests, the state reader, `site check`. Findings that shape the advisor are
+spelled out in the test docstrings, with what differs by release."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_job_submit_lua_sees_the_typed_request(slurm_lab) -> None:
     try:
         (info,) = CliStateReader(slurm_lab.tb.env).jobs(job_ids=[job])
         assert (info.state, info.reason) == ("PENDING", "JobHeldUser")
-        assert info.admin_comment == f"tres_per_node=gres:gpu:{label}:1"
+        assert info.admin_comment == "tres_per_node=" + slurm_lab.tres(f"gres:gpu:{label}:1")
         assert info.comment == "pal:probe"
     finally:
         slurm_lab.tb.run(["scancel", str(job)])
@@ -122,7 +123,8 @@ def test_an_update_that_drops_a_gpu_type_keeps_it(slurm_lab) -> None:
     job's GRES request. A type the update leaves out keeps its old count, so a job updated from
     ``T1:1,T2:1`` to ``T1:1`` still runs on both GPUs (and a node without T2 can never run it:
     pending with BadConstraints for ever). The re-planner never sends such an update
-    (``adapters.slurm.update.transition_problem``)."""
+    (``adapters.slurm.update.transition_problem``). 24.11.5 replaces the request: the job runs
+    on the one T1 GPU (``SlurmRelease.typed_gres_update_replaces``)."""
     node, (l1, l2) = next(
         (n, sorted(set(g.values()))[:2])
         for n, g in slurm_lab.slurm_labels.items()
@@ -131,12 +133,13 @@ def test_an_update_that_drops_a_gpu_type_keeps_it(slurm_lab) -> None:
     tb = slurm_lab.tb
     job = tb.submit("-H", "-w", node, f"--gres=gpu:{l1}:1,gpu:{l2}:1", "--wrap", PRINT_GPUS)
     tb.run(["scontrol", "update", f"JobId={job}", f"TresPerNode=gres:gpu:{l1}:1"])
-    assert tb.job_fields(job)["TresPerNode"] == f"gres:gpu:{l1}:1"  # what Slurm shows
+    assert tb.job_fields(job)["TresPerNode"] == slurm_lab.tres(f"gres:gpu:{l1}:1")  # shown
     tb.run(["scontrol", "release", str(job)])
     assert tb.wait_job(job, 30) == "COMPLETED", tb.job_fields(job)
     out = _job_output(slurm_lab, job)
     got = sorted(slurm_lab.slurm_labels[out["NODE"]][i] for i in _indices(out["JOB_GPUS"]))
-    assert got == sorted([l1, l2])  # what it got
+    replaced = slurm_lab.release.typed_gres_update_replaces
+    assert got == ([l1] if replaced else sorted([l1, l2]))  # what it got
 
 
 def test_per_job_request_with_several_types(slurm_lab) -> None:
@@ -152,7 +155,9 @@ def test_per_job_request_with_several_types(slurm_lab) -> None:
     common, *_, rare = _labels_by_count(slurm_lab)
     job = slurm_lab.tb.submit(f"--gpus={common}:2,{rare}:1", "--wrap", PRINT_GPUS)
     assert slurm_lab.tb.wait_job(job, 30) == "COMPLETED"
-    assert slurm_lab.tb.job_fields(job)["TresPerJob"] == f"gres:gpu:{common}:2,gres:gpu:{rare}:1"
+    assert slurm_lab.tb.job_fields(job)["TresPerJob"] == slurm_lab.tres(
+        f"gres:gpu:{common}:2,gres:gpu:{rare}:1"
+    )
     out = _job_output(slurm_lab, job)
     got = Counter(slurm_lab.slurm_labels[out["NODE"]][i] for i in _indices(out["JOB_GPUS"]))
     assert got == Counter({common: 2, rare: 1})

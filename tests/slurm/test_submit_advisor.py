@@ -39,7 +39,7 @@ from slurm_pal.core.topology import Topology
 from slurm_pal.example_campaign import DEFAULT_SHAPES, ClassShape, generate_example_campaign
 from slurm_pal.hooks.spool import DeliveryError, request, spooled
 from slurm_pal.testbed import LocalSlurm, NodeSpec
-from tests.slurm.conftest import FEATURES, require_slurm
+from tests.slurm.conftest import FEATURES, require_slurm, stored_tres
 from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
 
 pytestmark = pytest.mark.slurm
@@ -504,7 +504,7 @@ def _runs_as_written(lab: Lab, why: str) -> None:
         assert job.admin_comment == "" and not job.required_nodes
     lines = lab.fail_open_lines(mark)
     assert len(lines) == 2, lines
-    assert "translated tres_per_node=gres:gpu:2" in lines[0]
+    assert "translated tres_per_node=" + stored_tres(lab.tb, "gres:gpu:2") in lines[0]
     assert all(why in line for line in lines), lines
 
 
