@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shutil
 import subprocess
@@ -101,3 +102,45 @@ def test_hooks_with_an_advisor_address_send_over_tcp_with_munge(tmp_path: Path) 
         assert subprocess.run(["sh", "-n", str(script)], check=False).returncode == 0
     plain = render_files(PLAN)["epilog.sh"]
     assert "--socket /run/slurm-pal/advisor.sock" in plain and "--advisor" not in plain
+
+
+def test_nodes_get_a_timer_that_flushes_their_spool_over_tcp(tmp_path: Path) -> None:
+    hooks = HookSettings(
+        python=sys.executable, advisor="10.0.0.1:6830", spool_dir="/var/spool/slurm-pal"
+    )
+    files = render_files(PLAN, hooks=hooks)
+    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(files["slurm-pal-flush.service"])
+    assert parser["Service"]["ExecStart"] == (
+        f"{sys.executable} -s -m slurm_pal.hooks flush --advisor 10.0.0.1:6830 --munge-socket "
+        "/run/munge/munge.socket.2 --spool-dir /var/spool/slurm-pal --timeout-ms 900"
+    )
+    assert parser["Service"]["Type"] == "oneshot"
+    timer = configparser.ConfigParser(strict=True, interpolation=None)
+    timer.read_string(files["slurm-pal-flush.timer"])
+    assert timer["Timer"]["OnUnitActiveSec"] == "1min"
+    if shutil.which("systemd-analyze") is None:
+        return
+    for name in ("slurm-pal-flush.service", "slurm-pal-flush.timer"):
+        (tmp_path / name).write_text(files[name])
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "slurm-pal-flush.timer"),
+         str(tmp_path / "slurm-pal-flush.service")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    ours = [ln for ln in proc.stderr.splitlines() if "slurm-pal-flush" in ln]
+    assert proc.returncode == 0 and ours == [], proc.stderr
+
+
+def test_the_rendered_flush_command_runs(tmp_path: Path) -> None:
+    """The ExecStart line is a command the hooks' CLI takes (nothing spooled: exit 0)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    hooks = HookSettings(python=sys.executable, advisor="127.0.0.1:9", spool_dir=str(spool))
+    unit = render_files(PLAN, hooks=hooks)["slurm-pal-flush.service"]
+    line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    proc = subprocess.run(
+        line.split("=", 1)[1].split(), capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["left"] == 0, proc.stderr

@@ -14,7 +14,8 @@ pick. This module turns the active campaign (per-GPU node, index, model and labe
 * ``prolog.sh`` / ``epilog.sh``: call the stdlib-only hooks (``python -m slurm_pal.hooks``) with
   the absolute Python of this install, the socket (or the advisor's TCP address and the node's
   munge socket, ``hooks.advisor``) and the spool dir;
-* ``slurm-pal.service``: the systemd unit of ``slurm-pal serve`` on the controller.
+* ``slurm-pal.service``: the systemd unit of ``slurm-pal serve`` on the controller;
+  ``slurm-pal-flush.service``/``.timer``: the nodes' ``hook flush`` every minute.
 
 GPUs without a node or index (e.g. rows of the Longhorn sgemm file) cannot be placed in
 gres.conf: they are listed as skipped, with the reason.
@@ -426,6 +427,8 @@ def render_files(
         "prolog.sh": env.get_template("prolog.sh.j2").render(context, kind="prolog"),
         "epilog.sh": env.get_template("epilog.sh.j2").render(context, kind="epilog"),
         "slurm-pal.service": env.get_template("slurm-pal.service.j2").render(context),
+        "slurm-pal-flush.service": env.get_template("slurm-pal-flush.service.j2").render(context),
+        "slurm-pal-flush.timer": env.get_template("slurm-pal-flush.timer.j2").render(context),
     }
 
 
