@@ -167,19 +167,21 @@ def _run(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGHUP, reload_signal)
-    try:
-        server.start()
-    except Exception as exc:
-        advisor_state.writer.close()
-        fail(f"cannot start the advisor: {exc}")
+    # Metrics first: once the socket answers health, /metrics answers too (one probe suffices).
     metrics = MetricsExporter(config.metrics, server)
     try:
         metrics.start()
     except OSError as exc:
-        server.stop()
+        advisor_state.writer.close()
         m = config.metrics
         where = f"{m.address}:{m.port}" if m.port else str(m.textfile)
         fail(f"cannot serve metrics on {where}: {exc.strerror or exc}")
+    try:
+        server.start()
+    except Exception as exc:
+        metrics.stop()
+        advisor_state.writer.close()
+        fail(f"cannot start the advisor: {exc}")
     if pidfile is not None:
         pidfile.write_text(f"{os.getpid()}\n")
     try:
