@@ -392,6 +392,30 @@ def test_a_job_ending_on_a_compute_host_replans_a_waiting_job_onto_its_gpus(
     assert after["records_rejected"] == before["records_rejected"]
 
 
+def test_job_ends_in_quick_succession_each_start_a_waiting_job_on_their_own_gpus(
+    clean: Cluster,
+) -> None:
+    """The GPUs a round gave to a waiting job are not free for the next end's round, even
+    before Slurm's next read shows that job running there (seen by the latency benchmark:
+    the second waiting job was sent to the first end's node, taken, and waited there)."""
+    c = clean
+    held = [_held(c, f"q{i}", "--gres=gpu:2", "-N1") for i in range(len(HOSTS))]
+    for job_id, _ in held:
+        c.wait_state(job_id, "RUNNING")
+    waiting = [
+        c.sbatch("--gres=gpu:2", "--comment=pal:app=resnet", f"--wrap={SLEEP}") for _ in range(2)
+    ]
+    time.sleep(2.0)  # both wait, no GPU is free
+    for (ending, release), job_id in zip(held[:2], waiting, strict=True):
+        freed = c.job(ending)["NodeList"]
+        release.touch()
+        assert c.wait_state(job_id, "RUNNING")["NodeList"] == freed
+        # A refresh now shows the first one running (its reservation ends) while the next end
+        # comes within 2 s of this one: the window in which the round still counted the
+        # first end's GPUs free.
+        time.sleep(1.2)
+
+
 def test_a_two_node_jobs_end_frees_both_nodes_in_one_round(clean: Cluster) -> None:
     c = clean
     two, release = _held(c, "two", "-N2", "--gres=gpu:2")
