@@ -1,4 +1,5 @@
-"""Slurm hostlist expressions: expansion rules, errors, and compress/expand round trips."""
+"""Slurm hostlist expressions (ClusterShell's NodeSet kept to Slurm's syntax): expansion rules,
+errors, and compress/expand round trips."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_pal.core import hostlist
 from slurm_pal.core.hostlist import compress, expand
 
 
@@ -21,6 +23,10 @@ from slurm_pal.core.hostlist import compress, expand
         ("rack[1-2]n[3,5]x", ["rack1n3x", "rack1n5x", "rack2n3x", "rack2n5x"]),
         ("n[1-2],n[2-3]", ["n1", "n2", "n3"]),
         (" n1 , n2 ", ["n1", "n2"]),
+        ("n2 n1\tn3", ["n1", "n2", "n3"]),  # whitespace separates, as in Slurm
+        ("n[3,1]", ["n1", "n3"]),  # sorted, as scontrol show hostnames prints it
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
         ("", []),
     ],
 )
@@ -29,7 +35,22 @@ def test_expand_follows_slurm_rules(expression: str, names: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "expression", ["node[1-2", "node1-2]", "node[[1-2]]", "node[3-1]", "node[a-b]", "node[1-]"]
+    "expression",
+    [
+        "node[1-2",
+        "node1-2]",
+        "node[[1-2]]",
+        "node[3-1]",
+        "node[a-b]",
+        "node[1-]",
+        # NodeSet's own syntax that Slurm does not have: refused, never resolved
+        "n[1-4]!n2",
+        "n1&n2",
+        "n1^n2",
+        "@compute",
+        "n[1-2]@x",
+        "n[1-4/2]",
+    ],
 )
 def test_expand_rejects_malformed_expressions(expression: str) -> None:
     with pytest.raises(ValueError):
@@ -44,15 +65,28 @@ def test_expand_rejects_malformed_expressions(expression: str) -> None:
         (["node07"], "node07"),
         (["gpu-1-1", "gpu-1-2", "gpu-2-1"], "gpu-1-[1-2],gpu-2-1"),
         (["login", "n2", "n1"], "login,n[1-2]"),
+        (["rack1-n01", "rack2-n01", "rack1-n02"], "rack1-n[01-02],rack2-n01"),
+        ([f"gpu{i:04d}" for i in range(4096)], "gpu[0000-4095]"),
     ],
 )
 def test_compress_prints_what_slurm_prints(names: list[str], expression: str) -> None:
     assert compress(names) == expression
 
 
-def test_compress_rejects_names_that_cannot_be_expressed() -> None:
-    with pytest.raises(ValueError):
-        compress(["node[1]"])
+@pytest.mark.parametrize("name", ["node[1]", "a,b", "a b", "", "n!1", "@g"])
+def test_compress_rejects_names_that_cannot_be_expressed(name: str) -> None:
+    with pytest.raises(ValueError, match="cannot compress"):
+        compress(["n1", name])
+
+
+def test_a_huge_expression_is_refused_without_building_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo or a hostile --nodelist must not make the advisor build millions of names."""
+    with pytest.raises(ValueError, match="more than"):
+        expand("n[1-99999999]")
+    monkeypatch.setattr(hostlist, "MAX_NAMES", 10)
+    assert len(expand("n[1-10]")) == 10
+    with pytest.raises(ValueError, match="more than 10"):
+        expand("n[1-5],m[1-6]")
 
 
 _node_names = st.builds(
