@@ -24,7 +24,7 @@ from slurm_pal.core.hostlist import compress, expand
         ("n[1-2],n[2-3]", ["n1", "n2", "n3"]),
         (" n1 , n2 ", ["n1", "n2"]),
         ("n2 n1\tn3", ["n1", "n2", "n3"]),  # whitespace separates, as in Slurm
-        ("n[3,1]", ["n1", "n3"]),  # sorted, as scontrol show hostnames prints it
+        ("n[3,1]", ["n1", "n3"]),  # sorted, duplicates dropped: a set of nodes
         ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
         ("n[098-101]", ["n098", "n099", "n100", "n101"]),
         ("", []),

@@ -35,8 +35,8 @@ _BRACKETED_RANGE = re.compile(r"(\d+)-(\d+)(?=[^\[\]]*\])")
 
 
 def expand(hostlist: str) -> list[str]:
-    """The node names of a Slurm hostlist expression, sorted as Slurm sorts them (by name
-    pattern, then number), without duplicates.
+    """The node names of a Slurm hostlist expression, sorted (by name pattern, then number),
+    without duplicates.
 
     Raises ValueError, one line, on a malformed expression (unbalanced or nested brackets,
     ``[b-a]``, non-digits in a range, a character Slurm does not use) or one of more than
