@@ -192,6 +192,20 @@ def test_a_job_slurm_cannot_move_keeps_its_request_and_frees_its_planned_gpus(st
     assert result.summary()["kept"] == {"7": result.kept[7]}
 
 
+def test_on_2411_a_typed_job_may_drop_its_type(st) -> None:
+    """24.11 replaces a pending job's typed request (checked on the testbed), so the job the
+    22.05 round keeps is moved there."""
+    from slurm_pal.adapters.slurm.release import SlurmRelease
+
+    state, labels = st
+    held = _pending(7, 1, "A", tres="gres:gpu:v100-elsewhere:1", current={"n04": ("x",)})
+    result = plan_replan(
+        [held], _cluster(st), labels=labels, policy=state.policy, version="t",
+        release=SlurmRelease(24, 11, 5),
+    )  # fmt: skip
+    assert result.kept == {} and [u.job_id for u in result.updates] == [7]
+
+
 def test_the_applier_reports_the_failing_step(st) -> None:
     state, labels = st
     (update,) = plan_replan(

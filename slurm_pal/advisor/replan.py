@@ -22,6 +22,7 @@ import logging
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from slurm_pal.adapters.slurm.release import SlurmRelease
 from slurm_pal.adapters.slurm.update import JobChange, transition_problem
 from slurm_pal.advisor.decide import (
     Decision,
@@ -197,14 +198,16 @@ def plan_replan(
     partition_nodes: Mapping[str, Sequence[str]] | None = None,
     default_partition: str | None = None,
     known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
+    release: SlurmRelease | None = None,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
 
     A job whose chosen labels per node equal what it holds gets no update; the round stops at
     the first job that does not fit (PAL: the head of the queue is never overtaken). A job
-    whose new request Slurm 22.05 would mishandle (:func:`transition_problem`) keeps its
-    request (``kept``) and the GPUs planned for it stay free for the jobs after it.
+    whose new request Slurm 22.05 would mishandle (:func:`transition_problem`, by the
+    ``release`` the applier's scontrol reports; None: 22.05's rules) keeps its request
+    (``kept``) and the GPUs planned for it stay free for the jobs after it.
     ``known`` caches each pending job's request across rounds (its GPU ask is read once)."""
     result = ReplanResult(considered=len(pending))
     common = {
@@ -248,7 +251,7 @@ def plan_replan(
             result.unchanged.append(p.job_id)
             return Outcome.UNCHANGED
         update = Update(p.job_id, p.token, decision, chosen, p.current, p)
-        problem = transition_problem(update.change)
+        problem = transition_problem(update.change, release)
         if problem is not None:
             result.kept[p.job_id] = problem
             return Outcome.KEPT

@@ -664,6 +664,7 @@ class AdvisorServer:
             class_order=view.static.class_order,
             partition_nodes=view.partition_nodes,
             default_partition=view.default_partition,
+            release=getattr(self.applier, "release", None),  # 24.11 replaces typed requests
         )
         # Each job's steps run in order, the jobs in priority order (the jobs Slurm will start
         # first are updated first); the applier decides how a round goes to Slurm (processes
@@ -694,9 +695,6 @@ class AdvisorServer:
                 log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
                 continue
             state.reserve(update.token, allocation.uuids, update.job_id)
-            with self._end_lock:  # given away: a later round must not count them free again
-                for uuid in allocation.uuids:  # (the next read may predate this job's start)
-                    self._freed_at.pop(uuid, None)
             state.writer.submit(
                 lambda s, t=update.token, a=answer: s.update_decision(
                     t, state="replanned", answer=a
