@@ -695,6 +695,9 @@ class AdvisorServer:
                 log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
                 continue
             state.reserve(update.token, allocation.uuids, update.job_id)
+            with self._end_lock:  # given away: a later round must not count them free again
+                for uuid in allocation.uuids:  # (the next read may predate this job's start)
+                    self._freed_at.pop(uuid, None)
             state.writer.submit(
                 lambda s, t=update.token, a=answer: s.update_decision(
                     t, state="replanned", answer=a
