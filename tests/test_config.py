@@ -33,7 +33,17 @@ def test_documented_example_equals_the_defaults() -> None:
 
 def test_every_default_knob_is_documented_in_the_example() -> None:
     text = (REPO / "site-config" / "slurm-pal.toml").read_text()
-    for section in ("store", "classes", "binning", "locality", "profiling", "advisor", "hooks"):
+    sections = (
+        "store",
+        "classes",
+        "binning",
+        "locality",
+        "profiling",
+        "advisor",
+        "hooks",
+        "metrics",
+    )
+    for section in sections:
         assert f"[{section}]" in text
         for f in dataclasses.fields(getattr(SiteConfig(), section)):
             assert f"{f.name} =" in text, f"{section}.{f.name} is not documented"
