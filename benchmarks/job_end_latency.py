@@ -195,7 +195,11 @@ class Bench:
                 else:
                     time.sleep(0.002)
         start = self.wait_running(waiting) - t0
-        return None if replan is None else (replan, start)
+        if replan is None:  # say what the advisor did instead
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            log(f"no round logged for the end of job {ending}; advisor log since:\n{text}")
+            return None
+        return replan, start
 
 
 def run(hosts: int, samples: int, settle_s: float) -> dict[str, object]:

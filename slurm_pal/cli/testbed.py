@@ -14,7 +14,7 @@ from slurm_pal.site.render import RenderError, load_labels
 from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
 from slurm_pal.testbed.emulate import PROFILES, TRACES, EmulationError
 from slurm_pal.testbed.hosts import NS_PREFIX, HostsError, namespaces, remove_namespaces, tag_for
-from slurm_pal.testbed.multihost import MultiHostSlurm, attach
+from slurm_pal.testbed.multihost import MultiHostSlurm
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -92,7 +92,7 @@ def up(
 def status(root: Path = DIR_OPT) -> None:
     """Which daemons run, and the node states. Exit 1 when slurmctld is not running."""
     try:
-        tb = attach(root)
+        tb = LocalSlurm.attach(root)
     except TestbedError as exc:
         fail(str(exc))
     running = tb.running()
@@ -128,7 +128,7 @@ def down(
     stopped: list[str] = []
     try:
         if (root / "testbed.json").exists():
-            stopped = attach(root).stop()
+            stopped = LocalSlurm.attach(root).stop()
         leftovers = namespaces(f"{NS_PREFIX}{tag_for(root)}-")
         if all_leftovers:
             leftovers = namespaces(NS_PREFIX)
@@ -155,7 +155,7 @@ def exec_(
     if not ctx.args:
         fail("no command given: slurm-pal testbed exec [--host H] -- COMMAND ...")
     try:
-        tb = attach(root)
+        tb = LocalSlurm.attach(root)
         if not isinstance(tb, MultiHostSlurm):
             fail(f"the testbed in {root} runs on this host: export SLURM_CONF={tb.conf}")
         args = tb.on_host(host or tb.controller, ctx.args)
@@ -207,6 +207,13 @@ def run(
         "the config's advisor.replan_on_epilog; shipped: on).",
         show_default=False,
     ),
+    multihost: bool = typer.Option(
+        True,
+        "--hosts/--single-host",
+        help="Each node on its own compute host beside a controller host (network namespaces; "
+        "the hooks send records to the advisor over TCP with munge, as on a cluster), or every "
+        "daemon on this host (loopback; records on the Unix socket).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
@@ -234,6 +241,7 @@ def run(
                 replan_s=replan_s,
                 replan_on_epilog=replan_on_epilog,
                 config=cfg,
+                multihost=multihost,
             )
             progress = (
                 (lambda m: err_console.print(m, highlight=False))

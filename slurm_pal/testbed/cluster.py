@@ -233,6 +233,10 @@ class LocalSlurm:
             raise TestbedError(f"no testbed in {root}: {path} does not exist") from exc
         except (OSError, ValueError) as exc:
             raise TestbedError(f"cannot read {path}: {exc}") from exc
+        if data.pop("multihost", False) and cls is LocalSlurm:  # one handle for both kinds
+            from slurm_pal.testbed.multihost import MultiHostSlurm
+
+            return MultiHostSlurm.attach(root)
         data["nodes"] = [
             NodeSpec(n["name"], tuple(n["gpu_types"]), tuple(n["features"])) for n in data["nodes"]
         ]

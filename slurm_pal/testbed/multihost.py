@@ -202,18 +202,3 @@ class MultiHostSlurm(LocalSlurm):
             except HostsError as exc:
                 raise TestbedError(str(exc)) from None
         return stopped + removed
-
-
-def is_multihost(root: Path | str) -> bool:
-    """Whether the testbed described in ``root`` is a multi-host one."""
-    import json
-
-    try:
-        return bool(json.loads((Path(root) / "testbed.json").read_text()).get("multihost"))
-    except (OSError, ValueError):
-        return False
-
-
-def attach(root: Path | str) -> LocalSlurm:
-    """The testbed in ``root``, single- or multi-host."""
-    return MultiHostSlurm.attach(root) if is_multihost(root) else LocalSlurm.attach(root)

@@ -18,6 +18,11 @@ policy (shipped: packed-pm) unless ``--policy`` names another.
 Every job writes its own record (GPUs got, slowdown, start and end); ``squeue --json`` (jobs
 kept for MinJobAge) gives Slurm's view and the advisor's admin comments.
 
+Both arms run on the multi-host testbed (:mod:`slurm_pal.testbed.multihost`; ``--single-host``:
+every daemon on one host): the advisor on the controller host, each node's slurmd and the
+hooks on a compute host of their own, the records reaching the advisor over TCP in munge
+credentials, as on a cluster.
+
 The advisor arm is a :class:`Arm` like the stock one: what it adds to the testbed (Lua,
 Prolog/Epilog) and what it starts and stops around the trace (the service).
 """
@@ -66,6 +71,8 @@ from slurm_pal.testbed.emulate import (
     score_table,
     source_profile,
 )
+from slurm_pal.testbed.hosts import CONTROLLER_OCTET, SUBNET
+from slurm_pal.testbed.multihost import MultiHostSlurm
 
 __all__ = [
     "ARMS",
@@ -89,6 +96,8 @@ ARMS = ("stock", "advisor")
 NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
 """Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
+RECORD_PORT = 7001
+"""The advisor's TCP listener for the hooks' records on the multi-host testbed's controller."""
 Progress = Callable[[str], None]
 
 
@@ -127,6 +136,10 @@ class RunSettings:
     """The advisor re-plans the pending jobs from each job's Epilog, before Slurm reuses its
     GPUs; None: ``advisor.replan_on_epilog`` of ``config`` (shipped: on)."""
     config: SiteConfig = field(default_factory=SiteConfig)
+    multihost: bool = True
+    """Each node on its own compute host beside a controller host (slurm_pal/testbed/
+    multihost.py): the hooks send their records to the advisor over TCP with munge, as on a
+    cluster. False: every daemon on this host, the hooks on the advisor's Unix socket."""
 
     def __post_init__(self) -> None:
         bad = [a for a in self.arms if a not in ARMS]
@@ -162,6 +175,21 @@ class RunSettings:
     def work(self) -> Path:
         """Our files, beside (not inside) the folders LocalSlurm wipes at every start."""
         return self.root / "emulation"
+
+    @property
+    def socket_path(self) -> Path:
+        """The advisor's Unix socket: on the multi-host testbed in the controller's own folder,
+        which compute hosts cannot see (their hooks must use TCP)."""
+        if self.multihost:
+            return self.root / "ctl" / "advisor.sock"
+        return self.work / "advisor.sock"
+
+    @property
+    def record_address(self) -> str | None:
+        """HOST:PORT of the advisor's record listener (multi-host only)."""
+        if not self.multihost:
+            return None
+        return f"{SUBNET}.{CONTROLLER_OCTET}:{RECORD_PORT}"
 
 
 @dataclass(frozen=True)
@@ -214,7 +242,7 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
     campaign_frame(gpus, gpu_model=cfg.profiling.gpu_model).to_csv(csv, index=False)
     db = work / "store.db"
     campaign = f"emulated-{settings.profile}-s{settings.profile_seed}"
-    socket_path = work / "advisor.sock"
+    socket_path = settings.socket_path
     config_path = work / "slurm-pal.toml"
     config_path.write_text(_site_config(cfg, settings, socket_path))
     with Store(db) as store:
@@ -289,11 +317,17 @@ def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> s
         "reservation_ttl_s": 20.0,
         "labels_file": None,  # serve gets the testbed's labels.json with --labels
     }
+    hooks: dict[str, object] = {"spool_dir": str(settings.work / "spool"), "telemetry": False}
+    if settings.record_address is not None:
+        # Every host's munged answers at the same path (slurm_pal/testbed/multihost.py).
+        munge_socket = str(settings.root / "run" / "munge" / "munge.socket.2")
+        testbed |= {"listen": settings.record_address, "munge_socket": munge_socket}
+        hooks |= {"advisor": settings.record_address, "munge_socket": munge_socket}
     advisor = {f.name: getattr(cfg.advisor, f.name) for f in dataclasses.fields(cfg.advisor)}
     tables: dict[str, dict[str, object]] = {
         "advisor": advisor | testbed,
         "classes": {"names": cfg.classes.names, "default": cfg.classes.default},
-        "hooks": {"spool_dir": str(settings.work / "spool"), "telemetry": False},
+        "hooks": hooks,
         "locality": {"across_switches": cfg.locality.across_switches},
     }
     lines = ["# written by `slurm-pal testbed run`"]
@@ -414,6 +448,8 @@ class AdvisorArm(Arm):
         ).stdout
         if "--foreground" in helptext:
             cmd.append("--foreground")
+        if isinstance(tb, MultiHostSlurm):  # on the controller host, as on a cluster
+            cmd = tb.on_host(tb.controller, cmd)
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
@@ -564,13 +600,17 @@ def run_arm(
         shutil.rmtree(records)
     records.mkdir(parents=True)
     records.chmod(0o777)
-    tb = LocalSlurm(
-        prep.settings.root,
-        prep.specs,
-        device_pattern=prep.settings.device_pattern,
-        extra_conf=FIFO,
-        **arm.testbed_options(prep),  # type: ignore[arg-type]
-    )
+    options: dict[str, object] = {
+        "device_pattern": prep.settings.device_pattern,
+        "extra_conf": FIFO,
+        **arm.testbed_options(prep),
+    }
+    tb: LocalSlurm
+    if prep.settings.multihost:
+        spool = str(prep.settings.work / "spool")  # each compute host's own
+        tb = MultiHostSlurm(prep.settings.root, prep.specs, per_host_dirs=(spool,), **options)  # type: ignore[arg-type]
+    else:
+        tb = LocalSlurm(prep.settings.root, prep.specs, **options)  # type: ignore[arg-type]
     if timeout_s is None:
         longest = max(float(prep.table["across_nodes"]), 1.0) * 3.0  # type: ignore[arg-type]
         timeout_s = max(j.submit for j in trace) + longest * sum(j.base for j in trace) + 60
@@ -842,6 +882,11 @@ def _run_testbed(
         "policy": settings.advisor_policy,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
+        "hosts": (
+            f"controller + {settings.nodes} compute hosts (records over TCP, munge)"
+            if settings.multihost
+            else "one host (loopback; records on the Unix socket)"
+        ),
         "locality_penalty": prep.table["across_nodes"],
         "campaign": prep.campaign,
         "root": str(settings.root),
