@@ -34,7 +34,7 @@ from slurm_pal.core.hostlist import expand
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.hooks.spool import DeliveryError, request
 from slurm_pal.testbed import NodeSpec
-from slurm_pal.testbed.hosts import missing_tools
+from slurm_pal.testbed.hosts import missing_tools, namespaces, remove_namespaces, tag_for
 from slurm_pal.testbed.multihost import MultiHostSlurm
 from tests.slurm.conftest import _unavailable, require_slurm
 from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
@@ -595,3 +595,30 @@ def test_advisor_killed_submits_accepted_records_spooled_on_hosts_then_applied_o
     assert after["records_total"] - before["records_total"] == 2 * len(HOSTS)
     assert after["records_duplicate"] == before["records_duplicate"]
     assert after["records_rejected"] == before["records_rejected"]
+
+
+def test_cli_up_exec_and_down_even_after_a_crash() -> None:
+    """`testbed up --hosts`, `exec` on a host, and `down` removing the namespaces by the
+    folder's name when testbed.json is gone (a crashed run)."""
+    require_slurm()
+    _require_namespaces()
+    root = fresh_testbed_dir()
+    runner = CliRunner()
+    env = {"SLURM_PAL_CONFIG": None}
+    tag = f"spal-{tag_for(root)}-"
+    try:
+        result = runner.invoke(app, ["testbed", "up", "--dir", str(root), "--hosts", "3"], env=env)
+        assert result.exit_code == 0, result.output
+        assert len(namespaces(tag)) == 4 + 1  # controller, 3 compute hosts, the switch
+        name = ["sh", "-c", 'test "$(hostname)" = n02']
+        on_n02 = ["testbed", "exec", "--dir", str(root), "--host", "n02", "--", *name]
+        assert runner.invoke(app, on_n02, env=env).exit_code == 0
+        on_ctl = ["testbed", "exec", "--dir", str(root), "--", *name]
+        assert runner.invoke(app, on_ctl, env=env).exit_code == 1
+        (root / "testbed.json").unlink()  # what a crash may leave: no description, live hosts
+        result = runner.invoke(app, ["testbed", "down", "--dir", str(root)], env=env)
+        assert result.exit_code == 0, result.output
+        assert namespaces(tag) == []
+    finally:
+        remove_namespaces(namespaces(tag))
+        shutil.rmtree(root, ignore_errors=True)
