@@ -7,6 +7,8 @@ imports). The rendered Prolog/Epilog scripts call ``python -m slurm_pal.hooks pr
 directly; ``slurm-pal hook`` offers the same commands for admins.
 
 A hook never fails a job: it exits 0 whatever happens, under a hard time limit. A record is
-first written atomically into the spool dir, then offered to the advisor's socket; the file is
-deleted once the advisor answers ok, else the service's sweep or ``hook flush`` delivers it.
+first written atomically into the spool dir, then offered to the advisor: its Unix socket, or
+on a compute node (``--advisor HOST:PORT``) its TCP listener, the record inside a munge
+credential of the node's munged; the file is deleted once the advisor answers ok, else the
+service's sweep (a shared spool dir) or ``hook flush`` (fresh credentials) delivers it.
 """
