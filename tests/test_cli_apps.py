@@ -114,6 +114,8 @@ def test_fit_with_too_few_applications_says_how_many(run_cli) -> None:
     assert result.exit_code == 2
     assert "4 classes need at least 4 distinct applications" in result.output
     assert "profiled applications: a, b" in result.output
+    # The hint names what the CLI has, not the library's too_few='reduce'.
+    assert "--n-classes" in result.output and "too_few" not in result.output
     result = run_cli("apps", "fit", "-k", "9", ok=False)
     assert "--n-classes must be within 1..4" in result.output
     fitted = json.loads(run_cli("apps", "fit", "-k", "2", "--json").output)

@@ -618,6 +618,12 @@ class _Parser:
                 raise self.error(
                     None, "the file is empty: no Nsight Compute table (ncu --csv output) in it"
                 )
+            if any("\x00" in line or "\ufffd" in line for line in self.lines[:200]):
+                raise self.error(
+                    None,
+                    "not a text file: a binary report (X.ncu-rep)? export its table with "
+                    "'ncu --import X.ncu-rep --csv --page details > X.csv'",
+                )
             raise self.error(
                 None,
                 f"no Nsight Compute table in the file ({lines} non-empty line"

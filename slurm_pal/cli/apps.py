@@ -574,8 +574,15 @@ def fit(
             features = [a.features for a in apps if a.features is not None]
             try:
                 classifier.fit(features)
-            except TooFewApplicationsError as exc:
-                fail(f"{exc} (profiled applications: {', '.join(a.name for a in apps)})")
+            except TooFewApplicationsError:
+                # The library's hint (too_few='reduce') is not a CLI option: name what is.
+                distinct = len({(f.dram_util, f.fu_util) for f in features})
+                fail(
+                    f"{k} classes need at least {k} distinct applications (distinct (DRAM, FU) "
+                    f"measurements), got {distinct}: classify more with 'slurm-pal apps "
+                    f"classify', or fit fewer classes with --n-classes (profiled applications: "
+                    f"{', '.join(a.name for a in apps)})"
+                )
             predicted = dict(
                 zip([a.name for a in apps], map(str, classifier.predict(features)), strict=True)
             )

@@ -102,18 +102,24 @@ class AppState:
     @contextmanager
     def store(self, *, create: bool = True) -> Iterator[Store]:
         """The store. ``create=False`` for commands that only read: a store that does not exist
-        yet reads as an empty one (in memory, with a note on stderr) and nothing is created on
-        disk, neither the database nor its folders."""
+        yet reads as an empty one (in memory; its messages name the real path) and nothing is
+        created on disk, neither the database nor its folders. A note on stderr says so when
+        the command succeeds (a failing one has its own line)."""
         path = self.db_path
-        if not create and not path.exists():
-            warn(f"no store at {path} yet (nothing stored there): showing an empty one")
-            store = Store(":memory:")
-        else:
+        if create or path.exists():
             store = Store(path, create=create)
+            try:
+                yield store
+            finally:
+                store.close()
+            return
+        store = Store(":memory:")
+        store.path = path
         try:
             yield store
         finally:
             store.close()
+        warn(f"no store at {path} yet (nothing stored there): this is an empty one")
 
 
 def state(ctx: typer.Context) -> AppState:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.store import Store
+from slurm_pal.campaigns.workspace import CampaignError, check_campaign_id
 from slurm_pal.cli.common import (
     console,
     fail,
@@ -57,6 +58,11 @@ def ingest(
 ) -> None:
     """Load per-GPU benchmark results into a campaign and (re)compute its bins."""
     st = state(ctx)
+    if campaign is not None:
+        try:
+            check_campaign_id(campaign)
+        except CampaignError as exc:
+            fail(f"--campaign: {exc}")
     with reported_errors():
         cfg = st.config
         if job_class is not None and job_class not in cfg.classes.names:
@@ -214,6 +220,59 @@ def show(
     console.print(table)
 
 
+@app.command()
+def gpus(
+    ctx: typer.Context,
+    campaign: str | None = CAMPAIGN_OPT,
+    node: list[str] = typer.Option(
+        [], "--node", "-n", help="Only these nodes (repeatable).", show_default=False
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """A campaign's GPUs: node, index, model, label, and whether each class measured it."""
+    st = state(ctx)
+    with reported_errors(), st.store(create=False) as store:
+        campaign_id = store.resolve_campaign(campaign)
+        frame = store.gpu_scores(campaign_id)
+        labels_of = store.gpu_labels(campaign_id)
+    if node:
+        unknown = sorted(set(node) - set(frame["node"].dropna()))
+        if unknown:
+            fail(f"node(s) {', '.join(unknown)} have no GPUs in campaign {campaign_id!r}")
+        frame = frame[frame["node"].isin(node)]
+    rows = []
+    for uuid, group in frame.groupby("uuid", sort=False):
+        first = group.iloc[0]
+        index = first["gpu_index"]
+        rows.append(
+            {
+                "uuid": str(uuid),
+                "node": first["node"],
+                "gpu_index": None if index is None or str(index) == "<NA>" else int(index),
+                "gpu_model": first["gpu_model"],
+                "label": labels_of.get(str(uuid)),
+                "measured": sorted(str(c) for c in group[group["measured"]]["job_class"]),
+            }
+        )
+    rows.sort(key=lambda r: (str(r["node"] or ""), r["gpu_index"] or 0, r["uuid"]))
+    if as_json:
+        print_json({"campaign": campaign_id, "gpus": rows})
+        return
+    table = Table(title=f"campaign {escape(campaign_id)}: {len(rows)} GPUs", title_justify="left")
+    for column in ("node", "index", "uuid", "model", "label", "measured classes"):
+        table.add_column(column, justify="right" if column == "index" else "left")
+    for r in rows:
+        table.add_row(
+            escape(str(r["node"] or "?")),
+            "?" if r["gpu_index"] is None else str(r["gpu_index"]),
+            escape(r["uuid"]),
+            escape(str(r["gpu_model"])),
+            escape(str(r["label"] or "-")),
+            ",".join(r["measured"]) or "-",
+        )
+    console.print(table)
+
+
 def _opt(value: object) -> float | None:
     try:
         f = float(value)  # type: ignore[arg-type]
@@ -320,8 +379,11 @@ def example(
         )
     except ValueError as exc:
         fail(str(exc))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out, index=False)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out, index=False)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}")
     console.print(
         f"wrote {len(frame)} runs ({nodes}x{gpus_per_node} GPUs, classes A-D) to {escape(str(out))}"
     )
