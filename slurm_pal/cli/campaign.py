@@ -112,7 +112,7 @@ def _errors() -> Iterator[None]:
         try:
             yield
         except (CampaignError, SlurmError, ValueError) as exc:
-            fail(str(exc).replace("[", "\\["))
+            fail(str(exc))
 
 
 def site_campaign_settings(st: AppState) -> CampaignSettings:
