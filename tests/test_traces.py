@@ -8,6 +8,7 @@ import pytest
 
 from slurm_pal.adapters.traces import (
     TraceFormatError,
+    load_trace,
     read_sacct,
     read_sia_trace,
     read_trace,
@@ -131,3 +132,28 @@ def test_sacct_class_function_and_errors(tmp_path: Path) -> None:
 )
 def test_sacct_gpu_counts(tres: str, gres: str, gpus: int) -> None:
     assert sacct_gpus(tres, gres) == gpus
+
+
+def test_sacct_rows_left_out_are_counted_by_reason(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, "sacct.txt", SACCT))
+    assert [j.job_id for j in trace.jobs] == ["102", "101"]
+    dropped = sum(trace.left_out.values())
+    assert dropped > 0 and trace.left_out_text() == (
+        f"left out {dropped} of {dropped + 2} jobs: "
+        + ", ".join(f"{n} {why}" for why, n in trace.left_out.items())
+    )
+    assert trace.left_out.get("still running (no end time)") == 1
+    assert load_trace(SIA / "workload-1.csv").left_out == {}
+
+
+def test_sia_rows_that_cannot_be_replayed_name_their_line(tmp_path: Path) -> None:
+    header = "job_id,num_gpus,submit_time,duration,model\n"
+    path = write(tmp_path, "neg.csv", header + "1,1,0,10,bert\n2,1,0,0,bert\n")
+    with pytest.raises(TraceFormatError, match=r"line 3: job 2: duration must be > 0"):
+        read_sia_trace(path)
+    with pytest.raises(ValueError, match="iteration times must be > 0"):
+        read_sia_trace(path, iteration_time={"bert": -1.0})
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(TraceFormatError, match="not a text trace"):
+        read_trace(binary)

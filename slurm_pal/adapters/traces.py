@@ -259,7 +259,7 @@ def read_sacct_trace(
         gres = field(values, "AllocGRES") or field(values, "ReqGRES")
         gpus = sacct_gpus(tres, gres)
         if gpus < 1:
-            left_out["without GPUs"] += 1
+            left_out["with no GPUs in their TRES/GRES (CPU-only, or not allocated yet)"] += 1
             continue
         try:
             submit = _sacct_time(field(values, "Submit"))
