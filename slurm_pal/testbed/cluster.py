@@ -636,7 +636,11 @@ class LocalSlurm:
         """Fail fast, with the logs, when a daemon that wrote its pid file has died again
         (a port taken after all, a config it rejects) instead of waiting out the timeout."""
         for daemon, pid_file in self.pid_files().items():
-            if pid_file.exists() and self._alive(daemon) is None:
+            # A pid file still being written (empty), or naming the parent that is handing over
+            # to its daemonized child, says nothing yet: look again a moment later.
+            if _read_pid(pid_file) is not None and self._alive(daemon) is None:
+                time.sleep(0.5)
+            if _read_pid(pid_file) is not None and self._alive(daemon) is None:
                 raise TestbedError(
                     f"{daemon} exited during start-up (see {self.log_dir})\n{self.log_tails()}"
                 )
@@ -652,11 +656,8 @@ class LocalSlurm:
         return str(self.munge_socket) if daemon == "munged" else str(self.conf)
 
     def _alive(self, daemon: str) -> int | None:
-        try:
-            pid = int(self.pid_files()[daemon].read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid if _running_with(pid, self._marker(daemon)) else None
+        pid = _read_pid(self.pid_files()[daemon])
+        return pid if pid is not None and _running_with(pid, self._marker(daemon)) else None
 
     def _stray_pids(self) -> list[int]:
         """Our processes that no pid file names: Slurm daemons whose command line names our
@@ -710,6 +711,13 @@ def _hold_free_port(host: str, held: list[socket.socket]) -> int:
     s.bind((host, 0))
     held.append(s)
     return int(s.getsockname()[1])
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _read_proc(pid: int, name: str) -> bytes:
