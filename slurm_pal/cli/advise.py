@@ -32,7 +32,7 @@ def lxv(
         topology = topology_from_config(
             st.config.locality, source=st.config.source, across_override=across
         )
-        with st.store() as store:
+        with st.store(create=False) as store:
             campaign_id = store.resolve_campaign(campaign)
             per_class = store.class_bins(campaign_id)
     if job_class not in per_class:
