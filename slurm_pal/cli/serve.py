@@ -176,14 +176,16 @@ def _run(
         m = config.metrics
         where = f"{m.address}:{m.port}" if m.port else str(m.textfile)
         fail(f"cannot serve metrics on {where}: {exc.strerror or exc}")
+    if pidfile is not None:  # before the socket: once health answers, the pid is there
+        pidfile.write_text(f"{os.getpid()}\n")
     try:
         server.start()
     except Exception as exc:
         metrics.stop()
         advisor_state.writer.close()
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)
         fail(f"cannot start the advisor: {exc}")
-    if pidfile is not None:
-        pidfile.write_text(f"{os.getpid()}\n")
     try:
         while not done.is_set():
             if not hangup.wait(0.5):
