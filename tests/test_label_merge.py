@@ -228,7 +228,8 @@ def test_usage_rolls_labels_up_to_the_gpu_model(run_cli, tmp_path: Path) -> None
     ]
     # labels.json says which model a label is (here a label without the model prefix).
     labels = tmp_path / "labels.json"
-    labels.write_text(json.dumps({"nodes": {"n1": [{"label": "a100-a0b1", "model": "a100sxm4"}]}}))
+    gpu = {"index": 0, "slurm_index": 0, "uuid": "GPU-1", "label": "a100-a0b1", "model": "a100sxm4"}
+    labels.write_text(json.dumps({"nodes": {"n1": [gpu]}}))
     text = run_cli("site", "usage", "--sacct", path, "--labels", labels, "--by-label").output
     assert "a100sxm4" in text and "a100-a0b1 8.0" in " ".join(text.split())
     bad_path = tmp_path / "bad.txt"

@@ -16,13 +16,13 @@ rendered job_submit.lua (``site render``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_pal.adapters.config import ConfigError, SiteConfig, load_config
+from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.advisor.server import ReloadRefused, allowed_uids
 from slurm_pal.advisor.state import make_policy
@@ -124,11 +124,9 @@ class Reloader:
         if not path:
             return None
         try:
-            return LabelTable.from_labels_json(json.loads(Path(path).read_text()))
-        except OSError as exc:
-            raise ReloadRefused(f"{path}: {exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ReloadRefused(f"{path}: not a labels.json of `site render`: {exc}") from None
+            return read_labels(path)
+        except LabelTableError as exc:
+            raise ReloadRefused(str(exc)) from None
 
     def remember(self, config: SiteConfig) -> None:
         """Note the labels in use at start, so a reload can say whether they changed."""

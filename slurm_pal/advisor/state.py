@@ -16,7 +16,6 @@ token until Slurm shows the job (``r=<token>`` in its admin comment) running or 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import queue
@@ -32,6 +31,7 @@ from typing import Any, TypeVar
 
 from slurm_pal import __version__
 from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
+from slurm_pal.adapters.labels_file import read_labels
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, NodeState, SlurmStateReader
 from slurm_pal.adapters.store import Store
@@ -218,7 +218,7 @@ class StoreWriter:
 def _labels_from(config: SiteConfig, store: Store, labels_file: str | None) -> LabelTable:
     path = labels_file if labels_file is not None else config.advisor.labels_file
     if path:
-        return LabelTable.from_labels_json(json.loads(Path(path).read_text()))
+        return read_labels(path)
     return LabelTable.from_labels_json(plan_from_store(store, config=config).to_dict())
 
 

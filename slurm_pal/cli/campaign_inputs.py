@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.adapters.slurm.parse import gpu_counts
 from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
 from slurm_pal.advisor.jobdesc import JobDescription
@@ -227,17 +228,12 @@ def jobs_from_decisions(decisions: list[dict]) -> tuple[dict[str, JobInfo], dict
 
 
 def gpu_ids_from_labels(path: Path) -> dict[tuple[str, int], str]:
+    """(node, Slurm's GPU number) -> UUID from labels.json, to read SLURM_JOB_GPUS."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {
-            (str(node), int(g["slurm_index"])): str(g["uuid"])
-            for node, gpus in data["nodes"].items()
-            for g in gpus
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CampaignError(
-            f"cannot read labels {path} (labels.json of 'slurm-pal site render'): {exc}"
-        ) from exc
+        table = read_labels(path)
+    except LabelTableError as exc:
+        raise CampaignError(str(exc)) from None
+    return {(e.node, e.slurm_index): e.uuid for e in table.entries}
 
 
 def targeted_plan(  # type: ignore[no-untyped-def]

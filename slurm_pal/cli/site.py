@@ -241,10 +241,10 @@ def usage(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """GPU-hours by GPU model from Slurm accounting, rolled up from the PM labels."""
-    import json
     import sys
 
-    from slurm_pal.site.usage import UsageError, label_models, parse_sacct, rollup
+    from slurm_pal.adapters.labels_file import LabelTableError, read_labels
+    from slurm_pal.site.usage import UsageError, parse_sacct, rollup
 
     try:
         text = sys.stdin.read() if sacct == "-" else Path(sacct).read_text()
@@ -253,12 +253,10 @@ def usage(
     models: dict[str, str] = {}
     try:
         if labels is not None:
-            models = label_models(json.loads(labels.read_text()))
+            models = {e.label: e.declared_model or e.model for e in read_labels(labels).entries}
         rows = rollup(parse_sacct(text, source="stdin" if sacct == "-" else sacct), models)
-    except UsageError as exc:
+    except (UsageError, LabelTableError) as exc:
         fail(str(exc))
-    except (OSError, ValueError) as exc:  # labels.json unreadable or not JSON
-        fail(f"--labels {labels}: {exc}")
     if as_json:
         print_json(
             [

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.hooks.spool import warn
 
 PYNVML_ENV = "SLURM_PAL_PYNVML"  # module to import instead of pynvml (a fake, in tests)
@@ -46,11 +47,11 @@ def device_indices(labels_path: Path | None, node: str, slurm_gpus: Sequence[int
     if labels_path is None or not slurm_gpus:
         return []
     try:
-        data = json.loads(labels_path.read_text())
-        by_slurm = {int(g["slurm_index"]): int(g["index"]) for g in data["nodes"][node]}
-        return [by_slurm[i] for i in slurm_gpus]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        warn(f"cannot map Slurm GPU indices {list(slurm_gpus)} on {node} via {labels_path}: {exc}")
+        table = read_labels(labels_path, nodes=(node,))
+        return [table.device_index(node, i) for i in slurm_gpus]
+    except (LabelTableError, KeyError) as exc:
+        why = exc.args[0] if isinstance(exc, KeyError) else exc
+        warn(f"cannot map Slurm GPU indices {list(slurm_gpus)} on {node} via {labels_path}: {why}")
         return []
 
 

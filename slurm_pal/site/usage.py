@@ -124,22 +124,3 @@ def rollup(jobs: Iterable[JobUsage], label_models: Mapping[str, str]) -> list[Mo
                 usage.jobs += 1
                 seen.add(model)
     return sorted(models.values(), key=lambda u: (-u.gpu_hours, u.model))
-
-
-def label_models(labels_json: Mapping[str, object]) -> dict[str, str]:
-    """label -> model from a decoded labels.json (each GPU entry's ``model``, else the label's
-    prefix)."""
-    out: dict[str, str] = {}
-    nodes = labels_json.get("nodes")
-    if not isinstance(nodes, Mapping):
-        raise UsageError("labels.json: 'nodes' must be an object {node: [gpus]}")
-    for gpus in nodes.values():
-        if not isinstance(gpus, list):
-            raise UsageError("labels.json: each node must list its GPUs")
-        for gpu in gpus:
-            if not isinstance(gpu, Mapping) or not isinstance(gpu.get("label"), str):
-                raise UsageError("labels.json: every GPU needs a 'label' string")
-            label = str(gpu["label"])
-            model = gpu.get("model")
-            out[label] = str(model) if isinstance(model, str) and model else label.split("-")[0]
-    return out
