@@ -131,7 +131,8 @@ def _print_merge(plan: SitePlan, max_labels: int | None) -> None:
         if count > LABELS_HINT:
             console.print(
                 f"{count} labels (one per PM signature): set [site] max_labels to merge the "
-                "closest ones; this command then prints what that costs"
+                "closest ones; this command then prints what that costs",
+                markup=False,  # "[site]" is text, not a rich tag
             )
         return
     if not merge.merged:
@@ -140,7 +141,8 @@ def _print_merge(plan: SitePlan, max_labels: int | None) -> None:
     console.print(
         f"[site] max_labels = {max_labels}: {signatures} PM signatures merged into "
         f"{merge.count} labels (<model>-pm<rank>, pm0 = fastest; labels.json keeps each GPU's "
-        "signature)"
+        "signature)",
+        markup=False,
     )
     cost = Table(
         title="cost: distance of a GPU's own PM-score from its label's", title_justify="left"
