@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from slurm_pal.adapters.slurm import update
+from slurm_pal.adapters.slurm.pyslurm_backend import choose_backend, running_release
 from slurm_pal.adapters.slurm.state import CliStateReader, JobState
 from slurm_pal.adapters.slurm.update import JobChange, ScontrolApplier, ScontrolBatchApplier
 from slurm_pal.testbed import LocalSlurm, NodeSpec
@@ -129,3 +131,18 @@ def test_a_line_scontrol_refuses_makes_the_batch_answer_job_by_job(busy_lab, mon
     assert applier.batches == [4] and applier.singles == 4
     jobs = _jobs(tb)
     assert [jobs[j].required_nodes for j in pending[:3]] == [("n2",)] * 3
+
+
+def test_auto_reads_the_running_release_from_this_slurms_scontrol(busy_lab) -> None:
+    """``auto`` compares pyslurm's version with what this Slurm's ``scontrol --version`` says
+    (the module stands in for pyslurm, which no Debian Slurm has a build of)."""
+    tb = busy_lab[0]
+    release = running_release(tb.env)
+    assert release is not None
+    printed = tb.run(["scontrol", "--version"]).stdout
+    assert release.series in printed
+    same = SimpleNamespace(__version__=f"{release.series}.0")
+    other = SimpleNamespace(__version__="25.11.2" if release.series != "25.11" else "24.11.0")
+    assert choose_backend("auto", tb.env, import_pyslurm=lambda: same).name == "pyslurm"  # type: ignore[arg-type,return-value]
+    chosen = choose_backend("auto", tb.env, import_pyslurm=lambda: other)  # type: ignore[arg-type,return-value]
+    assert chosen.name == "cli" and f"this is Slurm {release}" in chosen.why

@@ -27,7 +27,6 @@ the reason.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,8 +52,6 @@ from slurm_pal.adapters.slurm.update import (
     transition_problem,
 )
 from slurm_pal.core.hostlist import expand
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "BackendChoice",
