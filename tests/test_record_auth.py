@@ -380,3 +380,24 @@ def test_merge_telemetry_weights_by_busy_time_and_keeps_a_single_node_as_is() ->
     assert merged["dram_util"] == 10.0 and merged["fu_util"] == 4.0  # equal busy time: 2 s each
     assert merged["nodes"] == ["n1", "n2"] and merged["weight_total"] == 6.0
     assert merge_telemetry([{"kind": "epilog", "node": "n1"}]) is None
+
+
+def test_a_taken_port_stops_the_start_before_the_socket_exists() -> None:
+    root = Path(tempfile.mkdtemp(prefix="spal-tcp-", dir="/tmp"))
+    root.chmod(0o755)
+    env = make_env(root)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    server = AdvisorServer(env.state(), root / "adv.sock", refresh_s=3600, replan_s=0,
+                           listen=address)  # fmt: skip
+    try:
+        with pytest.raises(OSError):
+            server.start()
+        assert not (root / "adv.sock").exists()
+    finally:
+        server.stop()
+        taken.close()
+        env.close()
+        shutil.rmtree(root, ignore_errors=True)

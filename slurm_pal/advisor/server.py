@@ -360,6 +360,11 @@ class AdvisorServer:
         """Load the store, read Slurm once, bind the socket, start the threads."""
         self.state.reload()
         self._refresh_once()
+        if self.listen:  # bound first: a busy port stops the start before the socket exists
+            from slurm_pal.advisor.transport import RecordListener
+
+            self._tcp = RecordListener.for_advisor(self, self.listen)
+            self._tcp.bind()
         self._bind()
         assert self._server is not None
         try:
@@ -368,10 +373,7 @@ class AdvisorServer:
             log.warning("cannot create %s (fail-opens not counted): %s", self.fail_opens.path, exc)
         self.poll_fail_opens()
         self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
-        if self.listen:
-            from slurm_pal.advisor.transport import RecordListener
-
-            self._tcp = RecordListener.for_advisor(self, self.listen)
+        if self._tcp is not None:
             self._tcp.start()
         self._spawn("refresh", self._refresh_loop)
         self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)

@@ -209,8 +209,13 @@ class RecordListener:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
 
+    def bind(self) -> None:
+        """Bind the port (OSError when it is taken); :meth:`start` serves it."""
+        if self._server is None:
+            self._server = _TcpServer(self.address, self)
+
     def start(self) -> None:
-        self._server = _TcpServer(self.address, self)
+        self.bind()
         self._thread = threading.Thread(
             target=lambda: self._server.serve_forever(poll_interval=0.2),  # type: ignore[union-attr]
             name="tcp-records",
@@ -221,7 +226,8 @@ class RecordListener:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            if self._thread is not None:  # shutdown() waits for a serve loop that never ran
+                self._server.shutdown()
             self._server.server_close()
             self._server = None
         if self._thread is not None:
