@@ -59,6 +59,24 @@ app = typer.Typer(
 
 TRACE_FORMATS = ("auto", "sia", "sacct")
 
+MAX_GPUS = 1_000_000
+"""Largest simulated cluster: far above any site, far below what would exhaust memory."""
+
+MIN_ROUND_S = 1.0
+"""Shortest round: below a second the round count explodes and a run never ends."""
+
+
+def checked_cluster(text: str) -> tuple[int, int]:
+    """``--cluster`` as (nodes, GPUs per node), within what a simulation can hold."""
+    try:
+        n_nodes, per_node = parse_cluster(text)
+    except ValueError as exc:
+        fail(f"--cluster: {exc}")
+    if n_nodes * per_node > MAX_GPUS:
+        fail(f"--cluster {text}: {n_nodes * per_node} GPUs; the simulator takes at most {MAX_GPUS}")
+    return n_nodes, per_node
+
+
 SITE_PLACEMENTS = ("packed-sticky", "advisor", "null")
 """What ``sim run --config`` compares by default: Slurm's packing, the configured advisor, and
 the PM-blind null next to which the advisor's difference from packing is read."""
@@ -231,11 +249,17 @@ def run_with_progress(
 
 
 def check_run_options(
-    workers: int, seed: int | None, migration_seconds: float, xi: float | None
+    workers: int,
+    seed: int | None,
+    migration_seconds: float,
+    xi: float | None,
+    round_seconds: float = 360.0,
 ) -> None:
     """Options the engine would take silently or fail on deep inside: one line each."""
     if workers < 1:
         fail(f"--workers must be >= 1, got {workers}")
+    if not (math.isfinite(round_seconds) and round_seconds >= MIN_ROUND_S):
+        fail(f"--round must be >= {MIN_ROUND_S:g} s, got {round_seconds:g}")
     if seed is not None and seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
     if not (math.isfinite(migration_seconds) and migration_seconds >= 0):
@@ -341,11 +365,8 @@ def run(
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-    try:
-        n_nodes, per_node = parse_cluster(cluster)
-    except ValueError as exc:
-        fail(str(exc))
-    check_run_options(workers, seed, migration_seconds, xi)
+    n_nodes, per_node = checked_cluster(cluster)
+    check_run_options(workers, seed, migration_seconds, xi, round_seconds)
     profiles = parse_pairs(profile, "--profile")
     times: dict[str, float] = {}
     for model, value in parse_pairs(iter_time, "--iter-time").items():

@@ -40,6 +40,7 @@ from slurm_pal.cli.common import (
 from slurm_pal.cli.plots import plot_directory, tune_plot
 from slurm_pal.cli.sim import (
     check_run_options,
+    checked_cluster,
     load_jobs,
     parse_pairs,
     simulated_gpus,
@@ -49,7 +50,6 @@ from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
 from slurm_pal.sim.experiments import BASELINE, PairedRatios, run_grid
-from slurm_pal.sim.inputs import parse_cluster
 from slurm_pal.sim.variability import SimGpus
 
 TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
@@ -244,15 +244,12 @@ def tune(
     if len(schedulers) > 1:
         fail(f"tune takes one --scheduler, got {', '.join(schedulers)}: run it once per scheduler")
     scheduler_name = schedulers[0]
-    check_run_options(workers, 0, 0.0, None)
+    check_run_options(workers, 0, 0.0, None, round_seconds)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     if seeds < 2:
         fail("--seeds must be >= 2: one run says nothing about the noise")
-    try:
-        n_nodes, per_node = parse_cluster(cluster)
-    except ValueError as exc:
-        fail(str(exc))
+    n_nodes, per_node = checked_cluster(cluster)
     if site_penalty is None:
         site_penalty = site.locality.across_switches
     advisor_penalties = parse_numbers(penalties, "--penalties")
