@@ -25,8 +25,8 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import configured_policy, get_policy
 from slurm_pal.core.queue import Outcome, StopAtMisfit, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
-from tests.test_advisor_decide import A0, A1, A2, AX, site
-from tests.test_advisor_state import Env, make_env
+from tests.helpers.advisor import Env, make_env
+from tests.helpers.decide_site import A0, A1, A2, AX, site
 
 
 @pytest.fixture

@@ -19,24 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.decide import decide
 from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.server import AdvisorServer, sweep_spool
 from slurm_pal.core.resolve import resolve
-from tests.test_advisor_state import Env, FakeJob, make_env
-
-JOB = {
-    "user": "alice",
-    "uid": 1000,
-    "name": "train",
-    "comment": "pal:app=resnet",
-    "tres_per_node": "gres:gpu:2",
-    "script": "#!/bin/sh\n#PAL app=resnet\nsleep 1\n",
-    "script_size": 33,
-}
+from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env, wait_saved
 
 
 @pytest.fixture
@@ -74,17 +63,6 @@ def _raw(path: Path, payload: bytes, *, close_write: bool = True) -> bytes:
         return data
 
 
-def _saved(env: Env, token: str) -> None:
-    """Wait until the decision is in the store (written after the answer was sent)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with Store(env.db) as store:
-            if store.decision(token) is not None:
-                return
-        time.sleep(0.01)
-    raise AssertionError(f"decision {token} never stored")
-
-
 def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     env, server, client = served
     for wire in (JOB, {**JOB, "tres_per_node": "gres:gpu:1"}, {**JOB, "comment": ""}):
@@ -113,7 +91,7 @@ def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     stats = client.request({"op": "stats"})
     assert stats["decide_total"] == 3 and stats["decide_route"] == 3
     assert stats["decide_ms_p50"] is not None and stats["decide_ms_p99"] >= stats["decide_ms_p50"]
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     with Store(env.db) as store:
         row = store.decision(answer["token"])
     assert row is not None and row["answer"] == answer
@@ -203,7 +181,7 @@ def test_records_are_applied_once(served) -> None:
 def test_an_epilog_with_telemetry_feeds_the_job_history(served) -> None:
     env, server, client = served
     answer = client.request({"op": "decide", "job": JOB})
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(77, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     server.state.refresh()
     server.state.writer.call(lambda s: None)
@@ -338,7 +316,7 @@ def test_an_epilog_is_classified_by_the_active_model_and_a_false_claim_logged(se
         store.save_classifier(model.to_dict(), {}, n_apps=4)
     client.request({"op": "reload"})
     answer = client.request({"op": "decide", "job": JOB})  # claims resnet (class A)
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(88, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     server.state.refresh()
     telemetry = {"dram_util": 82.0, "fu_util": 18.0, "source": "nvml"}  # memory-bound: B
@@ -389,23 +367,11 @@ def test_a_stale_socket_is_replaced_a_live_one_is_not(served) -> None:
         third.stop()
 
 
-class _Recorder(ScontrolApplier):
-    """Keeps the updates instead of running scontrol (the real one is tested on Slurm)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.updates: list[object] = []
-
-    def apply(self, update):  # type: ignore[no-untyped-def]
-        self.updates.append(update)
-        return None
-
-
-def _job_9_waits_on_a_full_cluster(served) -> _Recorder:  # type: ignore[no-untyped-def]
+def _job_9_waits_on_a_full_cluster(served) -> RecordingApplier:  # type: ignore[no-untyped-def]
     """Every GPU busy; job 9 decided (passed: nothing fits) and pending with its comment. The
     server's scontrol updates go to the returned recorder."""
     env, server, client = served
-    server.applier = recorder = _Recorder()
+    server.applier = recorder = RecordingApplier()
     env.slurm.jobs = [
         FakeJob(i + 1, "RUNNING", gpus={node: [0, 1, 2, 3]})
         for i, node in enumerate(["n01", "n02", "n03", "n04"])
@@ -413,7 +379,7 @@ def _job_9_waits_on_a_full_cluster(served) -> _Recorder:  # type: ignore[no-unty
     server.state.refresh()
     answer = client.request({"op": "decide", "job": JOB})
     assert answer["action"] == "pass" and answer["reason"].startswith("no free GPUs fit now")
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(9, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     return recorder
 

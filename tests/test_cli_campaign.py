@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from slurm_pal.cli.campaign import RESTART_ADVICE
-from tests.test_campaign_task import FAKE_BENCH, write_bench_table
+from tests.helpers.campaign_bench import FAKE_BENCH, write_bench_table
 
 FAKE_SBATCH = r"""
 import json, os, subprocess, sys

@@ -30,8 +30,7 @@ from slurm_pal.advisor.server import AdvisorServer
 from slurm_pal.advisor.transport import RecordListener, RecordRejected, RecordVerifier
 from slurm_pal.hooks.cli import run_hook
 from slurm_pal.hooks.spool import flush, send_record, spooled
-from tests.test_advisor_server import JOB, _Recorder, _saved
-from tests.test_advisor_state import Env, FakeJob, make_env
+from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env, wait_saved
 
 NODE_A, NODE_B = "127.0.0.1", "127.0.0.2"  # the two "hosts" (munged --origin)
 
@@ -197,9 +196,15 @@ def test_no_credential_a_replay_and_a_payload_that_is_no_record_are_refused(
     verifier.verify(cred)
     with pytest.raises(RecordRejected, match="replayed"):
         verifier.verify(cred)
-    bad = munge.encode(b'{"kind": "epilog", "job_id": 5}', munged.a)
-    with pytest.raises(RecordRejected, match="not a record"):
-        verifier.verify(bad)
+    for payload in (
+        b'{"kind": "epilog", "job_id": 5}',
+        b"[1, 2]",
+        b"not json",
+        # a payload that would add its own op if it were spliced into the request as text
+        _payload(_record(5, "n01"))[:-1] + b', "x": 1}, "op": "decide", "job": {"a": 1}',
+    ):
+        with pytest.raises(RecordRejected, match="not a record"):
+            verifier.verify(munge.encode(payload, munged.a))
 
 
 def test_a_job_slurm_has_forgotten_is_kept_but_unchecked(munged: Munge) -> None:
@@ -317,7 +322,7 @@ def test_a_multi_node_jobs_first_epilog_frees_all_its_nodes_and_the_rest_start_n
     """Job 7 held n02 and n03; job 9 waits for 4 GPUs on each of two nodes. n02's Epilog
     alone frees too little for job 9: the round must count n03 free as well."""
     env, server, address = tcp_served
-    server.applier = recorder = _Recorder()
+    server.applier = recorder = RecordingApplier()
     env.slurm.jobs = [
         FakeJob(1, "RUNNING", gpus={"n01": [0, 1, 2, 3]}),
         FakeJob(7, "RUNNING", gpus={"n02": [0, 1, 2, 3], "n03": [0, 1, 2, 3]}),
@@ -328,7 +333,7 @@ def test_a_multi_node_jobs_first_epilog_frees_all_its_nodes_and_the_rest_start_n
     client = AdvisorClient(str(server.socket_path))
     answer = client.request({"op": "decide", "job": wide})
     assert answer["action"] == "pass" and answer["token"]
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(9, "PENDING", answer["set"]["admin_comment"]))
     server.state.refresh()
     first = {**_record(7, "n02"), "slurm_gpus": [0, 1, 2, 3]}
@@ -346,7 +351,7 @@ def test_a_multi_node_jobs_telemetry_is_merged_into_one_history_row(tcp_served, 
     env, server, address = tcp_served
     client = AdvisorClient(str(server.socket_path))
     answer = client.request({"op": "decide", "job": JOB})
-    _saved(env, answer["token"])
+    wait_saved(env, answer["token"])
     comment = answer["set"]["admin_comment"]
     env.slurm.jobs = [FakeJob(77, "RUNNING", comment, gpus={"n01": [0], "n02": [0]})]
     server.state.refresh()

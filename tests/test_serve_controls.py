@@ -29,7 +29,7 @@ from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.server import Counters, Histogram
 from slurm_pal.site.render import HookSettings, lua_string, plan_site, render_files
-from tests.test_advisor_state import make_env
+from tests.helpers.advisor import make_env
 
 GPU_JOB = {"user": "alice", "uid": 1000, "name": "train", "tres_per_node": "gres:gpu:2"}
 

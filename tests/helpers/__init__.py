@@ -1,0 +1,1 @@
+"""Helpers several test modules share (no tests here); fixtures live in conftest.py."""
