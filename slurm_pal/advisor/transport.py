@@ -112,10 +112,14 @@ class RecordVerifier:
         if cred.uid not in self.uids:
             raise RecordRejected(f"credential of uid {cred.uid}: only root and SlurmUser send")
         try:
-            request = protocol.parse_request(
-                b'{"v":1,"op":"record","record":' + cred.payload.strip() + b"}"
-            )
-        except protocol.ProtocolError as exc:
+            body = json.loads(cred.payload)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            # the payload is the record alone: built as a request here, never spliced in as
+            # text (a payload could otherwise add keys such as "op" to the request)
+            wrapped = json.dumps({"v": protocol.VERSION, "op": "record", "record": body})
+            request = protocol.parse_request(wrapped.encode())
+        except (ValueError, protocol.ProtocolError) as exc:
             raise RecordRejected(f"the credential's payload is not a record: {exc}") from None
         record = dict(request.body["record"])  # type: ignore[call-overload]
         node, job_id = str(record["node"]), int(record["job_id"])  # type: ignore[call-overload]
