@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,16 +10,7 @@ from typer.testing import CliRunner
 
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SLURM_PAL_SHARED_DATA", REPO.parent / "shared" / "data"))
-LONGHORN = SHARED_DATA / "variability" / "longhorn"
-LONGHORN_FILES = {  # class -> file, as PAL's profiles.json maps them (sgemm as its own class)
-    "A": "resnet-longhorn-agg.csv",
-    "B": "bert-longhorn-agg.csv",
-    "D": "pagerank-longhorn-agg.csv",
-    "S": "sgemm-longhorn-agg.csv",
-}
+from tests.helpers.data import LONGHORN, LONGHORN_FILES
 
 
 @pytest.fixture

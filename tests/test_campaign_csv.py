@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_pal.adapters.campaign_csv import CampaignFormatError, read_campaign_csv
-from tests.conftest import LONGHORN_FILES
+from tests.helpers.data import LONGHORN_FILES
 
 NATIVE = "uuid,node,gpu_index,gpu_model,job_class,duration_s\n"
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from slurm_pal.cli.main import app
-from tests.conftest import LONGHORN, LONGHORN_FILES
+from tests.helpers.data import LONGHORN, LONGHORN_FILES
 
 
 def test_demo_runs_on_embedded_defaults(run_cli) -> None:

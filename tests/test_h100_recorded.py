@@ -16,7 +16,7 @@ from fakes.fake_pynvml import FakeClock, FakeGpu, FakePynvml
 
 from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.nvml import NvmlSampler
-from tests.conftest import SHARED_DATA
+from tests.helpers.data import SHARED_DATA
 
 H100 = SHARED_DATA / "gpu-h100"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LONGHORN
+from tests.helpers.data import LONGHORN
 
 TRACE = """job_id,num_gpus,submit_time,duration,model
 0,1,0,1000,vgg19

@@ -86,7 +86,7 @@ def test_artifact_mode_matches_pal_simulators_own_numbers(longhorn: Path) -> Non
     # workload 1 and Packed-Non-Sticky 0.7 % better (w3: 9.1 % worse, w4: 5.2 % better).
     from slurm_pal.adapters.traces import read_sia_trace
     from slurm_pal.sim import SimConfig, simulate
-    from tests.conftest import SHARED_DATA
+    from tests.helpers.data import SHARED_DATA
 
     sia = SHARED_DATA / "traces" / "sia-philly"
     if not sia.is_dir():

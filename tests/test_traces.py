@@ -15,7 +15,7 @@ from slurm_pal.adapters.traces import (
     sacct_gpus,
 )
 from slurm_pal.core.workload import PAL_ITERATION_TIME
-from tests.conftest import SHARED_DATA
+from tests.helpers.data import SHARED_DATA
 
 SIA = SHARED_DATA / "traces" / "sia-philly"
 
