@@ -1,4 +1,4 @@
-"""PAL against its peers (issue 9): FFT-PM, SJF-BSBF, SJF-FFS, GIMBAL-style, and combinations.
+"""PAL against its peers: FFT-PM, SJF-BSBF, SJF-FFS, GIMBAL-style, and combinations.
 
     python benchmarks/peers.py                    # the table (markdown) on stdout
     python benchmarks/peers.py --json             # every figure as one JSON object

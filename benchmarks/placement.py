@@ -1,6 +1,6 @@
 """Placement speed: time per decision, the speedup over PAL's enumerating code, one full round.
 
-Setup (issue 3): clusters of 256, 4,096 and 32,768 GPUs, 8 per node, half of the GPUs busy;
+Setup: clusters of 256, 4,096 and 32,768 GPUs, 8 per node, half of the GPUs busy;
 jobs of 1, 2, 4, 8 and 16 GPUs; 4 classes (A-D) with about 10 bins each plus a few outliers.
 
 - ``p50_ms_<G>`` / ``p99_ms_<G>``: one PAL decision (``PALPolicy.place``) on G GPUs;

@@ -1,4 +1,4 @@
-"""How fast the simulator runs (issue 6).
+"""How fast the simulator runs.
 
     python benchmarks/simulator.py            # figures on stdout
     python benchmarks/simulator.py --json     # one JSON object

@@ -1,6 +1,6 @@
 """Submit latency: what asking the advisor from job_submit.lua adds to ``sbatch``.
 
-Setup (issue 4): the Slurm testbed (Debian Slurm 22.05 on loopback, 4 nodes x 4 fake GPUs,
+Setup: the Slurm testbed (Debian Slurm 22.05 on loopback, 4 nodes x 4 fake GPUs,
 labels from ``site render`` of the example campaign), a real ``slurm-pal serve`` and held GPU
 jobs (``sbatch -H --gres=gpu:1 --wrap=true``, one process per submission, timed around the
 whole ``sbatch`` call). Three job_submit.lua variants, swapped in blocks (slurmctld re-reads the

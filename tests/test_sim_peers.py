@@ -1,4 +1,4 @@
-"""The peers (issue 9) on hand-worked cases: FFT's round program against brute force and on
+"""The peers on hand-worked cases: FFT's round program against brute force and on
 its Table 1 example, SJF-BSBF's share-or-wait rule, GPU sharing in the engine, GIMBAL's rules,
 finish-time fairness, and the CLI names."""
 

@@ -1,4 +1,4 @@
-"""The peers in the simulator (issue 9): FFT-PM, SJF-BSBF, SJF-FFS, SJF, GIMBAL-style packing,
+"""The peers in the simulator: FFT-PM, SJF-BSBF, SJF-FFS, SJF, GIMBAL-style packing,
 and their combinations with PAL (``pal-fft``: PAL under FFT's fair scheduler; ``pal-share``:
 PM-aware sharing). Each is a scheduler and a placement at once, selected by one name.
 
