@@ -406,3 +406,31 @@ def test_a_taken_port_stops_the_start_before_the_socket_exists() -> None:
         taken.close()
         env.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_scontrol_node_and_job_lines_give_addresses_and_nodes() -> None:
+    from slurm_pal.adapters.slurm.hosts import SlurmHosts, parse_job_nodes, parse_node_names
+    from slurm_pal.adapters.slurm.state import SlurmQueryError
+
+    node = (
+        "NodeName=n01 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=localhost "
+        "Version=22.05.8 OS=Linux 6.1.0 #1 SMP\nNodeName=n02 NodeAddr=n02 NodeHostName=n02\n"
+    )
+    assert parse_node_names(node) == {"n01": ("127.0.0.1", "localhost", "n01"), "n02": ("n02",)}
+    job = "JobId=7 JobName=wrap UserId=nobody(65534) NodeList=n[01-02,04] BatchHost=n01\n"
+    assert parse_job_nodes(job) == ("n01", "n02", "n04")
+    assert parse_job_nodes("JobId=8 JobName=x NodeList=(null)\n") == ()
+    assert parse_job_nodes("") is None
+    hosts = SlurmHosts(runner=lambda args: node if args[2] == "node" else job)
+    assert "127.0.0.1" in hosts.node_addresses("n01")
+    assert hosts.node_addresses("n09") == frozenset()  # not in Slurm's answer
+    assert hosts.job_nodes(7) == ("n01", "n02", "n04")
+
+    def slurm(args: list[str]) -> str:
+        raise SlurmQueryError(f"{' '.join(args)} exited 1: {answer}")
+
+    answer = "slurm_load_jobs error: Invalid job id specified"
+    assert SlurmHosts(runner=slurm).job_nodes(7) is None  # forgotten: stored, unchecked
+    answer = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    with pytest.raises(SlurmQueryError):  # unknown: the record is refused, stays spooled
+        SlurmHosts(runner=slurm).job_nodes(7)

@@ -70,8 +70,12 @@ class SlurmHosts:
         return resolve(names.get(node, ()))
 
     def job_nodes(self, job_id: int) -> tuple[str, ...] | None:
-        """The nodes of ``job_id``; None when Slurm no longer knows the job (past MinJobAge)."""
+        """The nodes of ``job_id``; None when Slurm no longer knows the job (past MinJobAge).
+        Raises :class:`SlurmQueryError` when Slurm cannot be asked (the record is refused and
+        stays spooled for a later try, rather than pass unchecked)."""
         try:
             return parse_job_nodes(self._run(["scontrol", "show", "job", "-o", str(job_id)]))
-        except SlurmQueryError:
-            return None
+        except SlurmQueryError as exc:
+            if "invalid job id" in str(exc).lower():
+                return None
+            raise
