@@ -421,16 +421,21 @@ def test_scontrol_node_and_job_lines_give_addresses_and_nodes() -> None:
     assert parse_job_nodes(job) == ("n01", "n02", "n04")
     assert parse_job_nodes("JobId=8 JobName=x NodeList=(null)\n") == ()
     assert parse_job_nodes("") is None
-    hosts = SlurmHosts(runner=lambda args: node if args[2] == "node" else job)
+    hosts = SlurmHosts(runner=lambda args: (0, node if args[2] == "node" else job))
     assert "127.0.0.1" in hosts.node_addresses("n01")
     assert hosts.node_addresses("n09") == frozenset()  # not in Slurm's answer
     assert hosts.job_nodes(7) == ("n01", "n02", "n04")
-
-    def slurm(args: list[str]) -> str:
-        raise SlurmQueryError(f"{' '.join(args)} exited 1: {answer}")
-
-    answer = "slurm_load_jobs error: Invalid job id specified"
-    assert SlurmHosts(runner=slurm).job_nodes(7) is None  # forgotten: stored, unchecked
-    answer = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-    with pytest.raises(SlurmQueryError):  # unknown: the record is refused, stays spooled
-        SlurmHosts(runner=slurm).job_nodes(7)
+    # what 22.05 answers for a node or job it does not know, and when slurmctld is away
+    gone = SlurmHosts(runner=lambda args: (1, "Node n09 not found\n"))
+    assert gone.node_addresses("n09") == frozenset()
+    forgotten = SlurmHosts(
+        runner=lambda args: (1, "slurm_load_jobs error: Invalid job id specified\n")
+    )
+    assert forgotten.job_nodes(7) is None  # stored, unchecked
+    away = SlurmHosts(
+        runner=lambda args: (1, "Unable to contact slurm controller (connect failure)")
+    )
+    with pytest.raises(SlurmQueryError):  # the record is refused and stays spooled
+        away.job_nodes(7)
+    with pytest.raises(SlurmQueryError):
+        away.node_addresses("n01")

@@ -8,14 +8,17 @@ between two reads, so these ask Slurm for one node or one job when the view cann
 
 from __future__ import annotations
 
+import os
 import socket
-from collections.abc import Callable, Iterable, Sequence
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from slurm_pal.adapters.slurm.parse import parse_key_values
-from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
+from slurm_pal.adapters.slurm.state import SlurmQueryError
 from slurm_pal.core.hostlist import expand
 
-Runner = Callable[[Sequence[str]], str]
+Runner = Callable[[Sequence[str]], tuple[int, str]]
+"""argv -> (exit status, stdout and stderr together): scontrol says "not found" on stdout."""
 
 
 def resolve(names: Iterable[str]) -> frozenset[str]:
@@ -58,24 +61,48 @@ def parse_job_nodes(text: str) -> tuple[str, ...] | None:
 class SlurmHosts:
     """Node addresses and job nodes from ``scontrol`` (with the service's SLURM_CONF)."""
 
-    def __init__(self, runner: Runner | None = None, env: dict[str, str] | None = None) -> None:
-        self._run = runner or CliStateReader(env)._run
+    def __init__(
+        self,
+        runner: Runner | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._env = dict(os.environ if env is None else env)
+        self._timeout_s = timeout_s
+        self._run = runner or self._scontrol
+
+    def _scontrol(self, args: Sequence[str]) -> tuple[int, str]:
+        try:
+            proc = subprocess.run(
+                list(args),
+                env=self._env,
+                capture_output=True,
+                text=True,
+                timeout=self._timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmQueryError(f"{' '.join(args)}: {exc}") from None
+        return proc.returncode, proc.stdout + proc.stderr
 
     def node_addresses(self, node: str) -> frozenset[str]:
-        """The addresses ``node`` may send from (empty when Slurm does not know it)."""
-        try:
-            names = parse_node_names(self._run(["scontrol", "show", "node", "-o", node]))
-        except SlurmQueryError:
-            return frozenset()
-        return resolve(names.get(node, ()))
+        """The addresses ``node`` may send from (empty when Slurm does not know it: 22.05
+        prints "Node X not found" and exits 1). Raises :class:`SlurmQueryError` when Slurm
+        cannot be asked (the record is refused and stays spooled for a later try)."""
+        status, text = self._run(["scontrol", "show", "node", "-o", node])
+        if status != 0:
+            if "not found" in text:
+                return frozenset()
+            raise SlurmQueryError(f"scontrol show node {node} exited {status}: {text[-300:]}")
+        return resolve(parse_node_names(text).get(node, ()))
 
     def job_nodes(self, job_id: int) -> tuple[str, ...] | None:
-        """The nodes of ``job_id``; None when Slurm no longer knows the job (past MinJobAge).
-        Raises :class:`SlurmQueryError` when Slurm cannot be asked (the record is refused and
-        stays spooled for a later try, rather than pass unchecked)."""
-        try:
-            return parse_job_nodes(self._run(["scontrol", "show", "job", "-o", str(job_id)]))
-        except SlurmQueryError as exc:
-            if "invalid job id" in str(exc).lower():
+        """The nodes of ``job_id``; None when Slurm no longer knows the job (past MinJobAge:
+        "Invalid job id specified"). Raises :class:`SlurmQueryError` when Slurm cannot be
+        asked (the record is refused and stays spooled, rather than pass unchecked)."""
+        status, text = self._run(["scontrol", "show", "job", "-o", str(job_id)])
+        if status != 0:
+            if "invalid job id" in text.lower():
                 return None
-            raise
+            raise SlurmQueryError(f"scontrol show job {job_id} exited {status}: {text[-300:]}")
+        return parse_job_nodes(text)
