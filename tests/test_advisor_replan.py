@@ -338,3 +338,27 @@ def test_a_routed_job_the_round_would_make_wait_is_kept_as_routed() -> None:
     cluster.allocate([cluster.uuid_index["GPU-n02-1"]])
     result = plan_replan([routed], cluster, labels=labels, policy=policy, version="t")
     assert result.updates == [] and 7 in result.kept and result.waiting == []
+
+
+def test_a_job_without_a_pin_whose_place_is_packings_own_is_left_to_slurm(tmp_path: Path) -> None:
+    env = make_env(tmp_path, policy="packed")
+    try:
+        state = env.state()
+        cluster = state.cluster_snapshot()
+        assert cluster is not None
+        common = {"labels": env.table, "policy": state.policy, "version": "t"}
+        pending = [_pending(1, 2, "D"), _pending(2, 1, "A")]
+        left = plan_replan(pending, cluster, leave_packing=True, **common)  # type: ignore[arg-type]
+        assert left.updates == [] and sorted(left.unchanged) == [1, 2]
+        pinned = plan_replan(pending, cluster, **common)  # type: ignore[arg-type]
+        assert sorted(u.job_id for u in pinned.updates) == [1, 2]
+        # A job pinned already keeps being re-planned as a route (its pin must follow).
+        held = plan_replan(
+            [_pending(3, 1, "A", current={"n04": ("v100-x",)})],
+            cluster,
+            leave_packing=True,
+            **common,  # type: ignore[arg-type]
+        )
+        assert [u.job_id for u in held.updates] == [3]
+    finally:
+        env.close()

@@ -233,3 +233,31 @@ def test_a_job_naming_a_pm_label_is_translated_allowed_or_denied_by_site_policy(
     assert deny.decide(job(1), {}).action == "route"  # a model or untyped request is fine
     root = JobDescription.from_wire({**named.to_wire(), "user": "root", "uid": 0})
     assert deny.decide(root, {}).action == "pass"  # the advisor's own users may pin
+
+
+def test_steered_pinning_leaves_packings_own_picks_to_slurm_but_still_reserves_them(
+    tmp_path: Path,
+) -> None:
+    """With ``pin = "steered"`` a job the policy places as packing would goes through
+    untouched (no GRES type, no node list), with its token in the admin comment so the
+    re-planner and the Epilog still know it; the GPUs Slurm will likely give it are reserved,
+    so the next decision before Slurm's next read does not count them free."""
+    the_env = make_env(tmp_path, policy="packed")
+    try:
+        st = the_env.state()
+        first, second = st.decide(job(2), {}), st.decide(job(2), {})
+        for d in (first, second):
+            assert d.action == "pass" and d.left_to_slurm and d.allocation is not None
+            assert "tres_per_node" not in d.set_fields and "req_nodes" not in d.set_fields
+            comment = parse_admin_comment(str(d.set_fields["admin_comment"]))
+            assert comment is not None and comment["action"] == "pass"
+            assert comment["r"] == d.token
+        assert set(first.allocation.uuids).isdisjoint(second.allocation.uuids)  # type: ignore[union-attr]
+        assert st.health()["reservations"] == 2
+        pinned = the_env.state()
+        pinned.config = replace(
+            pinned.config, advisor=replace(pinned.config.advisor, pin="every-job")
+        )
+        assert pinned.decide(job(2), {}).action == "route"
+    finally:
+        the_env.close()

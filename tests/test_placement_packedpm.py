@@ -126,3 +126,34 @@ def test_configured_policy_passes_only_the_settings_a_policy_takes() -> None:
     pal = configured_policy("pal", pack_tolerance=0.05, avoid_above=2.0)
     assert pal.pack_tolerance == 0.05  # type: ignore[attr-defined]
     assert isinstance(configured_policy("packed", avoid_above=2.0), PackedPolicy)
+
+
+def as_packing(policy: object, cluster: Cluster, gpus: int, job_class: str = "A") -> bool:
+    result = policy.place(PlacementRequest("j", job_class, gpus), cluster)  # type: ignore[attr-defined]
+    assert result.allocation is not None
+    return result.as_packing
+
+
+def test_a_pick_is_left_to_slurm_only_when_packing_would_choose_it_and_nothing_is_avoided() -> None:
+    # No outlier anywhere: packed-pm is packing, and so is plain packing itself.
+    flat = cluster_of({"n0": [1.0, 1.1], "n1": [1.0, 1.2]})
+    assert as_packing(PackedPMPolicy(), flat, 1)
+    assert as_packing(PackedPolicy(), flat, 1)
+    assert not as_packing(PackedPolicy(shuffle_seed=3), flat, 1)  # not what Slurm would do
+    # A free 2.8x GPU for class A: Slurm could give it to an A job, so A jobs stay pinned,
+    # even where packing's own pick happens to avoid it.
+    slow = cluster_of({"n0": [1.0, 1.0], "n1": [2.8, 1.0, 1.0]}, busy=("n1-2",))
+    assert uuids(PackedPolicy(), slow, 2) == ["n0-0", "n0-1"]
+    assert not as_packing(PackedPMPolicy(), slow, 2)
+    # ... but once that GPU is taken there is nothing left to avoid.
+    taken = cluster_of({"n0": [1.0, 1.0], "n1": [2.8, 1.0, 1.0]}, busy=("n1-0",))
+    assert as_packing(PackedPMPolicy(), taken, 2)
+    # Class D has no outliers, but inside the node it takes the GPU class A must not get:
+    # not what Slurm (lowest index first) would do, so it is pinned.
+    other = cluster_of({"n0": [1.0, 2.8, 1.0]}, busy=("n0-2",))
+    assert uuids(PackedPMPolicy(), other, 1, "D") == ["n0-1"]
+    assert not as_packing(PackedPMPolicy(), other, 1, "D")
+    # Where packing's own order gives the same GPUs, the D job is left to Slurm.
+    same = cluster_of({"n0": [2.8, 1.0, 1.0]}, busy=("n0-2",))
+    assert uuids(PackedPMPolicy(), same, 1, "D") == ["n0-0"]
+    assert as_packing(PackedPMPolicy(), same, 1, "D")

@@ -112,6 +112,7 @@ class ClassificationConfig:
 
 ADVISOR_POLICIES = ("packed-pm", "pal", "pm-first", "packed", "random")
 OUTLIER_CHOICES = ("wait", "last-resort")
+PIN_CHOICES = ("steered", "every-job")
 LABEL_REQUEST_CHOICES = ("translate", "allow", "deny")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
@@ -141,6 +142,11 @@ class AdvisorConfig:
     """packed-pm, when a job can leave its outliers out only by breaking a larger hole, or not
     at all: wait (keep it off them, through its exc_nodes, until re-planning finds it other
     GPUs) or last-resort (take them)."""
+    pin: str = "steered"
+    """Which jobs get their GPUs pinned (GRES type and node list): steered (only those the
+    policy places other than packing would, or that could get a GPU it avoids for them; the
+    others are left to Slurm, which packs the same without a pin a stale view can hold
+    wrong) or every-job (every placed job, as the paper's policies need)."""
     submit_timeout_ms: int = 300
     """How long job_submit.lua waits for an answer before letting the job through as written."""
     label_requests: str = "translate"
@@ -468,6 +474,10 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.label_requests' is {a.label_requests!r}; valid values: "
             f"{', '.join(LABEL_REQUEST_CHOICES)}"
+        )
+    if a.pin not in PIN_CHOICES:
+        raise ConfigError(
+            f"{src}: 'advisor.pin' is {a.pin!r}; valid values: {', '.join(PIN_CHOICES)}"
         )
     if a.outliers not in OUTLIER_CHOICES:
         raise ConfigError(

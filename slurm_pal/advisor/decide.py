@@ -285,6 +285,9 @@ class Decision:
     """``wait``: the nodes the advisor keeps the job off (besides the user's own exclusions)."""
     waits_off: tuple[int, ...] = ()
     """``wait``: the free GPUs (cluster rows) the policy holds the job off."""
+    left_to_slurm: bool = False
+    """``pass`` of a job the policy would place as packing does (``allocation``: where Slurm
+    is expected to put it, held as a reservation until Slurm's next read shows the job)."""
 
     def to_wire(self) -> dict[str, object]:
         """PROTOCOL.md's decide answer."""
@@ -564,8 +567,13 @@ def decide(
     token: str,
     partition_nodes: Mapping[str, Iterable[str]] | None = None,
     default_partition: str | None = None,
+    leave_packing: bool = False,
 ) -> Decision:
     """Route ``job`` to the GPUs ``policy`` picks among ``cluster``'s free GPUs, or pass it.
+
+    ``leave_packing``: a pick that is packing's own with nothing to avoid
+    (``PlacementResult.as_packing``) is passed with the token and the expected allocation
+    (``left_to_slurm``) instead of routed: Slurm packs it the same, and no pin can go stale.
 
     ``partition_nodes`` (partition -> its nodes) keeps the chosen nodes inside the job's
     partition (Slurm rejects a node list outside it); a job listing several partitions is
@@ -624,6 +632,23 @@ def decide(
         )
         return replace(decision, retry=True)
     allocation = best.allocation
+    if leave_packing and best.as_packing:
+        reason = f"{allocation.reason}; packing's own pick: left to Slurm; class {job_class}"
+        fields = dict(_translations(job, labels))
+        fields["admin_comment"] = format_admin_comment(
+            version=version, action="pass", token=token, job_class=job_class, why=reason
+        )
+        return Decision(
+            "pass",
+            MappingProxyType(fields),
+            job_class,
+            reason,
+            lv_product=allocation.lv_product,
+            token=token,
+            allocation=allocation,
+            request=best.request,
+            left_to_slurm=True,
+        )
     try:
         fields, chosen, encoding = _encode(job, ask, allocation, labels)
     except KeyError as error:

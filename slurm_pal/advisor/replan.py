@@ -199,6 +199,7 @@ def plan_replan(
     default_partition: str | None = None,
     known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
     release: SlurmRelease | None = None,
+    leave_packing: bool = False,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -208,7 +209,9 @@ def plan_replan(
     whose new request Slurm 22.05 would mishandle (:func:`transition_problem`, by the
     ``release`` the applier's scontrol reports; None: 22.05's rules) keeps its request
     (``kept``) and the GPUs planned for it stay free for the jobs after it.
-    ``known`` caches each pending job's request across rounds (its GPU ask is read once)."""
+    ``known`` caches each pending job's request across rounds (its GPU ask is read once).
+    ``leave_packing``: a job that holds no pin and whose new place is packing's own with
+    nothing to avoid is left as it is (Slurm packs it; ``decide``'s ``leave_packing``)."""
     result = ReplanResult(considered=len(pending))
     common = {
         "labels": labels,
@@ -237,15 +240,19 @@ def plan_replan(
             class_reason=p.class_reason,
             cluster=state,
             token=p.token,
+            leave_packing=leave_packing and p.current is None and not p.kept_off,
             **common,  # type: ignore[arg-type]
         )
         decisions[request.job_id] = decision
-        if decision.action == "route" and decision.allocation is not None:
+        if decision.allocation is not None:  # routed, or left to Slurm where it would go
             return PlacementResult(request, decision.allocation, decision.reason)
         return PlacementResult(request, None, decision.reason, waits_off=decision.waits_off)
 
     def review(request: PlacementRequest, placement: PlacementResult) -> Outcome:
         p, decision = jobs[request.job_id], decisions[request.job_id]
+        if decision.left_to_slurm:
+            result.unchanged.append(p.job_id)
+            return Outcome.UNCHANGED
         chosen = _chosen(decision, labels)
         if p.current is not None and dict(p.current) == chosen and not p.kept_off:
             result.unchanged.append(p.job_id)

@@ -667,6 +667,7 @@ class AdvisorServer:
             partition_nodes=view.partition_nodes,
             default_partition=view.default_partition,
             release=getattr(self.applier, "release", None),  # 24.11 replaces typed requests
+            leave_packing=state.config.advisor.pin == "steered",
         )
         # Each job's steps run in order, the jobs in priority order (the jobs Slurm will start
         # first are updated first); the applier decides how a round goes to Slurm (processes

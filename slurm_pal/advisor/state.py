@@ -619,8 +619,9 @@ class AdvisorState:
                 token=token,
                 partition_nodes=view.partition_nodes,
                 default_partition=view.default_partition,
+                leave_packing=self.config.advisor.pin == "steered",
             )
-            if decision.action == "route" and decision.allocation is not None:
+            if decision.allocation is not None:  # routed, or left to Slurm where it would go
                 cluster.allocate(decision.allocation)
                 made = self.clock()
                 self._reservations[token] = Reservation(

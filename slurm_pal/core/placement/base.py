@@ -56,12 +56,18 @@ class PlacementResult:
 
     ``waits_off``: the policy holds the job back although it could start now, because the only
     GPUs it fits on are these (internal GPU rows; e.g. outliers for its class). Whoever drives
-    the policy must keep the job off them until others free up."""
+    the policy must keep the job off them until others free up.
+
+    ``as_packing``: the allocation is packing's own pick (Slurm's best fit would choose the
+    same nodes and GPUs) and no free GPU the job could get is one the policy avoids for it, so
+    whatever Slurm picks now is as good: a driver may leave the job to Slurm instead of pinning
+    it to these GPUs (a pin held by a stale view only ever costs)."""
 
     request: PlacementRequest
     allocation: Allocation | None
     reason: str
     waits_off: tuple[int, ...] = ()
+    as_packing: bool = False
 
     @property
     def waits(self) -> bool:

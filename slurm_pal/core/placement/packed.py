@@ -61,7 +61,7 @@ class PackedPolicy:
                 f"{label}: {how}, {nodes} (V={worst:.3g} L={level.penalty:g})"
             ),
         )
-        return placed(allocation, request)
+        return placed(allocation, request, as_packing=self.rng is None)
 
     def __repr__(self) -> str:
         if self.shuffle_seed is None:

@@ -84,7 +84,11 @@ class PackedPMPolicy:
             return unplaced(request, f"Packed-PM: no free GPUs satisfy {constraint_text(request)}")
         slow = self._first_slow_bin(view)
         if slow >= view.n_bins or view.klass.bin_of[picked[0]].max() < slow:
-            return placed(_describe(view, *picked), request)
+            return placed(
+                _describe(view, *picked),
+                request,
+                as_packing=self._as_packing(view, picked[0], slow),
+            )
         capped = _without_bins_from(view, slow, self._slow_nodes(view, slow))
         alternative = None if capped is None else pack_pick(capped, node_take=self._node_take)
         if alternative is not None and _costs_nothing_more(view, picked[0], alternative[0]):
@@ -125,6 +129,17 @@ class PackedPMPolicy:
             usable.sort(key=lambda gpu: not prefer[gpu])
             picked.extend(usable[:count])
         return np.array(picked, dtype=np.intp)
+
+    def _as_packing(self, view: RequestView, gpus: np.ndarray, slow: int) -> bool:
+        """Is ``gpus`` plain packing's pick, with no free GPU the job could get an outlier for
+        it? Then Slurm, wherever its best fit lands, gives the job nothing this policy avoids."""
+        if slow < view.n_bins and _free_gpus_from_bin(view, slow):
+            return False
+        if self._others_outlying(view) is not None:
+            plain = pack_pick(view)
+            if plain is None or not np.array_equal(np.sort(plain[0]), np.sort(gpus)):
+                return False
+        return True
 
     def _slow_nodes(self, view: RequestView, first: int) -> np.ndarray:
         """The nodes holding a GPU of the job's class in bin ``first`` or above (cached)."""

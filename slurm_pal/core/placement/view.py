@@ -76,8 +76,10 @@ def unplaced(request: PlacementRequest, reason: str) -> PlacementResult:
     return PlacementResult(request, None, reason)
 
 
-def placed(allocation: Allocation, request: PlacementRequest) -> PlacementResult:
-    return PlacementResult(request, allocation, allocation.reason)
+def placed(
+    allocation: Allocation, request: PlacementRequest, *, as_packing: bool = False
+) -> PlacementResult:
+    return PlacementResult(request, allocation, allocation.reason, as_packing=as_packing)
 
 
 class RequestView:
