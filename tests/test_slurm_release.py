@@ -56,6 +56,23 @@ def test_detection_failures_mean_unknown() -> None:
     assert detect_release(lambda args: "no version here") is None
     reader = CliStateReader(runner=broken)
     assert reader.release == OLDEST  # unknown: 22.05's commands
+    answers = iter(["", "slurm-wlm 24.11.5"])
+    reader = CliStateReader(runner=lambda args: next(answers))
+    assert reader.release == OLDEST and reader.release == R2411  # asked again, then kept
+    assert reader.release == R2411
+
+
+def test_a_grouped_sinfo_json_falls_back_to_scontrol_text() -> None:
+    """If the release was misread as 22.05 on 24.11, sinfo's node groups are not taken for
+    nodes: the reader falls back to ``scontrol show node -o -d``."""
+    grouped = '{"sinfo": [{"nodes": {"nodes": ["n1"]}}], "errors": []}'
+    outputs = {
+        "scontrol --version": "",
+        "sinfo --json": grouped,
+        "scontrol show node -o -d": fixture("scontrol-show-node-d.txt"),
+    }
+    reader = CliStateReader(runner=lambda args: outputs[" ".join(args)])
+    assert [n.name for n in reader.nodes()] == ["n01", "n02", "n03", "n04"]
 
 
 def test_2411_tres_are_written_with_a_slash() -> None:

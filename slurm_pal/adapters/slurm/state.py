@@ -122,10 +122,11 @@ class CliStateReader:
 
     @property
     def release(self) -> SlurmRelease:
-        """The tools' release (``scontrol --version``, read once); 22.05 when unreadable."""
+        """The tools' release (``scontrol --version``, read once it could be read); 22.05's
+        commands while it cannot be (asked again next time: a wrong guess must not stick)."""
         if self._release is None:
-            self._release = detect_release(self._runner) or OLDEST
-        return self._release
+            self._release = detect_release(self._runner)
+        return self._release or OLDEST
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeState]:
         command = ["sinfo", "--json"]
@@ -269,7 +270,11 @@ def parse_sinfo_json(text: str) -> list[NodeState]:
     """``sinfo --json`` (22.05, openapi v0.0.38) or ``scontrol show nodes --json`` (23.02 and
     later; 24.11's data_parser v0.0.42) -> one NodeState per node."""
     out: dict[str, NodeState] = {}
-    for n in _load(text, "node JSON").get("nodes", []):
+    data = _load(text, "node JSON")
+    if "nodes" not in data and "sinfo" in data:
+        # 23.11+ sinfo groups nodes like its table: not per node (the caller falls back)
+        raise SlurmQueryError("sinfo --json of this release lists node groups, not nodes")
+    for n in data.get("nodes", []):
         base, flags = _split_state(_state_text(n.get("state")))
         flags += tuple(str(f).upper() for f in n.get("state_flags") or () if f not in flags)
         out.setdefault(
