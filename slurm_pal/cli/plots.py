@@ -82,7 +82,8 @@ def sim_plots(results: Sequence[SimResult], directory: Path) -> list[Path]:
         axes.set_xlabel("job completion time (h, log scale)")
         axes.set_ylabel("fraction of jobs finished")
         axes.set_title(f"JCT CDF ({scheduler})")
-        axes.grid(alpha=0.3, which="both")
+        axes.grid(alpha=0.35, which="major")
+        axes.grid(alpha=0.1, which="minor")
         axes.legend(loc="lower right", fontsize="small")
         written.append(_save(plt, figure, directory / f"jct_cdf_{scheduler}.png"))
         figure, axes = plt.subplots(figsize=(7, 4.5))
@@ -112,7 +113,7 @@ def bins_plot(
     if not classes:
         fail(f"campaign {campaign_id} has no measured GPUs to plot")
     figure, panels = plt.subplots(
-        len(classes), 1, figsize=(8, 2.3 * len(classes) + 0.6), squeeze=False
+        len(classes), 1, figsize=(10, 2.3 * len(classes) + 0.6), squeeze=False
     )
     colours = plt.get_cmap("tab10").colors
     for axes, job_class in zip(panels[:, 0], classes, strict=True):
@@ -138,30 +139,25 @@ def bins_plot(
         outliers = rows[rows["bin"] < 0]["norm_value"].astype(float).to_numpy()
         inside = outliers[(outliers >= low) & (outliers <= high)]
         if len(outliers):
+            # Outliers outside the bins' range are named in the legend, not drawn.
+            off_axis = []
+            below, above = outliers[outliers < low], outliers[outliers > high]
+            if len(below):
+                off_axis.append(f"{len(below)} left of the axis, min {below.min():.3f}")
+            if len(above):
+                off_axis.append(f"{len(above)} right of the axis, max {above.max():.3f}")
             groups.append(inside)
-            labels.append(f"outliers ({len(outliers)})")
+            labels.append("\n".join([f"outliers ({len(outliers)})", *off_axis]))
             tints.append("#d62728")
-            for side, beyond in (
-                ("left", outliers[outliers < low]),
-                ("right", outliers[outliers > high]),
-            ):
-                if len(beyond):
-                    far = beyond.min() if side == "left" else beyond.max()
-                    text = (
-                        f"\u2190 {len(beyond)} outlier(s) down to {far:.3f}"
-                        if side == "left"
-                        else f"{len(beyond)} outlier(s) up to {far:.3f} \u2192"
-                    )
-                    axes.text(
-                        0.01 if side == "left" else 0.99,
-                        0.55,
-                        text,
-                        transform=axes.transAxes,
-                        ha=side,
-                        color="#d62728",
-                        fontsize="small",
-                    )
-        axes.hist(groups, bins=edges, stacked=True, color=tints, label=labels)
+        axes.hist(
+            groups,
+            bins=edges,
+            stacked=True,
+            color=tints,
+            label=labels,
+            edgecolor="white",
+            linewidth=0.4,
+        )
         if len(inside):
             axes.plot(inside, np.zeros(len(inside)), "|", color="#d62728", markersize=14)
         axes.set_xlim(low, high)
@@ -176,7 +172,8 @@ def bins_plot(
         )
         axes.set_ylabel("GPUs")
         axes.grid(alpha=0.3, axis="y")
-        axes.legend(fontsize="x-small", loc="upper right", ncols=1 if len(labels) < 5 else 2)
+        # Beside the panel, so a long legend never hides the histogram.
+        axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     panels[-1, 0].set_xlabel(
         "run time / the median GPU's (dotted: 1.0); dashed: each bin's PM-score"
     )

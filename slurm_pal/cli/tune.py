@@ -390,7 +390,8 @@ def tune(
             rows,
             per_run,
             f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, {seeds} paired "
-            f"runs per candidate (dots: runs; diamond and bar: geomean, 95 % interval)",
+            f"runs per candidate\ndots: single runs; diamond and bar: geomean and its 95 % "
+            f"interval; green: gain clear of the noise",
             plot / "tune.png",
         )
     if as_json:
