@@ -44,6 +44,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from slurm_pal.adapters.config import SYSTEM_DB, SiteConfig, split_host_port
+from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.binning import LabelMerge, Signature, merge_signatures
 
@@ -448,15 +449,16 @@ def write_site(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
 
 
 def load_labels(path: Path) -> dict[str, dict[int, str]]:
-    """Node -> {index: label} from a rendered ``labels.json``."""
+    """Node -> {index: label} from a rendered ``labels.json`` (read and checked by
+    :func:`slurm_pal.adapters.labels_file.read_labels`)."""
     try:
-        data = json.loads(path.read_text())
-        return {
-            node: {int(g["index"]): str(g["label"]) for g in gpus}
-            for node, gpus in data["nodes"].items()
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RenderError(f"cannot read rendered labels {path}: {exc}") from exc
+        table = read_labels(path)
+    except LabelTableError as exc:
+        raise RenderError(str(exc)) from None
+    per_node: dict[str, dict[int, str]] = {}
+    for e in table.entries:
+        per_node.setdefault(e.node, {})[e.index] = e.label
+    return per_node
 
 
 @dataclass(frozen=True)
