@@ -18,6 +18,7 @@ from slurm_pal.cli.common import (
     print_json,
     reported_errors,
     state,
+    step,
     steps,
 )
 from slurm_pal.core.variability import ClassBins
@@ -128,7 +129,9 @@ def bins(
     if plot is not None and scores is not None:
         from slurm_pal.cli.plots import bins_plot
 
-        written = bins_plot(campaign_id, per_class, scores, plot / f"bins-{campaign_id}.png")
+        target = plot / f"bins-{campaign_id}.png"
+        with step(f"drawing {target}"):
+            written = bins_plot(campaign_id, per_class, scores, target)
     if as_json:
         print_json({c: b.to_dict() for c, b in per_class.items()})
         return

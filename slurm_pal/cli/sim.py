@@ -422,7 +422,10 @@ def run(
     if timeline:
         for summary, result in zip(summaries, results, strict=True):
             summary["gpus_in_use"] = [[t, busy] for t, busy in result.timeline]
-    written = sim_plots(results, plot) if plot is not None else []
+    written: list[Path] = []
+    if plot is not None:
+        with step(f"drawing the plots into {plot}"):
+            written = sim_plots(results, plot)
     if as_json:
         print_json(summaries)
         return
