@@ -4,6 +4,7 @@ the plots (``profile bins --plot``, ``tune --plot``, the log-scale JCT CDF)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -153,3 +154,20 @@ def test_tune_plot(run_cli: Callable[..., Any], tmp_path: Path) -> None:
     assert f"wrote {path}" in result.stdout
     width, height = _png_size(path)
     assert width > 600 and height > 150
+
+
+def test_hint_of_site_render_names_a_command_that_lists_the_nodes(
+    run_cli: Callable[..., Any], example_csv: Path, tmp_path: Path
+) -> None:
+    """`site render --nodes` with a node the campaign lacks points at `profile gpus`, which
+    exists and lists that campaign's GPUs per node."""
+    run_cli("profile", "ingest", example_csv, "--campaign", "ex")
+    result = run_cli("site", "render", "--out", tmp_path / "site", "--nodes", "nope01", ok=False)
+    assert result.exit_code == 2 and "'slurm-pal profile gpus'" in result.stderr
+    listing = json.loads(run_cli("profile", "gpus", "--node", "node01", "--json").stdout)
+    assert listing["campaign"] == "ex"
+    assert [g["gpu_index"] for g in listing["gpus"]] == [0, 1, 2, 3]
+    assert {g["node"] for g in listing["gpus"]} == {"node01"}
+    assert all(g["label"] and g["measured"] == ["A", "B", "C", "D"] for g in listing["gpus"])
+    result = run_cli("profile", "gpus", "--node", "nope01", ok=False)
+    assert result.exit_code == 2 and "nope01 have no GPUs in campaign 'ex'" in result.stderr
