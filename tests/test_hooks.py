@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -428,11 +429,18 @@ def test_prolog_starts_the_sampler_and_epilog_attaches_its_summary(
     assert telemetry["source"] == "nvml" and telemetry["samples"] >= 2
     assert telemetry["dram_util"] == pytest.approx(30) and telemetry["fu_util"] == pytest.approx(90)
     assert not (spool / "telemetry" / "42.pid").exists() and spooled(spool) == []
-    # the sampler is gone (reaped by init or a zombie of nobody we know)
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        state = "gone"
+    # the sampler is gone (reaped by init or a zombie of nobody we know). It writes its summary
+    # and then exits, so the Epilog can return while it is still finishing: wait for the exit
+    # (a few ms; the bound only keeps a sampler that never exits from hanging the test).
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            state = "gone"
+        if state in ("gone", "Z", "X") or time.monotonic() > deadline:
+            break
+        threading.Event().wait(0.01)
     assert state in ("gone", "Z", "X")
 
 
