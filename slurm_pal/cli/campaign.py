@@ -559,7 +559,7 @@ def diff(
 ) -> None:
     """GPUs that changed bin, new outliers, and the label changes a switch would make."""
     st = state(ctx)
-    with _errors(), st.store() as store:
+    with _errors(), st.store(create=False) as store:
         d = stored_diff(store, old, new)
     if as_json:
         print_json(d.to_dict())
@@ -575,7 +575,7 @@ def activate(
 ) -> None:
     """Make a campaign the one the advisor uses; shows what changes against the active one."""
     st = state(ctx)
-    with _errors(), st.store() as store:
+    with _errors(), st.store(create=False) as store:
         store.resolve_campaign(campaign)
         previous = store.active_campaign_id()
         d = stored_diff(store, previous, campaign) if previous and previous != campaign else None
@@ -640,7 +640,7 @@ def suggest(
     """
     st = state(ctx)
     settings = site_campaign_settings(st)
-    with _errors(), st.store() as store:
+    with _errors(), st.store(create=False) as store:
         campaign_id = store.resolve_campaign(campaign)
         frame = store.gpu_scores(campaign_id)
         clock = stored_clock_events(store, campaign_id, frame)

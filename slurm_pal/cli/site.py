@@ -76,7 +76,7 @@ def render(
     """Write gres.conf, the NodeName Gres= parts, the slurm.conf snippet, labels.json,
     job_submit.lua and the Prolog/Epilog scripts ([advisor] and [hooks] of the config)."""
     st = state(ctx)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         try:
             plan = plan_from_store(
                 store,
@@ -179,7 +179,7 @@ def check(
     """
     st = state(ctx)
     wanted = _nodes(nodes)
-    with reported_errors(), st.store() as store:
+    with reported_errors(), st.store(create=False) as store:
         try:
             plan = plan_from_store(store, campaign, nodes=wanted, config=st.config)
         except RenderError as exc:
