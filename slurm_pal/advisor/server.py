@@ -348,6 +348,7 @@ class AdvisorServer:
         # job id -> (when, admin comment, tres_per_node, tres_per_job) this service wrote
         self._written: dict[int, tuple[float, str, str, str]] = {}
         self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
+        self._freed_by: dict[str, int] = {}  # ... -> the job whose end freed them
         self._next_round = 1
         self._done_round = 0
         self._last_end_result: ReplanResult | None = None
@@ -509,16 +510,19 @@ class AdvisorServer:
                 self._refresh_once()
             return self._counted_round(self._freed_now(frozenset(freed)))
 
-    def replan_at_job_end(self, freed: Iterable[str]) -> ReplanResult:
+    def replan_at_job_end(self, freed: Iterable[str], job_id: int | None = None) -> ReplanResult:
         """The round for a job's end, from the advisor's view as it is (no Slurm re-read: the
         Epilog names the GPUs, and GPUs freed by earlier ends since the last read still count).
         Ends that arrive together share one round: each end's GPUs join the next round to
         start, and an end whose round already ran while it waited for the lock returns that
-        round's result. A round whose writes fail re-reads Slurm for the next one."""
+        round's result. A round whose writes fail re-reads Slurm for the next one. ``job_id``:
+        the ended job; its GPUs stop counting free once a read shows another job on them."""
         with self._end_lock:
             now = self.state.clock()
             for uuid in freed:
                 self._freed_at[uuid] = now
+                if job_id is not None:
+                    self._freed_by[uuid] = job_id
             ticket = self._next_round
         with self._replan_lock:
             with self._end_lock:
@@ -539,10 +543,35 @@ class AdvisorServer:
         """``extra`` plus the GPUs job ends freed that Slurm's last read may not show free yet
         (added less than 2 s before that read began); older ones are dropped."""
         read_start = self.state.last_read_start
+        # A GPU an end freed that the last read shows held by another job was taken since
+        # (Slurm started a job there on its own): counting it free would pin a job onto it.
+        held = self._held_gpus() if self._freed_by else {}
         with self._end_lock:
             if read_start is not None:
                 self._freed_at = {u: t for u, t in self._freed_at.items() if t > read_start - 2.0}
+            self._freed_at = {
+                u: t
+                for u, t in self._freed_at.items()
+                if (j := self._freed_by.get(u)) is None or held.get(u, j) == j
+            }
+            self._freed_by = {u: j for u, j in self._freed_by.items() if u in self._freed_at}
             return extra | frozenset(self._freed_at)
+
+    def _held_gpus(self) -> dict[str, int]:
+        """GPU UUID -> the job the view shows holding it."""
+        view = self.state.view
+        if view is None:
+            return {}
+        labels = view.static.labels
+        held: dict[str, int] = {}
+        for job in view.jobs:
+            if not job.allocated_gres:
+                continue
+            for node, indices in job.allocated_gpu_indices().items():
+                for index in indices:
+                    with contextlib.suppress(KeyError):
+                        held[labels.uuid_at_slurm_index(node, index)] = job.job_id
+        return held
 
     def _counted_round(self, freed: frozenset[str]) -> ReplanResult:
         start = time.perf_counter()
@@ -960,7 +989,7 @@ class AdvisorServer:
         if whole is not None:
             freed = [*freed, *whole]
         try:
-            result = self.replan_at_job_end(freed)
+            result = self.replan_at_job_end(freed, job_id if isinstance(job_id, int) else None)
         except Exception as exc:  # the record is kept; re-planning is best effort
             log.warning("re-planning at the end of job %s failed: %s", record.get("job_id"), exc)
             return None
