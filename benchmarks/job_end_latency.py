@@ -12,8 +12,10 @@ Every job holds 2 GPUs (a whole node) until the benchmark creates its release fi
 cluster is filled, then each sample: submit one more such job (it waits: no GPU is free), wait
 ``--settle`` seconds (a refresh and a scheduling pass), release the oldest running job and time
 
-- ``replan``: release -> the advisor's log line for that job's round ("end of job N:
-  re-planned ..."), written once the round's Slurm updates are done: the job's script ending
+- ``replan``: release -> the advisor's count of job-end rounds (``replans_at_job_end`` in its
+  stats, asked every 3 ms on its Unix socket) goes up, which happens once the round and its
+  Slurm updates are done, whether it moved the waiting job or left it to Slurm (``pin =
+  "steered"``: packing's own pick). In between: the job's script ending
   (it polls its release file every 10 ms), slurmd running the Epilog, the hook's Python
   start, the munge credential, TCP, the credential's checks, the round and its updates;
 - ``start``: release -> the waiting job RUNNING (``scontrol show job`` polled every 20 ms),
@@ -175,29 +177,27 @@ class Bench:
 
     def sample(self, settle_s: float, timeout_s: float = 30.0) -> tuple[float, float] | None:
         """One job end: (release -> round done, release -> waiting job running) in seconds;
-        None when no round was logged for the job (the advisor missed its end)."""
+        None when no round ran for it within ``timeout_s`` (the advisor missed its end)."""
         waiting = self.submit_held()
         time.sleep(settle_s)
         if self.state(waiting) != "PENDING":
             raise TestbedError(f"job {waiting} did not wait: the cluster was not full")
         ending, release = self.held.pop(0)
-        needle = f"end of job {ending}: re-planned".encode()
+        rounds = self.ask({"op": "stats"})["replans_at_job_end"]
         offset = self.log_path.stat().st_size
         t0 = time.monotonic()
         release.touch()
         replan = None
         deadline = t0 + timeout_s
-        with self.log_path.open("rb") as fh:
-            while replan is None and time.monotonic() < deadline:
-                fh.seek(offset)
-                if needle in fh.read():
-                    replan = time.monotonic() - t0
-                else:
-                    time.sleep(0.002)
+        while replan is None and time.monotonic() < deadline:
+            if self.ask({"op": "stats"})["replans_at_job_end"] > rounds:
+                replan = time.monotonic() - t0
+            else:
+                time.sleep(0.003)
         start = self.wait_running(waiting) - t0
         if replan is None:  # say what the advisor did instead
             text = self.log_path.read_bytes()[offset:].decode(errors="replace")
-            log(f"no round logged for the end of job {ending}; advisor log since:\n{text}")
+            log(f"no round for the end of job {ending}; advisor log since:\n{text}")
             return None
         return replan, start
 
@@ -218,7 +218,7 @@ def run(hosts: int, samples: int, settle_s: float) -> dict[str, object]:
             got = bench.sample(settle_s)
             if got is None:
                 missed += 1
-                log(f"sample {i + 1}: no round logged")
+                log(f"sample {i + 1}: no round")
                 continue
             replans.append(got[0])
             starts.append(got[1])
