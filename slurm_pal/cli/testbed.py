@@ -135,7 +135,13 @@ def down(
         stopped += remove_namespaces(leftovers)
     except (TestbedError, HostsError) as exc:
         fail(str(exc))
-    console.print(f"stopped {len(stopped)}" + (": " + ", ".join(stopped) if stopped else ""))
+    gone = [s for s in stopped if s.startswith(NS_PREFIX)]
+    procs = [s for s in stopped if not s.startswith(NS_PREFIX)]
+    console.print(
+        f"stopped {len(procs)} process(es)"
+        + (": " + ", ".join(procs) if procs else "")
+        + (f"; removed namespaces {', '.join(gone)}" if gone else "")
+    )
 
 
 @app.command(

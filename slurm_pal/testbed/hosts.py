@@ -299,7 +299,7 @@ def remove_namespaces(names: Iterable[str], timeout_s: float = 10.0) -> list[str
             raise HostsError(f"cannot delete network namespace {ns}: {proc.stderr.strip()}")
         removed.append(ns)
     if pids:
-        removed.append(f"{len(pids)} process(es)")
+        removed.append(f"{len(pids)} more process(es) in the namespaces")
     return removed
 
 
