@@ -333,13 +333,14 @@ def test_served_config_keeps_the_sites_and_sets_the_testbeds(tmp_path: Path) -> 
         locality=LocalityConfig(across_switches=1.4),
     )
     own = {"socket", "allowed_users", "socket_group", "refresh_s", "replan_s", "labels_file"}
-    own |= {"reservation_ttl_s"}
+    own |= {"reservation_ttl_s", "listen", "munge_socket"}  # the multi-host testbed's TCP
     prep = prepare(RunSettings(tmp_path / "a", config=site))
     served = prep.served_config()
     for f in dataclasses.fields(site.advisor):
         if f.name not in own:
             assert getattr(served.advisor, f.name) == getattr(site.advisor, f.name), f.name
     assert served.advisor.socket == str(prep.socket_path)
+    assert served.advisor.listen == served.hooks.advisor == "10.250.0.1:7001"
     assert served.advisor.allowed_users == ("root",) and served.advisor.replan_s == 0.0
     assert served.classes == site.classes and served.locality.across_switches == 1.4
     assert prep.table["across_nodes"] == 1.4
