@@ -98,7 +98,9 @@ def main() -> int:
     log = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     root = Path(tempfile.mkdtemp(prefix="spal-load-", dir="/tmp"))
     root.chmod(0o755)
-    settings = RunSettings(root=root, nodes=args.nodes, arms=("advisor",))
+    # One host (loopback, records on the Unix socket): the figures before stay comparable;
+    # benchmarks/job_end_latency.py measures the multi-host path.
+    settings = RunSettings(root=root, nodes=args.nodes, arms=("advisor",), multihost=False)
     prep = prepare(settings, log)
     arm = AdvisorArm()
     out = root / "out"
