@@ -71,13 +71,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
 
 
-def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_until(check, timeout_s: float, what: str, *, required: bool = True) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
-            return
+            return True
         time.sleep(0.5)
-    raise RuntimeError(f"timed out waiting for {what}")
+    if required:
+        raise RuntimeError(f"timed out waiting for {what}")
+    return False
 
 
 def main() -> int:
@@ -162,13 +164,20 @@ def main() -> int:
         subprocess.run(["scancel", *map(str, ending)], env=env, check=True)
         fired = time.perf_counter()
 
-        def all_rounds_done() -> bool:
+        def ends_taken() -> int:
+            """Ends answered by a round, plus records the spool sweep delivered (their Epilog
+            gave up waiting: no round at their end)."""
             now = arm.stats(prep)
-            done = int(now.get("replans_at_job_end", 0)) - int(before.get("replans_at_job_end", 0))
-            return done >= args.ending
+            return sum(
+                int(now.get(key, 0)) - int(before.get(key, 0))  # type: ignore[call-overload]
+                for key in ("replans_at_job_end", "spool_applied")
+            )
 
-        wait_until(all_rounds_done, 120, "the job-end rounds")
-        report["last_update_s"] = round(time.perf_counter() - fired, 2)
+        done = wait_until(
+            lambda: ends_taken() >= args.ending, 120, "the job-end rounds", required=False
+        )
+        report["last_update_s"] = round(time.perf_counter() - fired, 2) if done else None
+        report["ends_not_taken_in_120s"] = max(0, args.ending - ends_taken())
         time.sleep(3.0)
         stop.set()
         submitter.join(timeout=60)
