@@ -88,7 +88,18 @@ if [ "${as_root[*]}" = false ]; then
   echo "install-slurm: building $cache needs root (or password-less sudo): sudo bash $0 --release $release" >&2
   exit 1
 fi
-mirror="${SLURM_PAL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The mirror this host's apt already uses (its main Debian archive, not -security), unless
+# SLURM_PAL_DEBIAN_MIRROR names one.
+host_mirror() {
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{for (i = 2; i <= NF; i++) print $i}'
+    grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
+  } | grep -v -- '-security' | grep '/debian/*$' | head -n 1 || true
+}
+mirror="${SLURM_PAL_DEBIAN_MIRROR:-$(host_mirror)}"
+if [ -z "$mirror" ]; then
+  echo "install-slurm: no Debian mirror in this host's apt sources; set SLURM_PAL_DEBIAN_MIRROR" >&2
+  exit 2
+fi
 start=$(date +%s)
 "${as_root[@]}" rm -rf "$cache.new"
 "${as_root[@]}" mkdir -p "$cache.new"
