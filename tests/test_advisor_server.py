@@ -519,3 +519,14 @@ def test_the_service_purges_what_is_older_than_the_retention_once_a_day(served) 
     server.state.writer.call(lambda s: None)
     with Store(env.db) as store:
         assert store.decision("ancient2") is not None
+
+
+def test_slurm_reads_take_at_most_a_quarter_of_the_refresh_threads_time() -> None:
+    """A read that takes long (a large queue) stretches the pause before the next one, so the
+    parsing cannot starve the decides; quick reads go back to ``refresh_s``."""
+    from slurm_pal.advisor.server import MAX_READ_SHARE, refresh_pause
+
+    assert refresh_pause(1.0, 0.1) == 1.0
+    slow = refresh_pause(1.0, 1.2)
+    assert 1.2 / (1.2 + slow) == pytest.approx(MAX_READ_SHARE)
+    assert refresh_pause(1.0, 0.05) == 1.0
