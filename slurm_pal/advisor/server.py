@@ -34,6 +34,7 @@ from typing import Any
 
 from slurm_pal.adapters.slurm.update import JobApplier, ScontrolApplier
 from slurm_pal.advisor import protocol
+from slurm_pal.advisor.bounded import BoundedThreadingMixIn
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
@@ -272,36 +273,20 @@ class _Handler(socketserver.BaseRequestHandler):
         self.server.advisor.handle_connection(self.request)
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _UnixServer(BoundedThreadingMixIn, socketserver.UnixStreamServer):
     """One thread per connection, at most ``advisor.max_connections`` at once: past that a
     connection gets a one-line refusal (the plugin fails open, a hook spools) instead of a
     thread, so a flood of idle connections cannot exhaust the service."""
 
-    daemon_threads = True
     allow_reuse_address = False
-    request_queue_size = 128
 
     def __init__(self, path: str, advisor: AdvisorServer) -> None:
         self.advisor = advisor
         self.slots = threading.BoundedSemaphore(advisor.max_connections)
         super().__init__(path, _Handler)
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        if not self.slots.acquire(blocking=False):
-            self.advisor.refuse_busy(request)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def refuse(self, request: socket.socket) -> None:
+        self.advisor.refuse_busy(request)
 
 
 class AdvisorServer:

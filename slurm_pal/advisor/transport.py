@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_pal.adapters.config import split_host_port
 from slurm_pal.advisor import munge, protocol
+from slurm_pal.advisor.bounded import BoundedThreadingMixIn
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.server import AdvisorServer
@@ -151,10 +152,8 @@ class _Handler(socketserver.BaseRequestHandler):
         self.server.listener.handle_connection(self.request)
 
 
-class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    daemon_threads = True
+class _TcpServer(BoundedThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
-    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], listener: RecordListener) -> None:
         self.listener = listener
@@ -163,22 +162,8 @@ class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        if not self.slots.acquire(blocking=False):
-            self.listener.advisor.refuse_busy(request)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def refuse(self, request: socket.socket) -> None:
+        self.listener.advisor.refuse_busy(request)
 
 
 class RecordListener:
