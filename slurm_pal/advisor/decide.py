@@ -638,17 +638,7 @@ def decide(
         fields["admin_comment"] = format_admin_comment(
             version=version, action="pass", token=token, job_class=job_class, why=reason
         )
-        return Decision(
-            "pass",
-            MappingProxyType(fields),
-            job_class,
-            reason,
-            lv_product=allocation.lv_product,
-            token=token,
-            allocation=allocation,
-            request=best.request,
-            left_to_slurm=True,
-        )
+        return replace(_placed("pass", fields, job_class, reason, best, token), left_to_slurm=True)
     try:
         fields, chosen, encoding = _encode(job, ask, allocation, labels)
     except KeyError as error:
@@ -668,14 +658,26 @@ def decide(
         gpus=chosen,
         why=reason,
     )
+    return replace(_placed("route", fields, job_class, reason, best, token), encoding=encoding)
+
+
+def _placed(
+    action: Literal["route", "pass"],
+    fields: Mapping[str, str | int],
+    job_class: str,
+    reason: str,
+    best: PlacementResult,
+    token: str,
+) -> Decision:
+    """A decision that carries the policy's allocation (routed, or left to Slurm there)."""
+    assert best.allocation is not None
     return Decision(
-        "route",
-        MappingProxyType(fields),
+        action,
+        MappingProxyType(dict(fields)),
         job_class,
         reason,
-        lv_product=allocation.lv_product,
+        lv_product=best.allocation.lv_product,
         token=token,
-        allocation=allocation,
+        allocation=best.allocation,
         request=best.request,
-        encoding=encoding,
     )
