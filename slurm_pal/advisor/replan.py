@@ -51,9 +51,12 @@ __all__ = [
 
 log = logging.getLogger("slurm_pal.advisor")
 
-#: Pending reasons of jobs the scheduler will not start anyway (held, waiting on others,
-#: not yet looked at): re-planning them would only churn.
-SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime", "None")
+#: Pending reasons of jobs the scheduler will not start anyway (held, waiting on others or
+#: on a start time): re-planning them would only churn. "None" (not looked at since the last
+#: change) is planned like any other: 24.11 resets a pending job's reason to None at every
+#: update, the advisor's own included, so skipping it left the jobs it had just kept waiting
+#: out of the next round.
+SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime")
 
 
 def replannable(reason: str) -> bool:
