@@ -439,3 +439,17 @@ def test_scontrol_node_and_job_lines_give_addresses_and_nodes() -> None:
         away.job_nodes(7)
     with pytest.raises(SlurmQueryError):
         away.node_addresses("n01")
+
+
+def test_over_tcp_malformed_lines_get_the_protocols_error_answers(tcp_served) -> None:
+    """The TCP port reads lines with the protocol's one parser: deep nesting, NaN and other
+    versions are refused in an answer, and the port keeps serving."""
+    _, server, address = tcp_served
+    host, port = address.rsplit(":", 1)
+    for line in (b"[" * 50_000 + b"\n", b'{"v": 1, "op": "record", "x": NaN}\n', b'{"v": 2}\n'):
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(line)
+            answer = json.loads(conn.makefile("rb").readline())
+        assert answer["ok"] is False and answer["error"], line[:20]
+    assert server.counters.snapshot()["bad_requests"] >= 3
+    assert _line(address, {"v": 1, "op": "health"})["ok"] is False  # still answering

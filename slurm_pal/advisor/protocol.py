@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "MAX_LINE",
@@ -104,6 +105,20 @@ _CHECKS = {"decide": _check_decide, "record": _check_record}
 
 def parse_request(line: bytes) -> Request:
     """Validate one request line (``v``, ``op``, the op's required keys) or raise ProtocolError."""
+    data = parse_message(line)
+    op = data.get("op")
+    if op not in OPS:
+        raise ProtocolError(f"unknown op {op!r}", OPS)
+    body = {k: v for k, v in data.items() if k not in ("v", "op")}
+    check = _CHECKS.get(op)
+    if check is not None:
+        check(body)
+    return Request(op, body)
+
+
+def parse_message(line: bytes) -> dict[str, Any]:
+    """One line as a JSON object of this protocol's version (any op), or ProtocolError: what
+    every listener checks before it looks at the op."""
     line = line.removesuffix(b"\n").removesuffix(b"\r")
     if len(line) > MAX_LINE:
         raise ProtocolError(f"request line longer than {MAX_LINE} bytes ({len(line)})")
@@ -121,14 +136,7 @@ def parse_request(line: bytes) -> Request:
     version = data.get("v")
     if isinstance(version, bool) or version != VERSION:
         raise ProtocolError(f"unsupported protocol version {version!r}", [str(VERSION)])
-    op = data.get("op")
-    if op not in OPS:
-        raise ProtocolError(f"unknown op {op!r}", OPS)
-    body = {k: v for k, v in data.items() if k not in ("v", "op")}
-    check = _CHECKS.get(op)
-    if check is not None:
-        check(body)
-    return Request(op, body)
+    return data
 
 
 def encode(answer: Mapping[str, object]) -> bytes:

@@ -252,13 +252,10 @@ class RecordListener:
     def answer(self, line: bytes) -> dict[str, object]:
         """The answer to one TCP request line (never raises)."""
         try:
-            message = json.loads(line)
-        except ValueError:
+            message = protocol.parse_message(line)
+        except protocol.ProtocolError as exc:
             self.advisor.counters.add("bad_requests")
-            return protocol.error_answer("request is not a JSON object")
-        if not isinstance(message, dict) or message.get("v") != protocol.VERSION:
-            self.advisor.counters.add("bad_requests")
-            return protocol.error_answer(f"request must be a JSON object with v={protocol.VERSION}")
+            return exc.answer()
         op = message.get("op")
         if op not in TCP_OPS:
             self.advisor.counters.add("bad_requests")
