@@ -319,6 +319,9 @@ def test_an_epilog_is_classified_by_the_active_model_and_a_false_claim_logged(se
     wait_saved(env, answer["token"])
     env.slurm.jobs.append(FakeJob(88, "PENDING", admin_comment=answer["set"]["admin_comment"]))
     server.state.refresh()
+    # The job's binding to its decision is written after the read, in the writer's ordinary
+    # lane; a record, urgent, could overtake it and find no claim to compare with.
+    server.state.writer.call(lambda s: None)
     telemetry = {"dram_util": 82.0, "fu_util": 18.0, "source": "nvml"}  # memory-bound: B
     record = {"record_id": "88:n01:epilog", "kind": "epilog", "job_id": 88, "node": "n01"}
     client.request({"op": "record", "record": {**record, "telemetry": telemetry}})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -261,3 +262,69 @@ def test_steered_pinning_leaves_packings_own_picks_to_slurm_but_still_reserves_t
         assert pinned.decide(job(2), {}).action == "route"
     finally:
         the_env.close()
+
+
+def test_each_read_works_out_the_steered_queue_in_priority_order_with_requests(env: Env) -> None:
+    """A job-end round (an Epilog waits for it) plans from the queue the last read worked
+    out: the steered pending jobs Slurm would start, highest priority first, each with its
+    placement request, read once per job across reads."""
+    st = env.state()
+    for _ in range(4):
+        assert st.decide(job(4), {}).action == "route"  # every GPU reserved: the rest wait
+    tokens = {}
+    for job_id, priority in ((51, 10), (52, 30), (53, 20), (54, 40), (55, 50)):
+        d = st.decide(job(1), {"n": job_id})
+        assert d.token is not None
+        tokens[job_id] = d.token
+        reason = "JobHeld" if job_id == 54 else "Priority"
+        comment = str(d.set_fields["admin_comment"])
+        env.slurm.jobs.append(
+            FakeJob(job_id, admin_comment=comment, priority=priority, reason=reason)
+        )
+    env.slurm.jobs.append(FakeJob(56, priority=99))  # not steered: no token
+    env.slurm.jobs.append(
+        FakeJob(57, admin_comment="slurm-pal/0.1.0 route r=ffffffffffff", priority=98)
+    )
+    view = st.refresh()
+    assert view is not None
+    # 54 is held (the scheduler would not start it); 56 carries no token; 57's token is no
+    # decision of this advisor's
+    assert [p.job_id for p in view.pending] == [55, 52, 53, 51]
+    assert [p.token for p in view.pending] == [tokens[j] for j in (55, 52, 53, 51)]
+    assert {key[1] for key in view.requests} == {55, 52, 53, 51}
+    assert all(request is not None and request.gpus == 1 for request in view.requests.values())
+    # the next read reuses each job's request (the same object, not worked out again)
+    again = st.refresh()
+    assert again is not None
+    assert all(again.requests[key] is view.requests[key] for key in view.requests)
+    # a job that left the queue leaves the requests with it
+    env.slurm.jobs = [j for j in env.slurm.jobs if j.job_id != 52]
+    third = st.refresh()
+    assert third is not None and {key[1] for key in third.requests} == {55, 53, 51}
+
+
+def test_a_token_is_bound_by_one_queued_write_however_many_reads_see_it_first(env: Env) -> None:
+    """Binding a job to its decision is a store write; reads that come while it is still
+    queued (10,000 jobs after a burst of submits) must not queue it again each time."""
+    st = env.state()
+    d = st.decide(job(1), {"name": "train"})
+    env.slurm.jobs.append(FakeJob(42, admin_comment=str(d.set_fields["admin_comment"])))
+    queued: list[object] = []
+    submit = st.writer.submit
+
+    def counting(fn, **kwargs):  # type: ignore[no-untyped-def]
+        queued.append(fn)
+        return submit(fn, **kwargs)
+
+    gate = threading.Event()
+    st.writer.submit(lambda s: gate.wait(10))  # the writer is busy: binds stay queued
+    st.writer.submit = counting  # type: ignore[method-assign]
+    for _ in range(3):
+        st.refresh()
+    gate.set()
+    st.writer.submit = submit  # type: ignore[method-assign]
+    assert len(queued) == 1
+    st.writer.call(lambda s: None)
+    with Store(env.db) as store:
+        row = store.decision_for_job(42)
+    assert row is not None and row["token"] == d.token

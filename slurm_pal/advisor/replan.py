@@ -23,6 +23,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurm_pal.adapters.slurm.release import SlurmRelease
+from slurm_pal.adapters.slurm.state import JobState
 from slurm_pal.adapters.slurm.update import JobChange, transition_problem
 from slurm_pal.advisor.decide import (
     Decision,
@@ -42,11 +43,14 @@ __all__ = [
     "SKIP_REASONS",
     "PendingJob",
     "ReplanResult",
+    "RequestKey",
     "Update",
     "kept_off",
     "plan_replan",
     "replannable",
     "requests_of",
+    "steered_job",
+    "with_written",
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
@@ -166,12 +170,52 @@ def _chosen(decision: Decision, labels: LabelTable) -> dict[str, tuple[str, ...]
     return {n: tuple(sorted(v)) for n, v in out.items()}
 
 
+#: A pending job's request is cached under (token, job id, class): what it is computed from.
+RequestKey = tuple[str, int, str]
+
+
+def steered_job(
+    job: JobState, comment: Mapping[str, str], original: JobDescription, job_class: str
+) -> PendingJob:
+    """A pending job the advisor steered, as Slurm shows it (``comment``: its admin comment,
+    parsed; ``original``: the request as the user submitted it)."""
+    return PendingJob(
+        job_id=job.job_id,
+        token=comment["r"],
+        job=original,
+        job_class=job_class,
+        class_reason=f"re-planned; class {job_class} at submit",
+        current=current_gpus(comment) if comment["action"] == "route" else None,
+        kept_off=kept_off(comment),
+        tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
+        tres_per_job=",".join(f"gres:{g}" for g in job.tres_per_job),
+        priority=job.priority,
+    )
+
+
+def with_written(
+    pending: PendingJob, comment: Mapping[str, str] | None, tres_per_node: str, tres_per_job: str
+) -> PendingJob | None:
+    """``pending`` as this service last updated it (its admin comment, parsed, and GPU
+    request), for a round that runs before Slurm's next read shows the update; None when the
+    comment no longer steers it."""
+    if comment is None or comment.get("r") != pending.token:
+        return None
+    return replace(
+        pending,
+        current=current_gpus(comment) if comment["action"] == "route" else None,
+        kept_off=kept_off(comment),
+        tres_per_node=tres_per_node,
+        tres_per_job=tres_per_job,
+    )
+
+
 def requests_of(
     pending: Sequence[PendingJob],
     *,
     labels: LabelTable,
     cluster: Cluster,
-    known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
+    known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
 ) -> list[PlacementRequest | None]:
     """Each pending job's placement request (None: the round would pass it), from ``known``
     when it holds it (filled in as it goes): a job's GPU ask is read once, not every round."""
@@ -200,7 +244,7 @@ def plan_replan(
     class_order: Sequence[str] | None = None,
     partition_nodes: Mapping[str, Sequence[str]] | None = None,
     default_partition: str | None = None,
-    known: MutableMapping[tuple[str, int, str], PlacementRequest | None] | None = None,
+    known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
     release: SlurmRelease | None = None,
     leave_packing: bool = False,
 ) -> ReplanResult:

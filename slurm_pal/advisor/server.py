@@ -37,19 +37,11 @@ from slurm_pal.advisor import protocol
 from slurm_pal.advisor.bounded import BoundedThreadingMixIn
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
+from slurm_pal.advisor.heap import FrozenHeap
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.jobend import job_gpus
-from slurm_pal.advisor.replan import (
-    PendingJob,
-    ReplanResult,
-    current_gpus,
-    kept_off,
-    plan_replan,
-    replannable,
-    requests_of,
-)
+from slurm_pal.advisor.replan import PendingJob, ReplanResult, plan_replan, with_written
 from slurm_pal.advisor.state import AdvisorState, View
-from slurm_pal.core.request import PlacementRequest
 
 __all__ = ["AdvisorServer", "Counters", "ReloadRefused", "peer_uid", "sweep_spool"]
 
@@ -192,6 +184,10 @@ class Histogram:
         return twin
 
 
+#: A re-planning round slower than this logs where its time went (an Epilog waits for it).
+SLOW_ROUND_S = 0.25
+
+
 def refresh_pause(refresh_s: float, spent_s: float) -> float:
     """The wait before the next Slurm read: ``refresh_s``, stretched so reading takes at most
     :data:`MAX_READ_SHARE` of the refresh thread's time. Parsing a large queue holds the GIL
@@ -309,8 +305,12 @@ class AdvisorServer:
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         listen: str | None = None,
+        heap: FrozenHeap | None = None,
     ) -> None:
+        """``heap``: freeze the process heap after each Slurm read (:mod:`.heap`; ``serve``
+        does; a test process that runs the service in its own heap does not)."""
         cfg = state.config
+        self.heap = heap
         self.listen = cfg.advisor.listen if listen is None else listen or None
         self._tcp: Any = None  # transport.RecordListener when advisor.listen is set
         self._ended_jobs: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -348,9 +348,6 @@ class AdvisorServer:
         self._next_round = 1
         self._done_round = 0
         self._last_end_result: ReplanResult | None = None
-        # Pending jobs' placement requests, read once per job (rounds run under the lock).
-        self._known_requests: dict[tuple[str, int, str], PlacementRequest | None] = {}
-        self._known_campaign: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -401,6 +398,11 @@ class AdvisorServer:
             thread.join(timeout=15)
         self._threads.clear()
         self.state.writer.close()
+        if self.heap is not None:
+            self.heap.release()
+        close = getattr(self.state.reader, "close", None)
+        if callable(close):
+            close()  # its parsing worker, if it has one
         log.info("stopped; socket %s removed", self.socket_path)
 
     def __enter__(self) -> AdvisorServer:
@@ -478,7 +480,8 @@ class AdvisorServer:
                 return
             started = time.perf_counter()
             self._refresh_once()
-            self._warm_requests()
+            if self.heap is not None:
+                self.heap.after_read()
             pause = self._refresh_pause(time.perf_counter() - started, pause)
             self.poll_fail_opens()
             rounds += 1
@@ -598,92 +601,37 @@ class AdvisorServer:
 
     def _pending_jobs(self, view: View) -> list[PendingJob]:
         """The pending jobs this advisor steered and Slurm would start, in priority order,
-        as Slurm's last read shows them and as this service updated them since."""
-        state = self.state
-        steered: list[tuple[Any, dict[str, str]]] = []
+        as Slurm's last read shows them (worked out with the read: ``view.pending``) and as
+        this service updated them since. Costs one look-up per job: an Epilog waits for it."""
         # What this service wrote to jobs after the view's Slurm read: rounds that do not
         # re-read Slurm must see their own updates (else a routed job looks untyped still).
+        state = self.state
         read_start = state.last_read_start if state.last_read_start is not None else view.taken
         self._written = {j: w for j, w in self._written.items() if w[0] >= read_start}
-        for job in view.jobs:
-            if job.state != "PENDING" or not job.admin_comment:
-                continue
-            if not replannable(job.reason):
-                continue
-            written = self._written.get(job.job_id)
-            parsed = parse_admin_comment(written[1] if written else job.admin_comment)
-            if parsed is None or not parsed.get("r"):
-                continue
-            steered.append((job, parsed))
-        if not steered:
-            return []
-        requests = state.requests_for(p["r"] for _, p in steered)
+        if not self._written:
+            return list(view.pending)
         pending: list[PendingJob] = []
-        for job, parsed in steered:
-            known = requests.get(parsed["r"])
-            if known is None:
+        for p in view.pending:
+            written = self._written.get(p.job_id)
+            if written is None:
+                pending.append(p)
                 continue
-            original, job_class = known
-            written = self._written.get(job.job_id)
-            pending.append(
-                PendingJob(
-                    job_id=job.job_id,
-                    token=parsed["r"],
-                    job=original,
-                    job_class=job_class,
-                    class_reason=f"re-planned; class {job_class} at submit",
-                    current=current_gpus(parsed) if parsed["action"] == "route" else None,
-                    kept_off=kept_off(parsed),
-                    tres_per_node=written[2]
-                    if written
-                    else ",".join(f"gres:{g}" for g in job.tres_per_node),
-                    tres_per_job=written[3]
-                    if written
-                    else ",".join(f"gres:{g}" for g in job.tres_per_job),
-                    priority=job.priority,
-                )
-            )
-        pending.sort(key=lambda p: (-p.priority, p.job_id))
+            updated = with_written(p, parse_admin_comment(written[1]), written[2], written[3])
+            if updated is not None:
+                pending.append(updated)
         return pending
-
-    def _known_for(
-        self, view: View, pending: Sequence[PendingJob]
-    ) -> dict[tuple[str, int, str], PlacementRequest | None]:
-        """The request cache for ``pending`` (emptied when the campaign changed)."""
-        if self._known_campaign != view.static.campaign:
-            self._known_campaign, self._known_requests = view.static.campaign, {}
-        current = {(p.token, p.job_id, p.job_class) for p in pending}
-        self._known_requests = {k: v for k, v in self._known_requests.items() if k in current}
-        return self._known_requests
-
-    def _warm_requests(self) -> None:
-        """After a Slurm read, work out the new pending jobs' requests, so the next job-end
-        round (which an Epilog waits for) finds them ready. Skipped while a round runs."""
-        if not self._replan_lock.acquire(blocking=False):
-            return
-        try:
-            view = self.state.view
-            if view is None:
-                return
-            pending = self._pending_jobs(view)
-            requests_of(
-                pending,
-                labels=view.static.labels,
-                cluster=view.base,
-                known=self._known_for(view, pending),
-            )
-        finally:
-            self._replan_lock.release()
 
     def _replan_round(self, freed: frozenset[str] = frozenset()) -> ReplanResult:
         state = self.state
         view = state.view
         if view is None:
             return ReplanResult()
+        started = time.perf_counter()
         reservations = state.reservations()
         pending = self._pending_jobs(view)
         if not pending:
             return ReplanResult()
+        gathered = time.perf_counter()
         tokens = {p.token for p in pending}
         cluster = view.base.copy()
         index = cluster.uuid_index
@@ -698,7 +646,7 @@ class AdvisorServer:
             ]
             if ids:
                 cluster.allocate(ids)
-        known = self._known_for(view, pending)
+        known = dict(view.requests)  # the round's own: a new job's request is added to it
         result = plan_replan(
             pending,
             cluster,
@@ -716,7 +664,19 @@ class AdvisorServer:
         # first are updated first); the applier decides how a round goes to Slurm (processes
         # side by side, one scontrol reading them all, or pyslurm RPCs: adapters/slurm).
         changes = [update.change for update in result.updates]
+        planned = time.perf_counter()
         errors = self.applier.apply_many(changes)
+        written = time.perf_counter()
+        if written - started > SLOW_ROUND_S:
+            log.info(
+                "slow round: %d pending jobs read in %.0f ms, planned in %.0f ms, "
+                "%d update(s) written in %.0f ms",
+                len(pending),
+                (gathered - started) * 1000,
+                (planned - gathered) * 1000,
+                len(changes),
+                (written - planned) * 1000,
+            )
         for update, error in zip(result.updates, errors, strict=True):
             if error is not None:
                 result.failed[update.job_id] = error

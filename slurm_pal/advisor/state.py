@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -45,8 +45,16 @@ from slurm_pal.advisor.decide import (
 )
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.jobend import merge_telemetry
+from slurm_pal.advisor.replan import (
+    PendingJob,
+    RequestKey,
+    replannable,
+    requests_of,
+    steered_job,
+)
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy, configured_policy
+from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.resolve import JobRecord, StoreView, claimed_app, resolve
 from slurm_pal.site.render import compare_gres, plan_from_store
 
@@ -125,6 +133,13 @@ class View:
     default_partition: str | None
     jobs: tuple[JobState, ...]
     busy: frozenset[str] = frozenset()
+    # The steered pending jobs Slurm would start, in priority order, and each one's placement
+    # request, as this read shows them: worked out by the refresh thread, so that a job-end
+    # round (an Epilog waits for it) does not walk every pending job again.
+    pending: tuple[PendingJob, ...] = ()
+    requests: Mapping[RequestKey, PlacementRequest | None] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 class StoreWriter:
@@ -288,6 +303,7 @@ class AdvisorState:
         self._problem = "not loaded yet"
         self._gres_diffs: tuple[str, ...] = ()
         self._bound: dict[str, int] = {}
+        self._binding: set[str] = set()  # bind writes queued, not yet run
         # token -> (the request as decided on, its class, when): what a re-planning round needs
         # of every steered pending job, without reading the store for each one.
         self._requests: dict[str, tuple[JobDescription, str, float]] = {}
@@ -423,6 +439,7 @@ class AdvisorState:
                 static.campaign, static.labels, static.specs, static.skipped, features
             )
         view = self._view_from(static, nodes, jobs, taken, default_partition)
+        view = self._with_queue(view, self._view)
         with self._lock:
             if self._static is not None and self._static.campaign != static.campaign:
                 return None  # a reload raced us; the next refresh uses the new campaign
@@ -432,8 +449,46 @@ class AdvisorState:
             self.last_read_start = read_start
             self._cluster = self._with_reservations(view.base)
         for token, job_id in bound:
+            with self._lock:
+                if token in self._binding:
+                    continue  # still queued from an earlier read: one write per token
+                self._binding.add(token)
             self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))
         return view
+
+    def _with_queue(self, view: View, previous: View | None) -> View:
+        """``view`` with its steered pending queue and their placement requests (each job's GPU
+        ask is read once: the previous view's requests are reused while the campaign is the
+        same)."""
+        steered: list[tuple[JobState, dict[str, str]]] = []
+        for job in view.jobs:
+            if job.state != "PENDING" or not job.admin_comment or not replannable(job.reason):
+                continue
+            parsed = parse_admin_comment(job.admin_comment)
+            if parsed is not None and parsed.get("r"):
+                steered.append((job, parsed))
+        if not steered:
+            return view
+        known = self.requests_for(p["r"] for _, p in steered)
+        pending = []
+        for job, parsed in steered:
+            found = known.get(parsed["r"])
+            if found is None:
+                continue
+            original, job_class = found
+            pending.append(steered_job(job, parsed, original, job_class))
+        pending.sort(key=lambda p: (-p.priority, p.job_id))
+        reuse = previous is not None and previous.static.campaign == view.static.campaign
+        cache: dict[RequestKey, PlacementRequest | None] = {}
+        if reuse:
+            assert previous is not None
+            old = previous.requests
+            for p in pending:
+                key = (p.token, p.job_id, p.job_class)
+                if key in old:
+                    cache[key] = old[key]
+        requests_of(pending, labels=view.static.labels, cluster=view.base, known=cache)
+        return replace(view, pending=tuple(pending), requests=MappingProxyType(cache))
 
     def _view_from(
         self,
@@ -579,13 +634,17 @@ class AdvisorState:
     def _bind(self, store: Store, token: str, job_id: int) -> None:
         """Note a decision's Slurm job id (state ``bound`` unless it was re-planned already);
         runs on the writer thread."""
-        row = store.decision(token)
-        if row is None:
-            return  # not written yet (or not ours): the next refresh tries again
-        fresh = row["state"] in ("reserved", "waiting")
-        store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
-        with self._lock:
-            self._bound[token] = job_id
+        try:
+            row = store.decision(token)
+            if row is None:
+                return  # not written yet (or not ours): the next refresh tries again
+            fresh = row["state"] in ("reserved", "waiting")
+            store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
+            with self._lock:
+                self._bound[token] = job_id
+        finally:
+            with self._lock:
+                self._binding.discard(token)
 
     # -- the decide path ---------------------------------------------------------------------
     def decide(

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -30,6 +31,14 @@ app = typer.Typer(
 )
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+#: Outside systemd's journal (which stamps each line itself) a line carries its time: a slow
+#: round or a late answer can only be read against the Epilogs' and Slurm's own logs.
+STAMPED_LOG_FORMAT = "%(asctime)s.%(msecs)03d " + LOG_FORMAT
+
+
+def log_format(environ: Mapping[str, str]) -> str:
+    """:data:`LOG_FORMAT` under systemd (``JOURNAL_STREAM`` set), else with a timestamp."""
+    return LOG_FORMAT if environ.get("JOURNAL_STREAM") else STAMPED_LOG_FORMAT
 
 
 def _socket(app_state: AppState, socket: Path | None) -> Path:
@@ -102,12 +111,19 @@ def _run(
     init_store: bool = False,
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
+    from slurm_pal.advisor.heap import FrozenHeap
     from slurm_pal.advisor.metrics import MetricsExporter
     from slurm_pal.advisor.reload import Overrides, Reloader
     from slurm_pal.advisor.server import AdvisorServer, ReloadRefused
     from slurm_pal.advisor.state import AdvisorState
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=log_format(os.environ),
+        datefmt="%Y-%m-%dT%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
     config = app_state.config
     if policy is not None and policy not in ADVISOR_POLICIES:
         fail(f"unknown policy {policy!r}; valid: {', '.join(ADVISOR_POLICIES)}")
@@ -152,6 +168,7 @@ def _run(
         replan_s=replan_s,
         reload_config=lambda: reloader(server),
         applier=backend.applier,
+        heap=FrozenHeap(),
     )
     log = logging.getLogger("slurm_pal.advisor")
     done = threading.Event()
