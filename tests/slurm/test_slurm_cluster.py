@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_pal.adapters.slurm.parse import Gres
-from slurm_pal.adapters.slurm.state import CliStateReader
+from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
 from slurm_pal.example_campaign import generate_example_campaign
 
 pytestmark = pytest.mark.slurm
@@ -191,6 +191,18 @@ def test_state_reader_sees_a_running_job(slurm_lab) -> None:
         assert n.state == "mixed"
         assert n.used_gpu_indices() == {label: held}
         assert reader.jobs(job_ids=[job], states=["PENDING"]) == []
+        # The service's reader runs the commands and parses them in a worker process: it
+        # must read exactly what the in-process one reads, and report errors the same way.
+        apart = CliStateReader(tb.env, parse_apart=True)
+        try:
+            assert apart.jobs() == reader.jobs()
+            assert apart.nodes() == reader.nodes()
+            broken = CliStateReader({**tb.env, "SLURM_CONF": "/nonexistent"}, parse_apart=True)
+            with pytest.raises(SlurmQueryError, match="SLURM_CONF=/nonexistent does not exist"):
+                broken.jobs()
+            broken.close()
+        finally:
+            apart.close()
     finally:
         tb.run(["scancel", str(job)])
     assert tb.wait_job(job, 30) == "CANCELLED"

@@ -326,7 +326,9 @@ def choose_backend(
     env = dict(os.environ if env is None else env)
     cli_applier = ScontrolBatchApplier(env)
     if setting == "cli":
-        return BackendChoice("cli", CliStateReader(env), cli_applier, "advisor.slurm_backend = cli")
+        return BackendChoice(
+            "cli", CliStateReader(env, parse_apart=True), cli_applier, "advisor.slurm_backend = cli"
+        )
     try:
         module = import_pyslurm()
     except Exception as exc:  # ImportError, or libslurm missing/mismatched at load (OSError)
@@ -351,4 +353,6 @@ def choose_backend(
             f"advisor.slurm_backend = pyslurm, but {problem}; use auto or cli "
             "(README 'Slurm backends')"
         )
-    return BackendChoice("cli", CliStateReader(env), cli_applier, f"auto: {problem}")
+    return BackendChoice(
+        "cli", CliStateReader(env, parse_apart=True), cli_applier, f"auto: {problem}"
+    )

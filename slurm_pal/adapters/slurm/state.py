@@ -16,9 +16,14 @@ numbers as ``{"set", "infinite", "number"}``, TRES as ``gres/gpu:T:n``).
 from __future__ import annotations
 
 import json
+import logging
+import multiprocessing
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,6 +32,9 @@ from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_releas
 from slurm_pal.core.hostlist import expand
 
 Runner = Callable[[Sequence[str]], str]
+Parser = Callable[[str], Any]
+
+log = logging.getLogger("slurm_pal.adapters.slurm")
 
 
 class SlurmQueryError(RuntimeError):
@@ -114,11 +122,21 @@ class CliStateReader:
         timeout_s: float = 10.0,
         runner: Runner | None = None,
         release: SlurmRelease | None = None,
+        parse_apart: bool = False,
     ) -> None:
+        """``parse_apart``: run the commands and parse their JSON in a worker process (the
+        service's reader). ``squeue --json`` of 10,000 pending jobs is about 35 MB, and
+        ``json.loads`` holds the interpreter lock for its whole parse (0.2-0.3 s), then the
+        JobStates take as long again: in the service's own process that stalls every decide
+        and every job-end round an Epilog waits for. Unpickling the parsed jobs costs about
+        a tenth of that."""
         self.env = dict(os.environ if env is None else env)
         self.timeout_s = timeout_s
         self._runner = runner or self._run
         self._release = release
+        self.parse_apart = parse_apart and runner is None
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     @property
     def release(self) -> SlurmRelease:
@@ -133,7 +151,7 @@ class CliStateReader:
         if self.release.scontrol_json:
             command = ["scontrol", "show", "nodes", "--json"]
         try:
-            found = parse_sinfo_json(self._runner(command))
+            found = self._parsed(command, parse_sinfo_json)
         except SlurmTimeoutError:
             raise  # slurmctld does not answer: scontrol would not either
         except SlurmQueryError:  # no serializer/openapi plugin: the text form always works
@@ -150,7 +168,7 @@ class CliStateReader:
         command = ["squeue", "--json"]
         if self.release.squeue_json_filters:
             command.append("--states=all")  # the default hides ended jobs (22.05 shows all)
-        found = parse_squeue_json(self._runner(command))
+        found = self._parsed(command, parse_squeue_json)
         ids = None if job_ids is None else {int(j) for j in job_ids}
         st = None if states is None else {s.upper() for s in states}
         us = None if users is None else set(users)
@@ -173,36 +191,76 @@ class CliStateReader:
                 return kv["PartitionName"]
         return None
 
-    def _run(self, args: Sequence[str]) -> str:
-        conf = self.env.get("SLURM_CONF")
-        if conf and not os.path.isfile(conf):
-            raise SlurmQueryError(
-                f"SLURM_CONF={conf} does not exist: point it (or --slurm-conf) at the "
-                "cluster's slurm.conf"
-            )
+    def close(self) -> None:
+        """Stop the parsing worker, if one was started."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _parsed(self, command: Sequence[str], parser: Parser) -> Any:
+        """``parser`` over ``command``'s output: in the worker process when ``parse_apart``
+        (started at the first read, started again if it died), else here."""
+        if not self.parse_apart:
+            return parser(self._runner(command))
+        with self._pool_lock:
+            if self._pool is None:
+                # spawn, not fork: this process has threads, and a forked child inherits
+                # their locks in whatever state they were.
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            pool = self._pool
         try:
-            proc = subprocess.run(
-                list(args),
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise SlurmQueryError(
-                f"{args[0]} not found: install the Slurm client tools (slurm-client)"
-            ) from exc
-        except subprocess.TimeoutExpired as exc:
-            raise SlurmTimeoutError(
-                f"{' '.join(args)} gave no answer within {self.timeout_s:g} s: is slurmctld up "
-                "and SLURM_CONF right?"
-            ) from exc
-        if proc.returncode != 0:
-            raise SlurmQueryError(
-                f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
-            )
-        return proc.stdout
+            future = pool.submit(_read_parsed, self.env, list(command), self.timeout_s, parser)
+            return future.result()
+        except BrokenProcessPool:
+            log.warning("the Slurm parsing worker died: parsing here this time, a new one next")
+            with self._pool_lock:
+                if self._pool is pool:
+                    self._pool = None
+            return parser(self._runner(command))
+
+    def _run(self, args: Sequence[str]) -> str:
+        return run_slurm_command(self.env, args, self.timeout_s)
+
+
+def _read_parsed(
+    env: Mapping[str, str], command: Sequence[str], timeout_s: float, parser: Parser
+) -> Any:
+    """The parsing worker's task (module level, so it pickles by name)."""
+    return parser(run_slurm_command(env, command, timeout_s))
+
+
+def run_slurm_command(env: Mapping[str, str], args: Sequence[str], timeout_s: float) -> str:
+    """A Slurm client command's output; its failure as one :class:`SlurmQueryError` line."""
+    conf = env.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        raise SlurmQueryError(
+            f"SLURM_CONF={conf} does not exist: point it (or --slurm-conf) at the "
+            "cluster's slurm.conf"
+        )
+    try:
+        proc = subprocess.run(
+            list(args),
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise SlurmQueryError(
+            f"{args[0]} not found: install the Slurm client tools (slurm-client)"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmTimeoutError(
+            f"{' '.join(args)} gave no answer within {timeout_s:g} s: is slurmctld up "
+            "and SLURM_CONF right?"
+        ) from exc
+    if proc.returncode != 0:
+        raise SlurmQueryError(
+            f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+        )
+    return proc.stdout
 
 
 # -- parsers (pure) ---------------------------------------------------------------------------
