@@ -24,7 +24,13 @@ before Slurm reuses the GPUs. Reported:
   late): delivered later by the advisor's sweep, or still there;
 - ``last_update_s``: the ``scancel`` -> every ending job's round answered;
 - ``sbatch_ms_p50`` / ``_p99`` during the storm (a submitter runs throughout), and during the
-  fill (``fill_sbatch_ms_p99``).
+  fill (``fill_sbatch_ms_p99``);
+- ``stock_sbatch_ms_p50`` / ``_p99``: the same submitter's CPU-only, held jobs, one after each
+  GPU job. job_submit.lua does not ask the advisor about a job without GPUs, so these are
+  slurmctld's own time under the same storm: the baseline the GPU figure is read against
+  (``sbatch_p99_ratio``);
+- ``refused_share``: the updates Slurm refused over all the rounds sent (Slurm started the job
+  before the update arrived).
 
 Targets (the issue): every job-end round within the Epilog's wait (900 ms) at p99, no record
 spooled for lack of time, sbatch p99 < 100 ms.
@@ -151,11 +157,13 @@ def main() -> int:
         spooled_before = len(list(spool.glob("*"))) if spool.exists() else 0
         # The storm: `ending` holders end at once, while a submitter keeps going.
         storm: list[float] = []
+        stock: list[float] = []  # not asked: CPU-only (held, so they never take a node)
         stop = threading.Event()
 
         def submit_during() -> None:
             while not stop.is_set():
                 storm.append(sbatch(env, out, "--gres=gpu:1", "--wrap=sleep 3600"))
+                stock.append(sbatch(env, out, "--hold", "--wrap=sleep 3600"))
 
         submitter = threading.Thread(target=submit_during)
         submitter.start()
@@ -196,6 +204,12 @@ def main() -> int:
         report["storm_sbatch"] = len(storm)
         report["sbatch_ms_p50"] = round(percentile(storm, 0.5) * 1000, 1) if storm else None
         report["sbatch_ms_p99"] = round(percentile(storm, 0.99) * 1000, 1) if storm else None
+        report["stock_sbatch_ms_p50"] = round(percentile(stock, 0.5) * 1000, 1) if stock else None
+        report["stock_sbatch_ms_p99"] = round(percentile(stock, 0.99) * 1000, 1) if stock else None
+        if storm and stock:
+            report["sbatch_p99_ratio"] = round(percentile(storm, 0.99) / percentile(stock, 0.99), 2)
+        sent = report["updates_applied"] + report["updates_refused"]  # type: ignore[operator]
+        report["refused_share"] = round(report["updates_refused"] / sent, 3) if sent else None  # type: ignore[operator]
         report["decide_ms_p99"] = after.get("decide_ms_p99")
         report["mean_fill_sbatch_ms"] = round(statistics.fmean(fill) * 1000, 1)
     finally:
