@@ -486,18 +486,37 @@ def test_connections_past_the_bound_are_refused_with_one_line(adv_env: Env) -> N
         server.stop()
 
 
+def _node_uuids(server: AdvisorServer, node: str) -> set[str]:
+    labels = server.state.view.static.labels  # type: ignore[union-attr]
+    return {labels.uuid_at_slurm_index(node, i) for i in range(4)}
+
+
 def test_rounds_without_a_slurm_read_see_their_own_updates(served) -> None:
     """Job-end rounds work from the view without re-reading Slurm: a job the first round
-    routed must look routed to the second (it got no second untyped -> typed update, which
-    22.05 refuses on a typed job), until a Slurm read shows what Slurm holds."""
-    _, server, _ = served
+    routed is starting as far as the next rounds are concerned (its GPUs held, no second
+    update, which Slurm would refuse once it started the job, and which 22.05 refuses on a
+    typed job anyway), until a Slurm read shows what Slurm holds; the read's own rounds see
+    the update it wrote."""
+    env, server, _ = served
     recorder = _job_9_waits_on_a_full_cluster(served)
     server.state.refresh()
     record = {"job_id": 2, "node": "n02", "slurm_gpus": [0, 1, 2, 3]}
     first = server.replan_at_job_end(server.state.released_by(record))
     assert first.applied == [9] and len(recorder.updates) == 1
     second = server.replan_at_job_end(server.state.released_by(record))
-    assert second.updates == [] and second.unchanged == [9]
+    assert second.considered == 0 and second.updates == []
+    reserved = {r.job_id: r.uuids for r in server.state.reservations().values()}
+    assert set(reserved[9]) <= _node_uuids(server, "n02")  # still held for it
+    # Slurm did not start it: a later read shows it pending still, as the first round wrote
+    # it, and the next round plans it again: already where it would go, nothing to send.
+    (update,) = recorder.updates
+    job9 = env.slurm.jobs[-1]
+    job9.admin_comment = str(update.fields["admin_comment"])  # type: ignore[attr-defined]
+    job9.tres_per_node = "gres:" + str(update.fields["tres_per_node"]).removeprefix("gres:")  # type: ignore[attr-defined]
+    env.clock.now += 1
+    server.state.refresh()
+    third = server.replan_at_job_end(server.state.released_by(record))
+    assert third.considered == 1 and third.updates == [] and third.unchanged == [9]
     assert len(recorder.updates) == 1
 
 

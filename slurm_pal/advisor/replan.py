@@ -123,6 +123,9 @@ class ReplanResult:
     not_placed: list[int] = field(default_factory=list)
     kept: dict[int, str] = field(default_factory=dict)  # planned elsewhere, Slurm can't move it
     waiting: list[int] = field(default_factory=list)  # held off outlier GPUs, exclusion up to date
+    # job id -> (token, GPU UUIDs) of the unchanged jobs whose GPUs the round counted taken
+    # (left to Slurm where it would put them, or pinned already to the round's choice)
+    in_place: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     applied: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
 
@@ -297,12 +300,15 @@ def plan_replan(
 
     def review(request: PlacementRequest, placement: PlacementResult) -> Outcome:
         p, decision = jobs[request.job_id], decisions[request.job_id]
+        assert placement.allocation is not None
         if decision.left_to_slurm:
             result.unchanged.append(p.job_id)
+            result.in_place[p.job_id] = (p.token, placement.allocation.uuids)
             return Outcome.UNCHANGED
         chosen = _chosen(decision, labels)
         if p.current is not None and dict(p.current) == chosen and not p.kept_off:
             result.unchanged.append(p.job_id)
+            result.in_place[p.job_id] = (p.token, placement.allocation.uuids)
             return Outcome.UNCHANGED
         update = Update(p.job_id, p.token, decision, chosen, p.current, p)
         problem = transition_problem(update.change, release)

@@ -343,6 +343,9 @@ class AdvisorServer:
         self._last_purge: float | None = None
         # job id -> (when, admin comment, tres_per_node, tres_per_job) this service wrote
         self._written: dict[int, tuple[float, str, str, str]] = {}
+        # job id -> when a round placed it (routed, or left where Slurm will put it): starting
+        # now, as far as the rounds before Slurm's next read are concerned
+        self._placed: dict[int, float] = {}
         self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
         self._freed_by: dict[str, int] = {}  # ... -> the job whose end freed them
         self._next_round = 1
@@ -608,10 +611,17 @@ class AdvisorServer:
         state = self.state
         read_start = state.last_read_start if state.last_read_start is not None else view.taken
         self._written = {j: w for j, w in self._written.items() if w[0] >= read_start}
-        if not self._written:
+        # A job an earlier round placed is starting: that round's ends were answered, so Slurm
+        # is free to start it on the GPUs the round counted, and it holds them (a reservation)
+        # until a read shows it. Planning it again before then only races Slurm: a write that
+        # arrives after the start is refused ("no longer pending"), and wakes a full re-read.
+        self._placed = {j: t for j, t in self._placed.items() if t >= read_start}
+        if not self._written and not self._placed:
             return list(view.pending)
         pending: list[PendingJob] = []
         for p in view.pending:
+            if p.job_id in self._placed:
+                continue
             written = self._written.get(p.job_id)
             if written is None:
                 pending.append(p)
@@ -667,6 +677,13 @@ class AdvisorServer:
         planned = time.perf_counter()
         errors = self.applier.apply_many(changes)
         written = time.perf_counter()
+        placed_at = state.clock()
+        for job_id, (token, uuids) in result.in_place.items():
+            self._placed[job_id] = placed_at
+            state.reserve(token, uuids, job_id)
+            with self._end_lock:
+                for uuid in uuids:
+                    self._freed_at.pop(uuid, None)
         if written - started > SLOW_ROUND_S:
             log.info(
                 "slow round: %d pending jobs read in %.0f ms, planned in %.0f ms, "
@@ -701,6 +718,7 @@ class AdvisorServer:
                 log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
                 continue
             state.reserve(update.token, allocation.uuids, update.job_id)
+            self._placed[update.job_id] = placed_at
             with self._end_lock:  # given away: a later round must not count them free again
                 for uuid in allocation.uuids:  # (the next read may predate this job's start)
                     self._freed_at.pop(uuid, None)
