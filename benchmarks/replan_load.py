@@ -32,8 +32,12 @@ before Slurm reuses the GPUs. Reported:
 - ``refused_share``: the updates Slurm refused over all the rounds sent (Slurm started the job
   before the update arrived).
 
-Targets (the issue): every job-end round within the Epilog's wait (900 ms) at p99, no record
-spooled for lack of time, sbatch p99 < 100 ms.
+Targets: every job-end round within the Epilog's wait (900 ms) at p99, no record spooled for
+lack of time, sbatch p99 < 100 ms.
+
+``--stock`` runs the same fill and storm on the same testbed with no job_submit.lua, no hooks
+and no advisor (cons_tres placing untyped requests: what a site has today), and reports only the
+sbatch figures: what slurmctld alone does under this load, without the advisor's reads.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from pathlib import Path
 
 from slurm_pal.adapters.slurm.state import CliStateReader
 from slurm_pal.testbed import LocalSlurm
-from slurm_pal.testbed.run import FIFO, AdvisorArm, RunSettings, prepare
+from slurm_pal.testbed.run import FIFO, AdvisorArm, RunSettings, StockArm, prepare
 
 
 def sbatch(env: dict[str, str], out: Path, *args: str) -> float:
@@ -96,6 +100,9 @@ def main() -> int:
     parser.add_argument("--submitters", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="Keep the testbed folder.")
+    parser.add_argument(
+        "--stock", action="store_true", help="No advisor, plugin or hooks: sbatch figures only."
+    )
     args = parser.parse_args()
     if os.geteuid() != 0 or shutil.which("slurmctld") is None:
         print("replan_load: needs root and Debian's Slurm (bash scripts/install-slurm.sh)")
@@ -108,9 +115,18 @@ def main() -> int:
     root.chmod(0o755)
     # One host (loopback, records on the Unix socket): the figures before stay comparable;
     # benchmarks/job_end_latency.py measures the multi-host path.
-    settings = RunSettings(root=root, nodes=args.nodes, arms=("advisor",), multihost=False)
+    settings = RunSettings(
+        root=root,
+        nodes=args.nodes,
+        arms=("stock",) if args.stock else ("advisor",),
+        multihost=False,
+    )
     prep = prepare(settings, log)
-    arm = AdvisorArm()
+    arm = StockArm() if args.stock else AdvisorArm()
+
+    def stats() -> dict[str, object]:
+        return {} if isinstance(arm, StockArm) else arm.stats(prep)
+
     out = root / "out"
     out.mkdir()
     out.chmod(0o1777)
@@ -121,7 +137,12 @@ def main() -> int:
         extra_conf=(*FIFO, f"MaxJobCount={args.pending * 2 + 1000}"),
         **arm.testbed_options(prep),  # type: ignore[arg-type]
     )
-    report: dict[str, object] = {"pending": args.pending, "ending": args.ending, "gpus": gpus}
+    report: dict[str, object] = {
+        "arm": "stock" if args.stock else "advisor",
+        "pending": args.pending,
+        "ending": args.ending,
+        "gpus": gpus,
+    }
     try:
         tb.start()
         arm.start(tb, prep, log)
@@ -152,7 +173,7 @@ def main() -> int:
         report["fill_sbatch_ms_p99"] = round(percentile(fill, 0.99) * 1000, 1)
         log(f"filled in {report['fill_s']} s; sbatch p99 {report['fill_sbatch_ms_p99']} ms")
         time.sleep(12)  # two refreshes: the advisor's view holds every pending job
-        before = arm.stats(prep)
+        before = stats()
         spool = settings.work / "spool"
         spooled_before = len(list(spool.glob("*"))) if spool.exists() else 0
         # The storm: `ending` holders end at once, while a submitter keeps going.
@@ -175,12 +196,18 @@ def main() -> int:
         def ends_taken() -> int:
             """Ends answered by a round, plus records the spool sweep delivered (their Epilog
             gave up waiting: no round at their end)."""
-            now = arm.stats(prep)
+            now = stats()
             return sum(
                 int(now.get(key, 0)) - int(before.get(key, 0))  # type: ignore[call-overload]
                 for key in ("replans_at_job_end", "spool_applied")
             )
 
+        if args.stock:  # no rounds to wait for: as long a storm as the advisor's runs take
+            time.sleep(5.0)
+            stop.set()
+            submitter.join(timeout=60)
+            storm_figures(report, storm, stock)
+            return finish(report, args)
         done = wait_until(
             lambda: ends_taken() >= args.ending, 120, "the job-end rounds", required=False
         )
@@ -189,7 +216,7 @@ def main() -> int:
         time.sleep(3.0)
         stop.set()
         submitter.join(timeout=60)
-        after = arm.stats(prep)
+        after = stats()
         for key in ("job_end_ms_p50", "job_end_ms_p99", "job_end_ms_max"):
             report[key] = after.get(key)
         report["rounds"] = int(after["replans"]) - int(before["replans"])  # type: ignore[arg-type]
@@ -201,13 +228,7 @@ def main() -> int:
         left = (len(list(spool.glob("*"))) if spool.exists() else 0) - spooled_before
         swept = int(after["spool_applied"]) - int(before["spool_applied"])  # type: ignore[arg-type]
         report["records_spooled"] = left + swept
-        report["storm_sbatch"] = len(storm)
-        report["sbatch_ms_p50"] = round(percentile(storm, 0.5) * 1000, 1) if storm else None
-        report["sbatch_ms_p99"] = round(percentile(storm, 0.99) * 1000, 1) if storm else None
-        report["stock_sbatch_ms_p50"] = round(percentile(stock, 0.5) * 1000, 1) if stock else None
-        report["stock_sbatch_ms_p99"] = round(percentile(stock, 0.99) * 1000, 1) if stock else None
-        if storm and stock:
-            report["sbatch_p99_ratio"] = round(percentile(storm, 0.99) / percentile(stock, 0.99), 2)
+        storm_figures(report, storm, stock)
         sent = report["updates_applied"] + report["updates_refused"]  # type: ignore[operator]
         report["refused_share"] = round(report["updates_refused"] / sent, 3) if sent else None  # type: ignore[operator]
         report["decide_ms_p99"] = after.get("decide_ms_p99")
@@ -217,6 +238,21 @@ def main() -> int:
         tb.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    return finish(report, args)
+
+
+def storm_figures(report: dict[str, object], storm: list[float], stock: list[float]) -> None:
+    """sbatch during the storm: GPU jobs (asked about, in the advisor arm) and CPU-only ones."""
+    report["storm_sbatch"] = len(storm)
+    report["sbatch_ms_p50"] = round(percentile(storm, 0.5) * 1000, 1) if storm else None
+    report["sbatch_ms_p99"] = round(percentile(storm, 0.99) * 1000, 1) if storm else None
+    report["stock_sbatch_ms_p50"] = round(percentile(stock, 0.5) * 1000, 1) if stock else None
+    report["stock_sbatch_ms_p99"] = round(percentile(stock, 0.99) * 1000, 1) if stock else None
+    if storm and stock:
+        report["sbatch_p99_ratio"] = round(percentile(storm, 0.99) / percentile(stock, 0.99), 2)
+
+
+def finish(report: dict[str, object], args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
