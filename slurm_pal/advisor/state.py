@@ -140,6 +140,9 @@ class View:
     requests: Mapping[RequestKey, PlacementRequest | None] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # token -> the job carrying it in its admin comment (every state): parsed once per read,
+    # off the lock decides take
+    by_token: Mapping[str, JobState] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class StoreWriter:
@@ -461,12 +464,17 @@ class AdvisorState:
         ask is read once: the previous view's requests are reused while the campaign is the
         same)."""
         steered: list[tuple[JobState, dict[str, str]]] = []
+        by_token: dict[str, JobState] = {}
         for job in view.jobs:
-            if job.state != "PENDING" or not job.admin_comment or not replannable(job.reason):
+            if not job.admin_comment:
                 continue
             parsed = parse_admin_comment(job.admin_comment)
-            if parsed is not None and parsed.get("r"):
+            if parsed is None or not parsed.get("r"):
+                continue
+            by_token[parsed["r"]] = job
+            if job.state == "PENDING" and replannable(job.reason):
                 steered.append((job, parsed))
+        view = replace(view, by_token=MappingProxyType(by_token))
         if not steered:
             return view
         known = self.requests_for(p["r"] for _, p in steered)
@@ -569,11 +577,7 @@ class AdvisorState:
             if read_start is None
             else read_start - self.config.advisor.submit_timeout_ms / 1000 - 1.0
         )
-        seen: dict[str, JobState] = {}
-        for job in view.jobs:
-            parsed = parse_admin_comment(job.admin_comment) if job.admin_comment else None
-            if parsed and parsed.get("r"):
-                seen[parsed["r"]] = job
+        seen = view.by_token
         # Every job carrying one of our tokens is bound once (also jobs that already run, and
         # after a restart): the Epilog's record finds the decision through the job id.
         # Until the write succeeds (the decision row may still be in the writer's queue), a
