@@ -23,6 +23,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -200,23 +201,38 @@ class CliStateReader:
 
     def _parsed(self, command: Sequence[str], parser: Parser) -> Any:
         """``parser`` over ``command``'s output: in the worker process when ``parse_apart``
-        (started at the first read, started again if it died), else here."""
+        (started at the first read, started again if it died or hung), else here. Where no
+        worker can start (no /dev/shm for its semaphores, say) the reads are parsed here."""
         if not self.parse_apart:
             return parser(self._runner(command))
         with self._pool_lock:
             if self._pool is None:
-                # spawn, not fork: this process has threads, and a forked child inherits
-                # their locks in whatever state they were.
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                try:
+                    # spawn, not fork: this process has threads, and a forked child inherits
+                    # their locks in whatever state they were.
+                    context = multiprocessing.get_context("spawn")
+                    self._pool = ProcessPoolExecutor(1, mp_context=context)
+                except (OSError, ImportError) as exc:
+                    log.warning("no Slurm parsing worker (%s): reads are parsed in process", exc)
+                    self.parse_apart = False
             pool = self._pool
+        if pool is None:
+            return parser(self._runner(command))
         try:
             future = pool.submit(_read_parsed, self.env, list(command), self.timeout_s, parser)
-            return future.result()
-        except BrokenProcessPool:
-            log.warning("the Slurm parsing worker died: parsing here this time, a new one next")
+            # the command has its own timeout inside; this one is for the worker itself
+            return future.result(timeout=2 * self.timeout_s + 30)
+        except (BrokenProcessPool, FutureTimeout) as exc:
             with self._pool_lock:
                 if self._pool is pool:
                     self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(exc, FutureTimeout):
+                raise SlurmTimeoutError(
+                    f"the Slurm parsing worker gave no answer for {' '.join(command)}: "
+                    "a new one starts at the next read"
+                ) from exc
+            log.warning("the Slurm parsing worker died: parsing here this time, a new one next")
             return parser(self._runner(command))
 
     def _run(self, args: Sequence[str]) -> str:
