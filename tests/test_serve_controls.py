@@ -261,6 +261,7 @@ def test_metrics_endpoint_counts_decisions_latency_and_fail_opens(service: Servi
     assert before["slurm_pal_decide_duration_seconds_count"] == 0
     assert before["slurm_pal_fail_open_total"] == 0
     assert before["slurm_pal_slurm_read_errors_total"] >= 1  # no Slurm here
+    assert before["slurm_pal_slurm_read_duration_seconds_count"] == 0  # failed reads: not timed
     client = AdvisorClient(str(service.socket))
     for _ in range(3):  # no Slurm view: every GPU job passes
         assert client.request({"op": "decide", "job": GPU_JOB}, 10)["action"] == "pass"
@@ -345,10 +346,15 @@ def test_histograms_are_cumulative_and_counters_feed_them() -> None:
     counters.decide_ms(0.4)
     counters.replan_round_ms(120.0)
     counters.job_end_ms(80.0)
+    for ms in (300.0, 2400.0):  # Slurm reads: a large queue takes seconds
+        counters.slurm_read_ms(ms)
     got = counters.histograms()
     assert got["decide"].cumulative()[0] == (0.0005, 1)
     assert got["replan_round"].count == 1 and got["replan_round"].sum == pytest.approx(0.12)
     assert got["job_end"].count == 1
+    assert got["slurm_read"].count == 2 and got["slurm_read"].sum == pytest.approx(2.7)
+    snapshot = counters.snapshot()
+    assert snapshot["slurm_read_ms_max"] == 2400.0 and snapshot["slurm_read_ms_p50"] is not None
     got["decide"].observe(1.0)  # a copy: the counters' own histogram is unchanged
     assert counters.histograms()["decide"].count == 1
 

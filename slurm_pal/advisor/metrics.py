@@ -92,6 +92,10 @@ HISTOGRAMS = {
         "job_end_wait_seconds",
         "How long an Epilog waited for its answer (its round and the record's store write).",
     ),
+    "slurm_read": (
+        "slurm_read_duration_seconds",
+        "Slurm reads (squeue, sinfo, parsed; the pending queue worked out) by the refresh thread.",
+    ),
 }
 
 

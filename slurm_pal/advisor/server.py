@@ -98,11 +98,13 @@ class Counters:
         self._values = dict.fromkeys(self.NAMES, 0)
         self._latency: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._end_rounds: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self._reads: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         # Cumulative since start, for the Prometheus endpoint (the windows above are for stats).
         self._histograms = {
             "decide": Histogram(DECIDE_BUCKETS),
             "replan_round": Histogram(ROUND_BUCKETS),
             "job_end": Histogram(ROUND_BUCKETS),
+            "slurm_read": Histogram(ROUND_BUCKETS),
         }
         self._clock = clock
         self._started = clock()
@@ -128,8 +130,16 @@ class Counters:
             self._end_rounds.append(ms)
             self._histograms["job_end"].observe(ms / 1000)
 
+    def slurm_read_ms(self, ms: float) -> None:
+        """How long one Slurm read took (jobs and nodes, parsed, the queue worked out): what a
+        large queue costs the refresh thread, and slurmctld with it."""
+        with self._lock:
+            self._reads.append(ms)
+            self._histograms["slurm_read"].observe(ms / 1000)
+
     def histograms(self) -> dict[str, Histogram]:
-        """Copies of the cumulative histograms (seconds): decide, replan_round, job_end."""
+        """Copies of the cumulative histograms (seconds): decide, replan_round, job_end,
+        slurm_read."""
         with self._lock:
             return {name: h.copy() for name, h in self._histograms.items()}
 
@@ -138,12 +148,15 @@ class Counters:
             out: dict[str, object] = dict(self._values)
             window = sorted(self._latency)
             ends = sorted(self._end_rounds)
+            reads = sorted(self._reads)
         out["decide_ms_p50"] = _percentile(window, 0.50)
         out["decide_ms_p99"] = _percentile(window, 0.99)
         out["decide_window"] = len(window)
         out["job_end_ms_p50"] = _percentile(ends, 0.50)
         out["job_end_ms_p99"] = _percentile(ends, 0.99)
         out["job_end_ms_max"] = ends[-1] if ends else None
+        out["slurm_read_ms_p50"] = _percentile(reads, 0.50)
+        out["slurm_read_ms_max"] = reads[-1] if reads else None
         out["uptime_s"] = round(self._clock() - self._started, 3)
         return out
 
@@ -452,11 +465,14 @@ class AdvisorServer:
 
     # -- background work ------------------------------------------------------------------------
     def _refresh_once(self) -> None:
+        started = time.perf_counter()
         try:
             self.state.refresh()
         except Exception as exc:
             self.counters.add("refresh_errors")
             log.warning("refresh failed (old view kept): %s", exc)
+        else:
+            self.counters.slurm_read_ms(round((time.perf_counter() - started) * 1000, 1))
 
     def _purge_when_due(self) -> None:
         """Once a day (and at start): delete what is older than ``store.retention_days``."""
