@@ -9,28 +9,28 @@ exactly its Unix socket and the one TCP port of ``advisor.listen``.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import socket
-import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from slurm_pal.adapters.slurm.state import CliStateReader
-from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
-from slurm_pal.hooks.spool import DeliveryError, request, spooled, tcp_request
-from slurm_pal.testbed import LocalSlurm, NodeSpec
-from tests.slurm.conftest import require_slurm
-from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
+from slurm_pal.hooks.spool import spooled, tcp_request
+from slurm_pal.testbed import LocalSlurm
+from tests.helpers.slurm_lab import (
+    AdvisorLab,
+    free_port,
+    fresh_testbed_dir,
+    render_site,
+    rendered_hooks,
+    rendered_nodes,
+    require_slurm,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,70 +44,13 @@ def _user_python() -> str:
     pytest.skip("no system python3 for the unprivileged user")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Lab:
-    tb: LocalSlurm
-    root: Path
-    db: Path
-    config: Path
-    sock: Path
-    address: str
+@dataclass(kw_only=True)
+class Lab(AdvisorLab):
+    address: str  # the advisor's TCP listener, where the hooks send
     spool: Path
-    advisor: subprocess.Popen | None = None
-
-    def ask(self, op: str) -> dict:
-        return request(str(self.sock), {"v": 1, "op": op}, 5.0)
-
-    def start_advisor(self) -> None:
-        log = (self.root / "log" / "advisor.log").open("ab")
-        self.advisor = subprocess.Popen(
-            [sys.executable, "-m", "slurm_pal.cli.main", "--db", str(self.db), "--config",
-             str(self.config), "serve"],
-            env={**self.tb.env, "SLURM_PAL_CONFIG": ""},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.advisor.poll() is None, self.log()
-            try:
-                if self.ask("health").get("ok"):
-                    return
-            except DeliveryError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"slurm-pal serve did not answer:\n{self.log()}")
-
-    def stop_advisor(self) -> None:
-        if self.advisor is not None and self.advisor.poll() is None:
-            self.advisor.terminate()
-            self.advisor.wait(timeout=30)
 
     def log(self) -> str:
-        return (self.root / "log" / "advisor.log").read_text(errors="replace")
-
-    def sbatch(self, *args: str, user: str = "nobody") -> int:
-        out = self.root / "out"
-        cmd = ["runuser", "-u", user, "--", "sbatch", "--parsable", "-o", f"{out}/%j.out",
-               "--chdir", str(out), *args]  # fmt: skip
-        proc = subprocess.run(cmd, env=self.tb.env, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        return int(proc.stdout.strip().split(";")[0])
-
-    def records(self, job_id: int) -> list[tuple[str, str]]:
-        with sqlite3.connect(self.db) as db:
-            rows = db.execute(
-                "SELECT node, kind FROM job_records WHERE job_id = ? ORDER BY node, kind",
-                (job_id,),
-            )
-            return [tuple(r) for r in rows]  # type: ignore[misc]
+        return self.advisor_log()
 
     def wait_records(self, job_id: int, count: int) -> list[tuple[str, str]]:
         deadline = time.monotonic() + 60
@@ -121,7 +64,7 @@ class Lab:
     def nodes_of(self, job_id: int) -> tuple[str, ...]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            jobs = {j.job_id: j for j in CliStateReader(self.tb.env).jobs()}
+            jobs = self.jobs()
             if job_id in jobs and jobs[job_id].state == "RUNNING":
                 return jobs[job_id].nodes
             time.sleep(0.2)
@@ -138,7 +81,7 @@ def lab() -> Iterator[Lab]:
     (root / "out").chmod(0o1777)
     db, config, sock = work / "store.db", work / "site.toml", root / "adv" / "advisor.sock"
     spool = root / "spool"
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     munge_socket = root / "run" / "munge" / "munge.socket.2"  # LocalSlurm's munged
     config.write_text(
         f'[advisor]\nsocket = "{sock}"\nrefresh_s = 1.0\nreplan_s = 0\n'
@@ -149,37 +92,22 @@ def lab() -> Iterator[Lab]:
     )
     csv = work / "example.csv"
     generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
-    base = ["--db", str(db), "--config", str(config)]
-    for args in (
-        ["profile", "ingest", str(csv), "--campaign", "example"],
-        ["site", "render", "--out", str(work / "site"), "--device-pattern", "/dev/tty{index}"],
-    ):
-        result = CliRunner().invoke(app, [*base, *args], env={"SLURM_PAL_CONFIG": None})
-        assert result.exit_code == 0, result.output
-    site = work / "site"
-    labels = json.loads((site / "labels.json").read_text())
-    nodes = [
-        NodeSpec(n, tuple(g["label"] for g in sorted(gpus, key=lambda g: g["index"])))
-        for n, gpus in labels["nodes"].items()
-    ]
-    tb = LocalSlurm(
-        root,
-        nodes,
-        job_submit_lua=(site / "job_submit.lua").read_text(),
-        prolog=str(site / "prolog.sh"),
-        epilog=str(site / "epilog.sh"),
+    labels = render_site(db, csv, work / "site", config=config)
+    tb = LocalSlurm(root, rendered_nodes(labels), **rendered_hooks(work / "site"))
+    assert tb.munge_socket == munge_socket
+    the = Lab(
+        tb=tb,
+        root=root,
+        db=db,
+        config=config,
+        socket=sock,
+        log_path=root / "log" / "advisor.log",
+        submit_user="nobody",
+        address=address,
+        spool=spool,
     )
-    the = Lab(tb, root, db, config, sock, address, spool)
-    try:
-        tb.start()
-        assert tb.munge_socket == munge_socket
-        the.start_advisor()
+    with the.running():
         yield the
-    finally:
-        the.stop_advisor()
-        tb.stop()
-        if not os.environ.get("SLURM_PAL_KEEP_TESTBED"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_rendered_hooks_deliver_over_tcp_and_a_multi_node_end_is_one_round(lab: Lab) -> None:
@@ -246,7 +174,7 @@ def test_an_unprivileged_user_cannot_reach_the_service_or_its_store(lab: Lab) ->
 
     # the Unix socket (decide, replan, reload, stats): not even a connection
     proc = as_nobody(
-        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(lab.sock)!r})"
+        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(lab.socket)!r})"
     )
     assert proc.returncode != 0 and "PermissionError" in proc.stderr
     # the store: unreadable
@@ -297,6 +225,6 @@ def test_the_advisor_listens_on_exactly_its_socket_and_the_configured_port(lab: 
     assert lab.advisor is not None
     unix, tcp = _listening(lab.advisor.pid)
     host, port = lab.address.rsplit(":", 1)
-    assert unix == {str(lab.sock)}
+    assert unix == {str(lab.socket)}
     assert tcp == {(host, int(port))}
-    assert oct(lab.sock.stat().st_mode & 0o777) == "0o660"
+    assert oct(lab.socket.stat().st_mode & 0o777) == "0o660"
