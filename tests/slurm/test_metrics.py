@@ -8,88 +8,39 @@ reservation of a held job."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from typer.testing import CliRunner
 
-from slurm_pal.adapters.slurm.state import CliStateReader, JobState
-from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.decide import parse_admin_comment
-from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
-from slurm_pal.testbed import LocalSlurm, NodeSpec
-from tests.slurm.conftest import FEATURES, require_slurm
-from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
+from slurm_pal.testbed import LocalSlurm
+from tests.helpers.slurm_lab import (
+    FEATURES,
+    AdvisorLab,
+    free_port,
+    fresh_testbed_dir,
+    render_site,
+    rendered_hooks,
+    rendered_nodes,
+    require_slurm,
+)
 
 pytestmark = pytest.mark.slurm
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Site:
-    tb: LocalSlurm
-    root: Path
-    db: Path
-    config: Path
-    socket: Path
-    port: int
-    advisor: subprocess.Popen[bytes] | None = None
-
-    def start_advisor(self) -> None:
-        log = (self.root / "advisor.log").open("ab")
-        self.advisor = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "slurm_pal.cli.main", "--db", str(self.db)),
-                *("--config", str(self.config), "serve"),
-            ],
-            env={**self.tb.env, "SLURM_PAL_CONFIG": ""},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.advisor.poll() is None, self.log()
-            try:
-                if self.ask("health").get("ok"):
-                    return
-            except AdvisorUnavailable:
-                time.sleep(0.1)
-        raise AssertionError(f"serve did not answer:\n{self.log()}")
-
-    def stop_advisor(self) -> None:
-        if self.advisor is not None and self.advisor.poll() is None:
-            self.advisor.send_signal(signal.SIGTERM)
-            try:
-                self.advisor.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.advisor.kill()
-                self.advisor.wait()
-        self.advisor = None
-
-    def ask(self, op: str) -> dict:
-        return AdvisorClient(str(self.socket)).request({"op": op}, 10)
+@dataclass(kw_only=True)
+class Site(AdvisorLab):
+    port: int  # the Prometheus endpoint's
 
     def log(self) -> str:
-        path = self.root / "advisor.log"
-        return path.read_text()[-4000:] if path.exists() else ""
+        return self.advisor_log()[-4000:]
 
     def scrape(self) -> dict[str, float]:
         """GET /metrics, parsed by prometheus-client's own parser."""
@@ -104,16 +55,6 @@ class Site:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
-
-    def sbatch(self, *args: str) -> int:
-        out = self.root / "out"
-        cmd = ["sbatch", "--parsable", "-o", str(out / "%j.out"), "--chdir", str(out), *args]
-        proc = subprocess.run(cmd, env=self.tb.env, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, f"{cmd}: {proc.stderr}"
-        return int(proc.stdout.strip().split(";")[0])
-
-    def jobs(self) -> dict[int, JobState]:
-        return {j.job_id: j for j in CliStateReader(self.tb.env).jobs()}
 
     def ended(self, job_id: int) -> bool:
         """Gone from squeue or shown in a final state (squeue keeps ended jobs a while)."""
@@ -137,7 +78,7 @@ def site() -> Iterator[Site]:
     out.mkdir()
     db = work / "store.db"
     sock = root / "adv" / "advisor.sock"
-    port = _free_port()
+    port = free_port()
     config = work / "site.toml"
     config.write_text(
         f'[advisor]\nsocket = "{sock}"\nrefresh_s = 1.0\nreplan_s = 0\n'
@@ -147,36 +88,19 @@ def site() -> Iterator[Site]:
     )
     csv = work / "example.csv"
     generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
-    base = ["--db", str(db), "--config", str(config)]
-    for args in (
-        ["profile", "ingest", str(csv), "--campaign", "example"],
-        ["site", "render", "--out", str(work / "site"), "--device-pattern", "/dev/tty{index}"],
-    ):
-        result = CliRunner().invoke(app, [*base, *args], env={"SLURM_PAL_CONFIG": None})
-        assert result.exit_code == 0, result.output
-    rendered = work / "site"
-    labels = json.loads((rendered / "labels.json").read_text())
-    nodes = [
-        NodeSpec(n, tuple(g["label"] for g in sorted(gpus, key=lambda g: g["index"])), FEATURES[n])
-        for n, gpus in labels["nodes"].items()
-    ]
-    tb = LocalSlurm(
-        root,
-        nodes,
-        job_submit_lua=(rendered / "job_submit.lua").read_text(),
-        prolog=str(rendered / "prolog.sh"),
-        epilog=str(rendered / "epilog.sh"),
+    labels = render_site(db, csv, work / "site", config=config)
+    tb = LocalSlurm(root, rendered_nodes(labels, FEATURES), **rendered_hooks(work / "site"))
+    the_site = Site(
+        tb=tb,
+        root=root,
+        db=db,
+        config=config,
+        socket=sock,
+        log_path=root / "advisor.log",
+        port=port,
     )
-    the_site = Site(tb, root, db, config, sock, port)
-    try:
-        tb.start()
-        the_site.start_advisor()
+    with the_site.running():
         yield the_site
-    finally:
-        the_site.stop_advisor()
-        tb.stop()
-        if not os.environ.get("SLURM_PAL_KEEP_TESTBED"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_scrape_shows_decisions_records_rounds_and_fail_opens(site: Site) -> None:
