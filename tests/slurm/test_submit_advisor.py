@@ -12,13 +12,10 @@ with ``sleep`` and are cancelled by each test, so every test starts from an empt
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,21 +23,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from slurm_pal.adapters.slurm.state import CliStateReader, JobState
+from slurm_pal.adapters.slurm.state import JobState
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.decide import parse_admin_comment
-from slurm_pal.cli.main import app
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import get_policy
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
 from slurm_pal.example_campaign import DEFAULT_SHAPES, ClassShape, generate_example_campaign
-from slurm_pal.hooks.spool import DeliveryError, request, spooled
-from slurm_pal.testbed import LocalSlurm, NodeSpec
-from tests.slurm.conftest import FEATURES, require_slurm, stored_tres
-from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
+from slurm_pal.hooks.spool import spooled
+from slurm_pal.testbed import LocalSlurm
+from tests.helpers.slurm_lab import (
+    FEATURES,
+    AdvisorLab,
+    fresh_testbed_dir,
+    render_site,
+    rendered_hooks,
+    rendered_nodes,
+    require_slurm,
+    stored_tres,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -50,76 +53,20 @@ ACROSS = 1.7
 SLEEP = "sleep 300"
 
 
-@dataclass
-class Lab:
-    tb: LocalSlurm
-    root: Path
-    db: Path
-    config: Path
-    site: Path
-    socket: Path
+@dataclass(kw_only=True)
+class Lab(AdvisorLab):
     spool: Path
     slurm_labels: dict[str, dict[int, str]]  # node -> {Slurm GPU index: label}
     uuid_of: dict[tuple[str, int], str]  # (node, Slurm index) -> uuid
     specs: list[GpuSpec]
     label_scores: dict[str, dict[str, float]]  # label -> class -> PM-score
-    advisor: subprocess.Popen | None = None
     stand_in: socket.socket | None = None
     held: list[socket.socket] = field(default_factory=list)
 
     # -- the advisor ------------------------------------------------------------------------
-    def ask(self, message: dict, timeout_s: float = 5.0) -> dict:
-        return request(str(self.socket), {"v": 1, **message}, timeout_s)
-
-    def start_advisor(self) -> None:
-        self.stop_advisor()
-        log = (self.root / "log" / "advisor.log").open("ab")
-        self.advisor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slurm_pal.cli.main",
-                "--db",
-                str(self.db),
-                "--config",
-                str(self.config),
-                "serve",
-                "--foreground",
-            ],
-            env={**self.tb.env, "SLURM_PAL_CONFIG": ""},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.advisor.poll() is not None:
-                raise AssertionError(f"slurm-pal serve exited:\n{self.advisor_log()}")
-            try:
-                if self.ask({"op": "health"}, 1.0).get("ok"):
-                    return
-            except DeliveryError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"slurm-pal serve did not answer health:\n{self.advisor_log()}")
-
     def stop_advisor(self, kill: bool = False) -> None:
-        if self.advisor is not None and self.advisor.poll() is None:
-            if kill:
-                self.advisor.kill()
-            else:
-                self.advisor.terminate()
-            try:
-                self.advisor.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.advisor.kill()
-                self.advisor.wait(timeout=20)
-        self.advisor = None
+        super().stop_advisor(kill)
         self.stop_stand_in()
-
-    def advisor_log(self) -> str:
-        path = self.root / "log" / "advisor.log"
-        return path.read_text()[-3000:] if path.exists() else ""
 
     def ctld_log_size(self) -> int:
         return (self.tb.log_dir / "slurmctld.log").stat().st_size
@@ -175,19 +122,6 @@ class Lab:
         self.held.clear()
 
     # -- Slurm ------------------------------------------------------------------------------
-    def sbatch(self, *args: str, user: str | None = None) -> int:
-        out_dir = self.root / "out"
-        opts = ["--parsable", "-o", str(out_dir / "%j.out"), "--chdir", str(out_dir), *args]
-        cmd = ["sbatch", *opts]
-        if user is not None:
-            cmd = ["runuser", "-u", user, "--", *cmd]
-        proc = subprocess.run(cmd, env=self.tb.env, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, f"{cmd}: {proc.stderr}"
-        return int(proc.stdout.strip().split(";")[0])
-
-    def jobs(self) -> dict[int, JobState]:
-        return {j.job_id: j for j in CliStateReader(self.tb.env).jobs()}
-
     def wait_running(self, *job_ids: int) -> dict[int, JobState]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -225,18 +159,6 @@ class Lab:
                 return
             time.sleep(0.2)
         raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
-
-    def wait_advisor_sees_all_free(self) -> None:
-        """The advisor's view refreshes every refresh_s: wait until it shows every GPU free
-        and no reservation, so a test's decisions start from the state the test assumes."""
-        deadline = time.monotonic() + 30
-        health: dict = {}
-        while time.monotonic() < deadline:
-            health = self.ask({"op": "health"})
-            if health.get("free") == health.get("gpus") == 16 and not health.get("reservations"):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"the advisor still sees busy GPUs: {health}")
 
     def score(self, node: str, slurm_index: int, job_class: str) -> float:
         return self.label_scores[self.slurm_labels[node][slurm_index]][job_class]
@@ -302,23 +224,8 @@ def lab() -> Iterator[Lab]:
     )
     csv = work / "example.csv"
     _campaign_csv(csv)
-    runner = CliRunner()
-    env = {"SLURM_PAL_CONFIG": None}
-    base = ["--db", str(db), "--config", str(config)]
-    for args in (
-        ["profile", "ingest", str(csv), "--campaign", "example"],
-        ["apps", "set", "resnet", "--class", "A"],
-        ["apps", "set", "vgg", "--class", "C"],
-        ["site", "render", "--out", str(work / "site"), "--device-pattern", "/dev/tty{index}"],
-    ):
-        result = runner.invoke(app, [*base, *args], env=env)
-        assert result.exit_code == 0, result.output
     site = work / "site"
-    labels = json.loads((site / "labels.json").read_text())
-    nodes = []
-    for node, gpus in labels["nodes"].items():
-        by_index = {g["index"]: g["label"] for g in gpus}
-        nodes.append(NodeSpec(node, tuple(by_index[i] for i in sorted(by_index)), FEATURES[node]))
+    labels = render_site(db, csv, site, config=config, apps={"resnet": "A", "vgg": "C"})
     slurm_labels = {
         n: {g["slurm_index"]: g["label"] for g in gpus} for n, gpus in labels["nodes"].items()
     }
@@ -338,34 +245,30 @@ def lab() -> Iterator[Lab]:
     label_scores = {
         g["label"]: per_uuid[g["uuid"]] for gpus in labels["nodes"].values() for g in gpus
     }
-    tb = LocalSlurm(
-        root,
-        nodes,
-        job_submit_lua=(site / "job_submit.lua").read_text(),
-        prolog=str(site / "prolog.sh"),
-        epilog=str(site / "epilog.sh"),
-    )
+    tb = LocalSlurm(root, rendered_nodes(labels, FEATURES), **rendered_hooks(site))
     the_lab = Lab(
-        tb, root, db, config, site, sock, spool, slurm_labels, uuid_of, specs, label_scores
+        tb=tb,
+        root=root,
+        db=db,
+        config=config,
+        socket=sock,
+        log_path=root / "log" / "advisor.log",
+        spool=spool,
+        slurm_labels=slurm_labels,
+        uuid_of=uuid_of,
+        specs=specs,
+        label_scores=label_scores,
     )
-    try:
-        tb.start()
-        the_lab.start_advisor()
+    with the_lab.running():
         yield the_lab
-    finally:
-        the_lab.stop_advisor()
-        tb.stop()
-        if not os.environ.get("SLURM_PAL_KEEP_TESTBED"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def clean(lab: Lab) -> Iterator[Lab]:
     """The advisor running, no jobs, afterwards every job cancelled."""
-    if lab.advisor is None or lab.advisor.poll() is not None:
-        lab.start_advisor()
+    lab.ensure_advisor()
     lab.cancel_all()
-    lab.wait_advisor_sees_all_free()
+    lab.wait_advisor_sees_all_free(16)
     try:
         yield lab
     finally:
