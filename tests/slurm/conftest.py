@@ -7,15 +7,14 @@ this directory once per release. The release's programs go first on this process
 the advisor's own sinfo/squeue/scontrol calls talk to the same release as the testbed.
 
 Missing Slurm binaries skip these tests locally, but fail them in CI (CI=true), where
-`bash .ci/run` installs Slurm through scripts/setup.sh dev."""
+`bash .ci/run` installs Slurm through scripts/setup.sh dev. The setup the modules share (the
+rendered site, a testbed with its hooks, a running advisor) is in tests/helpers/slurm_lab.py."""
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +22,24 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release
+from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
-from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
-from slurm_pal.testbed.cluster import default_release, release_bin_dir
+from slurm_pal.testbed import LocalSlurm
+from slurm_pal.testbed.cluster import release_bin_dir
+from tests.helpers.slurm_lab import (
+    FEATURES,
+    RELEASE,
+    release_of,
+    render_site,
+    rendered_nodes,
+    require_slurm,
+)
 
-RELEASE = default_release()
+# Modules that import these from here rather than from tests/helpers/slurm_lab.py still work.
+from tests.helpers.slurm_lab import fresh_testbed_dir as testbed_dir
+from tests.helpers.slurm_lab import stored_tres as stored_tres
+
 if (_bin := release_bin_dir(RELEASE)) is not None:
     os.environ["PATH"] = f"{_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
@@ -51,7 +61,6 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   return slurm.SUCCESS
 end
 """
-FEATURES = {"n01": ("rackA",), "n02": ("rackA",), "n03": ("rackB",), "n04": ("rackB",)}
 
 
 @dataclass
@@ -82,46 +91,9 @@ class SlurmLab:
         return result
 
 
-def release_of(tb: LocalSlurm) -> SlurmRelease:
-    """The testbed's release as its scontrol reports it (22.05's rules when unreadable)."""
-    return detect_release(lambda args: tb.run(args, check=False).stdout) or OLDEST
-
-
-def stored_tres(tb: LocalSlurm, text: str) -> str:
-    """``gres:gpu:T:n`` as the testbed's release stores and prints it (24.11: ``gres/``)."""
-    return text.replace("gres:", release_of(tb).tres_prefix)
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-        pytest.fail(f"CI needs the real Slurm testbed: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 def pytest_report_header() -> str:
     bin_dir = release_bin_dir(RELEASE)
     return f"real Slurm: release {RELEASE} ({bin_dir or 'programs on PATH'})"
-
-
-def require_slurm() -> None:
-    """Skip (fail in CI) unless the Slurm binaries are installed and we are root."""
-    missing = missing_binaries(RELEASE)
-    if missing:
-        option = "" if release_bin_dir(RELEASE) is None else f" --release {RELEASE}"
-        _unavailable(
-            f"Slurm {RELEASE} not installed ({', '.join(missing)} missing): "
-            f"bash scripts/install-slurm.sh{option}"
-        )
-    if os.geteuid() != 0:
-        _unavailable("the Slurm testbed runs its daemons as root; run the tests as root")
-
-
-def testbed_dir() -> Path:
-    """A fresh folder for a testbed; not under pytest's 0700 tmp dirs, because munged runs as
-    user munge and must reach its socket."""
-    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
-    root.chmod(0o755)
-    return root
 
 
 @pytest.fixture
@@ -145,20 +117,8 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
     db = work / "store.db"
     csv = work / "example.csv"
     generate_example_campaign(nodes=4, gpus_per_node=4, node_prefix="n").to_csv(csv, index=False)
-    runner = CliRunner()
-    env = {"SLURM_PAL_CONFIG": None}
-    for args in (
-        ["profile", "ingest", str(csv), "--campaign", "example"],
-        ["site", "render", "--out", str(work / "site"), "--device-pattern", "/dev/tty{index}"],
-    ):
-        result = runner.invoke(app, ["--db", str(db), *args], env=env)
-        assert result.exit_code == 0, result.output
-    labels = json.loads((work / "site" / "labels.json").read_text())
-    nodes = []
-    for node, gpus in labels["nodes"].items():
-        by_index = {g["index"]: g["label"] for g in gpus}
-        types = tuple(by_index[i] for i in sorted(by_index))
-        nodes.append(NodeSpec(node, types, FEATURES.get(node, ())))
+    labels = render_site(db, csv, work / "site")
+    nodes = rendered_nodes(labels, FEATURES)
     slurm_labels = {
         node: {g["slurm_index"]: g["label"] for g in gpus} for node, gpus in labels["nodes"].items()
     }

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -32,12 +33,17 @@ from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.cli.main import app
 from slurm_pal.core.hostlist import expand
 from slurm_pal.example_campaign import generate_example_campaign
-from slurm_pal.hooks.spool import DeliveryError, request
-from slurm_pal.testbed import NodeSpec
 from slurm_pal.testbed.hosts import missing_tools, namespaces, remove_namespaces, tag_for
 from slurm_pal.testbed.multihost import MultiHostSlurm
-from tests.slurm.conftest import _unavailable, require_slurm
-from tests.slurm.conftest import testbed_dir as fresh_testbed_dir
+from tests.helpers.slurm_lab import (
+    AdvisorLab,
+    fresh_testbed_dir,
+    render_site,
+    rendered_hooks,
+    rendered_nodes,
+    require_slurm,
+    unavailable,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -48,86 +54,20 @@ USER = "nobody"  # every Debian system has it; the fixture creates it where miss
 SLEEP = "sleep 300"
 
 
-@dataclass
-class Cluster:
-    tb: MultiHostSlurm
-    root: Path
-    db: Path
-    config: Path
-    site: Path
-    socket: Path
-    spool: Path
-    log: Path
-    advisor: subprocess.Popen | None = None
-    jobs_seen: list[int] = field(default_factory=list)
+@dataclass(kw_only=True)
+class Cluster(AdvisorLab):
+    """The advisor on the controller host; ``ask`` is its Unix socket, as an admin on the
+    controller uses it; ``sbatch`` runs as the unprivileged user on the controller (the login
+    node)."""
 
-    # -- the advisor on the controller host ------------------------------------------------
-    def ask(self, message: dict, timeout_s: float = 5.0) -> dict:
-        """The advisor's Unix socket, as an admin on the controller uses it."""
-        return request(str(self.socket), {"v": 1, **message}, timeout_s)
+    tb: MultiHostSlurm
+    spool: Path
+
+    def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        return self.tb.popen(self.tb.controller, argv, **kwargs)
 
     def stats(self) -> dict:
         return self.ask({"op": "stats"})
-
-    def start_advisor(self) -> None:
-        self.stop_advisor()
-        with self.log.open("ab") as log:
-            self.advisor = self.tb.popen(
-                self.tb.controller,
-                [
-                    sys.executable,
-                    "-m",
-                    "slurm_pal.cli.main",
-                    "--db",
-                    str(self.db),
-                    "--config",
-                    str(self.config),
-                    "serve",
-                    "--foreground",
-                ],
-                env={**self.tb.env, "SLURM_PAL_CONFIG": ""},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.advisor.poll() is not None:
-                raise AssertionError(f"slurm-pal serve exited:\n{self.advisor_log()}")
-            try:
-                if self.ask({"op": "health"}, 1.0).get("ok"):
-                    return
-            except DeliveryError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"slurm-pal serve did not answer health:\n{self.advisor_log()}")
-
-    def stop_advisor(self, kill: bool = False) -> None:
-        if self.advisor is not None and self.advisor.poll() is None:
-            if kill:
-                self.advisor.kill()
-            else:
-                self.advisor.terminate()
-            self.advisor.wait(timeout=30)
-        self.advisor = None
-
-    def advisor_log(self, since: int = 0) -> str:
-        return self.log.read_bytes()[since:].decode(errors="replace") if self.log.exists() else ""
-
-    def log_size(self) -> int:
-        return self.log.stat().st_size if self.log.exists() else 0
-
-    # -- Slurm, as the unprivileged user on the controller (the login node) ---------------
-    def sbatch(self, *args: str) -> int:
-        out = self.root / "out"
-        cmd = ["runuser", "-u", USER, "--", "sbatch", "--parsable", "-o", f"{out}/%j.out"]
-        cmd += ["--chdir", str(out), *args]
-        proc = self.tb.run(cmd, timeout_s=60, check=False)
-        assert proc.returncode == 0, f"sbatch {args} failed: {proc.stderr}"
-        job_id = int(proc.stdout.strip().split(";")[0])
-        self.jobs_seen.append(job_id)
-        return job_id
 
     def job(self, job_id: int) -> dict[str, str]:
         return self.tb.job_fields(job_id)
@@ -153,17 +93,6 @@ class Cluster:
             time.sleep(0.2)
         raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
 
-    def wait_advisor_sees_all_free(self) -> None:
-        deadline = time.monotonic() + 30
-        health: dict = {}
-        while time.monotonic() < deadline:
-            health = self.ask({"op": "health"})
-            total = len(HOSTS) * GPUS_PER_NODE
-            if health.get("free") == health.get("gpus") == total and not health.get("reservations"):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"the advisor still sees busy GPUs: {health}")
-
     # -- what the hosts hold -----------------------------------------------------------------
     def spooled(self, host: str) -> list[str]:
         """Record files in ``host``'s own spool dir (the path every host sees as its own)."""
@@ -182,15 +111,6 @@ class Cluster:
             env=self.tb.env,
         )
 
-    def records(self, job_id: int) -> list[tuple[str, str]]:
-        """(node, kind) of every stored record of the job, one row per record."""
-        with sqlite3.connect(self.db) as db:
-            rows = db.execute(
-                "SELECT node, kind FROM job_records WHERE job_id = ? ORDER BY node, kind",
-                (job_id,),
-            ).fetchall()
-        return [(str(n), str(k)) for n, k in rows]
-
     def wait_records(self, job_id: int, expected: list[tuple[str, str]]) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.records(job_id) != sorted(expected):
@@ -202,12 +122,12 @@ def _require_namespaces() -> None:
     """Network namespaces are the multi-host testbed: fail in CI without them."""
     missing = missing_tools()
     if missing:
-        _unavailable(f"the multi-host testbed needs {', '.join(missing)} (iproute2, util-linux)")
+        unavailable(f"the multi-host testbed needs {', '.join(missing)} (iproute2, util-linux)")
     probe = f"spal-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if made.returncode != 0:
-        _unavailable(f"cannot create a network namespace: {made.stderr.strip()}")
+        unavailable(f"cannot create a network namespace: {made.stderr.strip()}")
 
 
 def _ensure_user(name: str) -> None:
@@ -250,48 +170,30 @@ def cluster() -> Iterator[Cluster]:
     generate_example_campaign(
         nodes=len(HOSTS), gpus_per_node=GPUS_PER_NODE, node_prefix="n"
     ).to_csv(csv, index=False)
-    base = ["--db", str(db), "--config", str(config)]
-    runner = CliRunner()
-    for args in (
-        ["profile", "ingest", str(csv), "--campaign", "example"],
-        ["apps", "set", "resnet", "--class", "A"],
-        ["site", "render", "--out", str(site), "--device-pattern", "/dev/tty{index}"],
-    ):
-        result = runner.invoke(app, [*base, *args], env={"SLURM_PAL_CONFIG": None})
-        assert result.exit_code == 0, result.output
-    labels = json.loads((site / "labels.json").read_text())
-    nodes = []
-    for node, gpus in labels["nodes"].items():
-        by_index = {g["index"]: g["label"] for g in gpus}
-        nodes.append(NodeSpec(node, tuple(by_index[i] for i in sorted(by_index))))
+    labels = render_site(db, csv, site, config=config, apps={"resnet": "A"})
+    nodes = rendered_nodes(labels)
     assert [n.name for n in nodes] == list(HOSTS)
-    tb = MultiHostSlurm(
-        root,
-        nodes,
-        job_submit_lua=(site / "job_submit.lua").read_text(),
-        prolog=str(site / "prolog.sh"),
-        epilog=str(site / "epilog.sh"),
-        per_host_dirs=(str(spool),),
+    tb = MultiHostSlurm(root, nodes, **rendered_hooks(site), per_host_dirs=(str(spool),))
+    the = Cluster(
+        tb=tb,
+        root=root,
+        db=db,
+        config=config,
+        socket=sock,
+        log_path=ctl / "advisor.log",
+        submit_user=USER,
+        spool=spool,
     )
-    the = Cluster(tb, root, db, config, site, sock, spool, ctl / "advisor.log")
-    try:
-        tb.start()
-        the.start_advisor()
+    with the.running():  # tb.stop() also ends what is left in the namespaces, and them
         yield the
-    finally:
-        the.stop_advisor()
-        tb.stop()  # also every process left in the namespaces, and the namespaces
-        if not os.environ.get("SLURM_PAL_KEEP_TESTBED"):
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def clean(cluster: Cluster) -> Iterator[Cluster]:
     """The advisor running, no jobs, every spool empty; afterwards every job cancelled."""
-    if cluster.advisor is None or cluster.advisor.poll() is not None:
-        cluster.start_advisor()
+    cluster.ensure_advisor()
     cluster.cancel_all()
-    cluster.wait_advisor_sees_all_free()
+    cluster.wait_advisor_sees_all_free(len(HOSTS) * GPUS_PER_NODE)
     try:
         yield cluster
     finally:
