@@ -20,12 +20,16 @@ from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env,
 NODES = ("n01", "n02", "n03", "n04")
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[Env, AdvisorServer, AdvisorClient]]:
+@pytest.fixture(params=[False, True], ids=["json-read", "brief-read"])
+def served(request) -> Iterator[tuple[Env, AdvisorServer, AdvisorClient]]:  # type: ignore[no-untyped-def]
+    """The service over the fake Slurm, its jobs read as ``squeue --json`` (GPU indices of
+    running jobs known) and as the service reads them, ``squeue -O`` (none known: a GPU no
+    known job holds is judged by whether the ended job is still on its node)."""
     root = Path(tempfile.mkdtemp(prefix="spal-adv-", dir="/tmp"))  # short socket paths
     root.chmod(0o755)
     env = make_env(root)
-    server = AdvisorServer(env.state(), root / "adv.sock", refresh_s=3600, replan_s=0)
+    state = env.state(brief=request.param)
+    server = AdvisorServer(state, root / "adv.sock", refresh_s=3600, replan_s=0)
     server.start()
     try:
         yield env, server, AdvisorClient(str(root / "adv.sock"))
@@ -81,3 +85,49 @@ def test_an_ended_jobs_gpus_count_free_while_slurm_still_shows_that_job_on_them(
     _end(server, 2, "n02")
     server.state.refresh()  # job 2 still RUNNING on n02 in Slurm's eyes
     assert _uuids(server, "n02") <= server._freed_now(frozenset())
+
+
+def _record(client: AdvisorClient, kind: str, job_id: int, node: str):  # type: ignore[no-untyped-def]
+    record = {"record_id": f"{job_id}:{node}:{kind}", "kind": kind, "job_id": job_id,
+              "node": node, "slurm_gpus": [0, 1, 2, 3]}  # fmt: skip
+    return client.request({"op": "record", "record": record}, 10)
+
+
+@pytest.mark.parametrize("prologs", [True, False], ids=["prologs-recorded", "no-prologs"])
+def test_a_multi_node_end_without_gpu_indices_in_the_read(served, prologs: bool) -> None:
+    """Job 7 held n02 and n03; job 9 waits for 4 GPUs on each of two nodes. When the read has
+    the GPU indices (``--json``) or the job's Prolog records named each node's GPUs, the first
+    Epilog frees both nodes, so its round places job 9 and the second Epilog starts none;
+    with neither (a brief read, the advisor started after the job) each node's Epilog frees
+    its own node, and the second round places job 9."""
+    env, server, client = served
+    one_round = prologs or not server.state.reader.brief_jobs  # type: ignore[attr-defined]
+    server.applier = recorder = RecordingApplier()
+    env.slurm.jobs = [
+        FakeJob(1, "RUNNING", gpus={"n01": [0, 1, 2, 3]}),
+        FakeJob(
+            7,
+            "RUNNING",
+            gpus={"n02": [0, 1, 2, 3], "n03": [0, 1, 2, 3]},
+            tres_per_node="gres:gpu:4",
+        ),
+        FakeJob(4, "RUNNING", gpus={"n04": [0, 1, 2, 3]}),
+    ]
+    server.state.refresh()
+    if prologs:
+        for node in ("n02", "n03"):
+            assert _record(client, "prolog", 7, node)["ok"] is True
+    wide = {**JOB, "tres_per_node": "gres:gpu:4", "min_nodes": 2, "max_nodes": 2}
+    answer = client.request({"op": "decide", "job": wide})
+    assert answer["action"] == "pass"
+    wait_saved(env, answer["token"])
+    env.slurm.jobs.append(FakeJob(9, "PENDING", answer["set"]["admin_comment"]))
+    server.state.refresh()
+    first = _record(client, "epilog", 7, "n02")
+    second = _record(client, "epilog", 7, "n03")
+    if one_round:
+        assert first["replan"]["applied"] == [9] and "replan" not in second
+    else:
+        assert first["replan"]["applied"] == [] and second["replan"]["applied"] == [9]
+    (update,) = recorder.updates
+    assert update.fields["req_nodes"] == "n[02-03]"  # type: ignore[attr-defined]

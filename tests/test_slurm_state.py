@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,13 @@ from slurm_pal.adapters.slurm.parse import (
     split_top_level,
 )
 from slurm_pal.adapters.slurm.state import (
+    BRIEF_FORMAT,
     CliStateReader,
     SlurmQueryError,
     SlurmTimeoutError,
     parse_scontrol_nodes,
     parse_sinfo_json,
+    parse_squeue_brief,
     parse_squeue_json,
 )
 
@@ -174,3 +177,69 @@ def test_reader_does_not_fall_back_when_slurmctld_is_silent() -> None:
     with pytest.raises(SlurmTimeoutError):
         CliStateReader(runner=silent).nodes()
     assert calls == ["scontrol", "sinfo"]  # scontrol --version (local), no fallback after sinfo
+
+
+# What `squeue --noheader -O BRIEF_FORMAT` printed on the testbed (Slurm 22.05.8 and 24.11.5):
+# a pending job whose admin comment holds blanks and a '|', a held job array asking per job,
+# and a two-node running job.
+BRIEF_2205 = (
+    "2|PENDING|root|debug||4294901758|Resources|gres:gpu:4|N/A|"
+    "slurm-pal/0.1.0 wait r=abc class=A exc=n01 why=x|y z\n"
+    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres:gpu:3|(null)\n"
+    "1|RUNNING|root|debug|n[01-02]|4294901759|None|gres:gpu:2|N/A|(null)\n"
+)
+BRIEF_2411 = (
+    "2|PENDING|root|debug||1|Resources|gres/gpu:4|N/A|"
+    "slurm-pal/0.1.0 wait r=abc class=A exc=n01 why=x|y z\n"
+    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres/gpu:3|(null)\n"
+    "1|RUNNING|root|debug|n[01-02]|1|None|gres/gpu:2|N/A|(null)\n"
+)
+
+
+@pytest.mark.parametrize("text", [BRIEF_2205, BRIEF_2411], ids=["22.05", "24.11"])
+def test_the_brief_job_read_of_both_releases(text: str) -> None:
+    pending, held, running = parse_squeue_brief(text)
+    assert (pending.job_id, pending.state, pending.reason) == (2, "PENDING", "Resources")
+    assert pending.admin_comment == "slurm-pal/0.1.0 wait r=abc class=A exc=n01 why=x|y z"
+    assert pending.tres_per_node == (Gres("gpu", None, 4),) and pending.tres_per_job == ()
+    assert (held.priority, held.reason, held.admin_comment) == (0, "JobHeldUser", "")
+    assert held.tres_per_job == (Gres("gpu", None, 3),)
+    assert (running.state, running.nodes, running.user) == ("RUNNING", ("n01", "n02"), "root")
+    # what the brief read leaves out: GPU indices and every field a user writes
+    assert running.allocated_gres == {} and (running.name, running.comment) == ("", "")
+
+
+def test_a_brief_line_that_is_not_a_job_is_left_out_and_the_rest_read(caplog) -> None:
+    text = "x|PENDING|root|debug||1|None|N/A|N/A|(null)\nshort|line\n" + BRIEF_2205
+    assert [j.job_id for j in parse_squeue_brief(text)] == [2, 3, 1]
+    assert caplog.text.count("squeue line left out") == 2
+
+
+@pytest.mark.parametrize("release", ["22.05.8", "24.11.5"])
+def test_the_brief_reader_asks_for_exactly_the_brief_fields(release: str) -> None:
+    """22.05: the brief read alone (its --json ignores --states: GPU indices come from the
+    jobs' records). From 23.02 on, the jobs holding GPUs are read with --json as well, for
+    their indices, which are merged in."""
+    running = json.loads(fixture("24.11/squeue.json"))
+    held = next(j for j in running["jobs"] if j["gres_detail"])
+    calls: list[list[str]] = []
+
+    def run(args):  # type: ignore[no-untyped-def]
+        calls.append(list(args))
+        if args[:2] == ["scontrol", "--version"]:
+            return f"slurm {release}\n"
+        if args[:2] == ["squeue", "--json"]:
+            return json.dumps(running)
+        return f"{held['job_id']}|RUNNING|root|debug|{held['nodes']}|1|None|gres/gpu:2|N/A|(null)\n"
+
+    reader = CliStateReader({}, runner=run, brief_jobs=True)
+    (job,) = reader.jobs(states=["RUNNING"])
+    brief = ["squeue", "--noheader", "-O", BRIEF_FORMAT]
+    if release.startswith("22"):
+        assert [c for c in calls if c[0] == "squeue"] == [brief]
+        assert job.allocated_gres == {}
+    else:
+        holding = ["squeue", "--json", "--states=RUNNING,COMPLETING,SUSPENDED,CONFIGURING"]
+        assert [c for c in calls if c[0] == "squeue"] == [brief, holding]
+        assert job.allocated_gres and job.allocated_gpu_indices()
+    assert BRIEF_FORMAT.split(",")[-1] == "admin_comment:0"  # last: it may hold a '|'

@@ -19,24 +19,52 @@ log = logging.getLogger("slurm_pal.advisor")
 __all__ = ["job_gpus", "merge_telemetry"]
 
 
-def job_gpus(view: Any, job_id: int) -> list[str] | None:
-    """The UUIDs of every GPU ``job_id`` holds on any node, as the view's last Slurm read shows
-    them (mapped through labels.json); None when the view does not show the job holding GPUs
-    (a job that started and ended between two reads: then only the record's node is known)."""
+def job_gpus(
+    view: Any, job_id: int, recorded: Mapping[str, tuple[int, ...]] | None = None
+) -> list[str] | None:
+    """The UUIDs of every GPU ``job_id`` holds on any node, mapped through labels.json: as the
+    view's last Slurm read shows them (``squeue --json``), else as the job's own records said
+    for every node the read shows it on (``recorded``: node -> Slurm GPU indices, from its
+    Prologs; the brief read has no indices). None when the view does not show the job (it
+    started and ended between two reads) or its nodes' GPUs are not all known: then only each
+    record's own node is known."""
     if view is None:
         return None
     job = next((j for j in view.jobs if j.job_id == job_id), None)
-    if job is None or not job.allocated_gres:
+    if job is None:
+        return None
+    if job.allocated_gres:
+        per_node: Mapping[str, tuple[int, ...]] = job.allocated_gpu_indices()
+    elif job.nodes and set(job.nodes) <= set(recorded or {}):
+        # every node the job holds, or none: a record of one node alone (its Epilog) must
+        # not make this one end look like the whole job's
+        per_node = {node: tuple((recorded or {})[node]) for node in job.nodes}
+        if not _as_many_as_asked(job, per_node):
+            return None
+    else:
+        return None
+    if not per_node:
         return None
     labels = view.static.labels
     uuids = []
-    for node, indices in job.allocated_gpu_indices().items():
+    for node, indices in per_node.items():
         for index in indices:
             try:
                 uuids.append(labels.uuid_at_slurm_index(node, index))
             except KeyError:
                 log.warning("job %d: GPU %d on %s not in labels.json", job_id, index, node)
     return uuids or None
+
+
+def _as_many_as_asked(job: Any, per_node: Mapping[str, tuple[int, ...]]) -> bool:
+    """Do the recorded indices add up to the GPUs the job asked for (per node, or in all)?
+    A record naming fewer (Slurm 24.11's Prolog/Epilog environment on a multi-node job's
+    other nodes) must not stand for the job's GPUs."""
+    per_node_ask = sum(g.count for g in job.tres_per_node if g.name == "gpu")
+    if per_node_ask:
+        return all(len(ix) == per_node_ask for ix in per_node.values())
+    per_job_ask = sum(g.count for g in job.tres_per_job if g.name == "gpu")
+    return not per_job_ask or sum(len(ix) for ix in per_node.values()) == per_job_ask
 
 
 def _weight(summary: Mapping[str, object]) -> float:

@@ -197,6 +197,9 @@ class Histogram:
         return twin
 
 
+#: Job states in which a job holds its GPUs (Slurm keeps them until each node's Epilog ends).
+HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"})
+
 #: A re-planning round slower than this logs where its time went (an Epilog waits for it).
 SLOW_ROUND_S = 0.25
 
@@ -581,33 +584,44 @@ class AdvisorServer:
         read_start = self.state.last_read_start
         # A GPU an end freed that the last read shows held by another job was taken since
         # (Slurm started a job there on its own): counting it free would pin a job onto it.
-        held = self._held_gpus() if self._freed_by else {}
+        held, still_theirs = self._held_gpus() if self._freed_by else ({}, lambda u, j: True)
         with self._end_lock:
             if read_start is not None:
                 self._freed_at = {u: t for u, t in self._freed_at.items() if t > read_start - 2.0}
             self._freed_at = {
                 u: t
                 for u, t in self._freed_at.items()
-                if (j := self._freed_by.get(u)) is None or held.get(u, j) == j
+                if (j := self._freed_by.get(u)) is None
+                or (held.get(u, j) == j and (u in held or still_theirs(u, j)))
             }
             self._freed_by = {u: j for u, j in self._freed_by.items() if u in self._freed_at}
             return extra | frozenset(self._freed_at)
 
-    def _held_gpus(self) -> dict[str, int]:
-        """GPU UUID -> the job the view shows holding it."""
+    def _held_gpus(self) -> tuple[dict[str, int], Callable[[str, int], bool]]:
+        """GPU UUID -> the job the view shows holding it (its indices from the read, or from
+        its records: the brief read has none), and a test for a GPU no known job holds: is it
+        still the ended job's (the read shows it free, or shows that job still on its node,
+        its Epilog running), or did a job the advisor knows no indices of take it?"""
         view = self.state.view
         if view is None:
-            return {}
+            return {}, lambda uuid, job_id: True
         labels = view.static.labels
         held: dict[str, int] = {}
+        on_nodes: dict[int, tuple[str, ...]] = {}
         for job in view.jobs:
-            if not job.allocated_gres:
+            if job.state not in HOLDING_STATES:
                 continue
-            for node, indices in job.allocated_gpu_indices().items():
+            on_nodes[job.job_id] = job.nodes
+            for node, indices in self.state.job_gpu_indices(job).items():
                 for index in indices:
                     with contextlib.suppress(KeyError):
                         held[labels.uuid_at_slurm_index(node, index)] = job.job_id
-        return held
+        node_of = labels.node_of_uuid
+
+        def still_theirs(uuid: str, job_id: int) -> bool:
+            return uuid not in view.busy or node_of(uuid) in on_nodes.get(job_id, ())
+
+        return held, still_theirs
 
     def _counted_round(self, freed: frozenset[str]) -> ReplanResult:
         start = time.perf_counter()
@@ -978,7 +992,7 @@ class AdvisorServer:
         with self._end_lock:
             if job_id in self._ended_jobs:
                 return False
-            if job_gpus(self.state.view, job_id) is not None:
+            if job_gpus(self.state.view, job_id, self.state.recorded_gpus(job_id)) is not None:
                 self._ended_jobs[job_id] = None
                 while len(self._ended_jobs) > 10_000:
                     self._ended_jobs.popitem(last=False)
@@ -993,7 +1007,11 @@ class AdvisorServer:
         freed = self.state.released_by(record)
         # A multi-node job's first Epilog frees every node the job held (the view knows them)
         job_id = record.get("job_id")
-        whole = job_gpus(self.state.view, job_id) if isinstance(job_id, int) else None
+        whole = (
+            job_gpus(self.state.view, job_id, self.state.recorded_gpus(job_id))
+            if isinstance(job_id, int)
+            else None
+        )
         if whole is not None:
             freed = [*freed, *whole]
         try:

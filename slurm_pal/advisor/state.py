@@ -312,6 +312,9 @@ class AdvisorState:
         self._requests: dict[str, tuple[JobDescription, str, float]] = {}
         self.last_read_start: float | None = None
         self._recent_records: dict[object, None] = {}  # insertion-ordered, bounded
+        # job id -> node -> Slurm GPU indices, as the job's Prolog/Epilog records said (records
+        # are authenticated; the brief Slurm read has no indices): insertion-ordered, bounded
+        self._record_gpus: dict[int, dict[str, tuple[int, ...]]] = {}
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
@@ -774,7 +777,33 @@ class AdvisorState:
                 self._recent_records[record_id] = None
                 while len(self._recent_records) > 100_000:
                     self._recent_records.pop(next(iter(self._recent_records)))
+        job_id, node, indices = record.get("job_id"), record.get("node"), record.get("slurm_gpus")
+        if (
+            isinstance(job_id, int)
+            and isinstance(node, str)
+            and isinstance(indices, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)
+        ):
+            with self._lock:
+                self._record_gpus.setdefault(job_id, {})[node] = tuple(indices)
+                while len(self._record_gpus) > 100_000:
+                    self._record_gpus.pop(next(iter(self._record_gpus)))
         return self.writer.submit(lambda s: _apply_record(s, dict(record), classifier), urgent=True)
+
+    def recorded_gpus(self, job_id: int) -> dict[str, tuple[int, ...]]:
+        """Node -> the Slurm GPU indices ``job_id``'s records named (empty: none came)."""
+        with self._lock:
+            return dict(self._record_gpus.get(job_id, {}))
+
+    def job_gpu_indices(self, job: JobState) -> dict[str, tuple[int, ...]]:
+        """Node -> the Slurm GPU indices ``job`` holds: from the read when it has them
+        (``squeue --json``), else from the job's records (the brief read has none)."""
+        if job.allocated_gres:
+            return job.allocated_gpu_indices()
+        recorded = self.recorded_gpus(job.job_id)
+        if job.nodes:
+            recorded = {n: ix for n, ix in recorded.items() if n in job.nodes}
+        return recorded
 
     def seen_record(self, record: Mapping[str, object]) -> bool:
         """Was this record id handed in before by this process (a spooled copy, a retry)?

@@ -68,6 +68,7 @@ class LabelTable:
     _by_slurm: Mapping[tuple[str, int], LabelEntry] = field(
         init=False, repr=False, compare=False, hash=False
     )
+    _node_of: Mapping[str, str] = field(init=False, repr=False, compare=False, hash=False)
     _lower_labels: frozenset[str] = field(init=False, repr=False, compare=False, hash=False)
     _lower_models: frozenset[str] = field(init=False, repr=False, compare=False, hash=False)
 
@@ -92,6 +93,7 @@ class LabelTable:
         set_(self, "nodes", tuple(dict.fromkeys(e.node for e in self.entries)))
         set_(self, "_by_device", MappingProxyType(by_device))
         set_(self, "_by_slurm", MappingProxyType(by_slurm))
+        set_(self, "_node_of", MappingProxyType({e.uuid: e.node for e in self.entries}))
         set_(self, "_lower_labels", frozenset(label.lower() for label in labels))
         set_(self, "_lower_models", frozenset(model.lower() for model in models))
 
@@ -180,6 +182,10 @@ class LabelTable:
     def uuid_at_slurm_index(self, node: str, slurm_index: int) -> str:
         """The UUID of the GPU Slurm numbers ``slurm_index`` (GresUsed IDX, ``SLURM_JOB_GPUS``)."""
         return self._entry(node, slurm_index, self._by_slurm).uuid
+
+    def node_of_uuid(self, uuid: str) -> str | None:
+        """The node the GPU with this UUID is on (None: not in labels.json)."""
+        return self._node_of.get(uuid)
 
     def is_label(self, gpu_type: str) -> bool:
         return gpu_type.lower() in self._lower_labels

@@ -122,6 +122,19 @@ class FakeSlurm:
         data["jobs"] = jobs
         return json.dumps(data)
 
+    def squeue_brief(self) -> str:
+        """The same jobs as ``squeue --noheader -O BRIEF_FORMAT`` prints them (22.05)."""
+        lines = []
+        for j in self.jobs:
+            nodes = ",".join(j.gpus) if j.state == "RUNNING" else ""
+            reason = j.reason if j.state == "PENDING" else "None"
+            comment = j.admin_comment or "(null)"
+            lines.append(
+                f"{j.job_id}|{j.state}|alice|debug|{nodes}|{j.priority}|{reason}|"
+                f"{j.tres_per_node or 'N/A'}|N/A|{comment}"
+            )
+        return "".join(line + "\n" for line in lines)
+
     def __call__(self, args: Sequence[str]) -> str:
         self.calls.append(list(args))
         if self.fail:
@@ -134,6 +147,8 @@ class FakeSlurm:
             return self.sinfo()
         if args[:2] == ["squeue", "--json"]:
             return self.squeue()
+        if args[:2] == ["squeue", "--noheader"]:
+            return self.squeue_brief()
         if args[:3] == ["scontrol", "show", "partition"]:
             return "PartitionName=debug AllowGroups=ALL Default=YES Nodes=n[01-04] State=UP\n"
         raise AssertionError(f"unexpected Slurm call {args}")
@@ -159,8 +174,10 @@ class Env:
     clock: Clock
     made: list[AdvisorState] = field(default_factory=list)
 
-    def state(self, **kwargs: object) -> AdvisorState:
-        reader = CliStateReader({}, runner=self.slurm)
+    def state(self, *, brief: bool = False, **kwargs: object) -> AdvisorState:
+        """An AdvisorState over the fake Slurm; ``brief``: jobs read as the service reads them
+        (``squeue -O``: no GPU indices)."""
+        reader = CliStateReader({}, runner=self.slurm, brief_jobs=brief)
         st = AdvisorState(
             self.config,
             self.db,

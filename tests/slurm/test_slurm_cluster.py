@@ -194,6 +194,23 @@ def test_state_reader_sees_a_running_job(slurm_lab) -> None:
         # The service's reader runs the commands and parses them in a worker process: it
         # must read exactly what the in-process one reads, and report errors the same way.
         apart = CliStateReader(tb.env, parse_apart=True)
+        # The service's brief read (squeue -O): the same jobs in every field it reads, the
+        # advisor's admin comment with its blanks and '|' whole; GPU indices only from 23.02
+        # on (a --json read of the jobs holding GPUs: 22.05's --json ignores --states).
+        comment = "slurm-pal/0.1.0 route r=abcdef012345 class=A why=a b|c"
+        tb.run(["scontrol", "update", f"JobId={job}", f"AdminComment={comment}"])
+        full = {j.job_id: j for j in reader.jobs()}
+        brief = CliStateReader(tb.env, brief_jobs=True).jobs()
+        assert brief and {j.job_id for j in brief} <= set(full)
+        shared = ("state", "user", "partition", "nodes", "priority", "reason", "tres_per_node",
+                  "tres_per_job", "admin_comment")  # fmt: skip
+        for got in brief:
+            assert {k: getattr(got, k) for k in shared} == {
+                k: getattr(full[got.job_id], k) for k in shared
+            }
+        (mine,) = [j for j in brief if j.job_id == job]
+        indices = full[job].allocated_gres if reader.release.squeue_json_filters else {}
+        assert mine.admin_comment == comment and mine.allocated_gres == indices
         try:
             assert apart.jobs() == reader.jobs()
             assert apart.nodes() == reader.nodes()

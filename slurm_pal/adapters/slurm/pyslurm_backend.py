@@ -327,7 +327,10 @@ def choose_backend(
     cli_applier = ScontrolBatchApplier(env)
     if setting == "cli":
         return BackendChoice(
-            "cli", CliStateReader(env, parse_apart=True), cli_applier, "advisor.slurm_backend = cli"
+            "cli",
+            CliStateReader(env, parse_apart=True, brief_jobs=True),
+            cli_applier,
+            "advisor.slurm_backend = cli",
         )
     try:
         module = import_pyslurm()
@@ -354,5 +357,8 @@ def choose_backend(
             "(README 'Slurm backends')"
         )
     return BackendChoice(
-        "cli", CliStateReader(env, parse_apart=True), cli_applier, f"auto: {problem}"
+        "cli",
+        CliStateReader(env, parse_apart=True, brief_jobs=True),
+        cli_applier,
+        f"auto: {problem}",
     )
