@@ -30,7 +30,10 @@ before Slurm reuses the GPUs. Reported:
   slurmctld's own time under the same storm: the baseline the GPU figure is read against
   (``sbatch_p99_ratio``);
 - ``refused_share``: the updates Slurm refused over all the rounds sent (Slurm started the job
-  before the update arrived).
+  before the update arrived);
+- ``read_json_s`` / ``read_brief_s`` (and their client CPU): one ``squeue --json`` against one
+  brief ``squeue -O`` read (what the service reads), of the filled queue, one after the other
+  before the storm; ``read_cpu_ratio`` = JSON client CPU / brief client CPU.
 
 Targets: every job-end round within the Epilog's wait (900 ms) at p99, no record spooled for
 lack of time, sbatch p99 < 100 ms.
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -55,7 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from slurm_pal.adapters.slurm.state import CliStateReader
+from slurm_pal.adapters.slurm.state import BRIEF_FORMAT, CliStateReader
 from slurm_pal.testbed import LocalSlurm
 from slurm_pal.testbed.run import FIFO, AdvisorArm, RunSettings, StockArm, prepare
 
@@ -74,6 +78,17 @@ def sbatch(env: dict[str, str], out: Path, *args: str) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch failed: {proc.stderr.strip()}")
     return took
+
+
+def timed_read(env: dict[str, str], command: list[str]) -> tuple[float, float]:
+    """Wall seconds and the command's own CPU seconds (user + system) for one Slurm read."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, env=env, capture_output=True, check=True, timeout=120)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -173,6 +188,18 @@ def main() -> int:
         report["fill_sbatch_ms_p99"] = round(percentile(fill, 0.99) * 1000, 1)
         log(f"filled in {report['fill_s']} s; sbatch p99 {report['fill_sbatch_ms_p99']} ms")
         time.sleep(12)  # two refreshes: the advisor's view holds every pending job
+        for name, command in (
+            ("json", ["squeue", "--json"]),
+            ("brief", ["squeue", "--noheader", "-O", BRIEF_FORMAT]),
+        ):
+            wall, cpu = timed_read(env, command)
+            report[f"read_{name}_s"], report[f"read_{name}_cpu_s"] = round(wall, 3), round(cpu, 3)
+        if report["read_brief_cpu_s"]:
+            report["read_cpu_ratio"] = round(
+                report["read_json_cpu_s"] / report["read_brief_cpu_s"],  # type: ignore[operator]
+                1,
+            )
+        time.sleep(2)
         before = stats()
         spool = settings.work / "spool"
         spooled_before = len(list(spool.glob("*"))) if spool.exists() else 0
