@@ -136,6 +136,9 @@ class RunSettings:
     """The advisor re-plans the pending jobs from each job's Epilog, before Slurm reuses its
     GPUs; None: ``advisor.replan_on_epilog`` of ``config`` (shipped: on)."""
     config: SiteConfig = field(default_factory=SiteConfig)
+    refresh_s: float = 1.0
+    """The advisor's Slurm reads (``advisor.refresh_s``): every second on the testbed, whose
+    jobs last seconds; the shipped default is 5 s."""
     multihost: bool = True
     """Each node on its own compute host beside a controller host (slurm_pal/testbed/
     multihost.py): the hooks send their records to the advisor over TCP with munge, as on a
@@ -311,7 +314,7 @@ def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> s
         "allowed_users": ("root",),
         "socket_group": "root",
         "policy": settings.advisor_policy,
-        "refresh_s": 1.0,
+        "refresh_s": settings.refresh_s,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
         "reservation_ttl_s": 20.0,
