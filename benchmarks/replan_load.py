@@ -20,8 +20,11 @@ before Slurm reuses the GPUs. Reported:
   started;
 - ``updates_applied`` / ``updates_refused``: ``scontrol update``s of those rounds (refused:
   Slurm answered with an error, e.g. the job had already started);
-- ``records_spooled``: Epilog records that fell back to the spool dir (their answer came too
-  late): delivered later by the advisor's sweep, or still there;
+- ``records_spooled``: records that fell back to the spool dir (their answer came too late):
+  delivered later by the advisor's sweep, or still there; ``epilog_records_spooled`` (what
+  the target is about: an Epilog that gave up on its round, 900 ms) and
+  ``prolog_records_spooled`` (the jobs the storm starts: a Prolog waits 300 ms for its
+  record's write) apart;
 - ``last_update_s``: the ``scancel`` -> every ending job's round answered;
 - ``sbatch_ms_p50`` / ``_p99`` during the storm (a submitter runs throughout), and during the
   fill (``fill_sbatch_ms_p99``);
@@ -263,6 +266,12 @@ def main() -> int:
         left = (len(list(spool.glob("*"))) if spool.exists() else 0) - spooled_before
         swept = int(after["spool_applied"]) - int(before["spool_applied"])  # type: ignore[arg-type]
         report["records_spooled"] = left + swept
+        for kind in ("epilog", "prolog"):  # swept ones by kind, plus those still waiting
+            key = f"spool_applied_{kind}"
+            still = len(list(spool.glob(f"*.{kind}.json"))) if spool.exists() else 0
+            report[f"{kind}_records_spooled"] = (
+                int(after.get(key, 0)) - int(before.get(key, 0)) + still  # type: ignore[call-overload]
+            )
         storm_figures(report, storm, stock)
         sent = report["updates_applied"] + report["updates_refused"]  # type: ignore[operator]
         report["refused_share"] = round(report["updates_refused"] / sent, 3) if sent else None  # type: ignore[operator]

@@ -221,6 +221,8 @@ def test_spool_sweep_applies_files_and_sets_broken_ones_aside(served) -> None:
         assert store.job_records(5) == [good]
     stats = client.request({"op": "stats"})
     assert stats["records_duplicate"] == 1 and stats["spool_bad"] == 1
+    # by the kind the record says (the second file is the first record again: an epilog)
+    assert (stats["spool_applied_epilog"], stats["spool_applied_prolog"]) == (2, 0)
 
 
 def test_client_reports_an_absent_service(tmp_path: Path) -> None:

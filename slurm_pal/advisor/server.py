@@ -87,6 +87,8 @@ class Counters:
         "connections_refused",
         "bad_requests",
         "spool_applied",
+        "spool_applied_prolog",
+        "spool_applied_epilog",
         "spool_bad",
         "fail_open",
         "reloads",
@@ -267,6 +269,9 @@ def sweep_spool(
             continue
         applied += 1
         if counters is not None:
+            kind = request.body["record"].get("kind")  # type: ignore[union-attr]
+            if kind in ("prolog", "epilog"):  # an Epilog's record spooled: its round was late
+                counters.add(f"spool_applied_{kind}")
             counters.add("records_total")
             if duplicate:
                 counters.add("records_duplicate")
