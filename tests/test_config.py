@@ -118,6 +118,7 @@ def test_default_db_path_depends_on_who_runs(monkeypatch: pytest.MonkeyPatch) ->
             r"'advisor.policy' is 'best'; valid values: packed-pm, pal",
         ),
         ('[advisor]\nslurm_backend = "x"\n', r"valid values: auto, cli, pyslurm"),
+        ('[advisor]\nslurm_job_read = "fast"\n', r"'advisor.slurm_job_read' .* json, brief"),
         ('[advisor]\nsocket = "run/a.sock"\n', r"'advisor.socket' must be an absolute path"),
         ("[advisor]\nsubmit_timeout_ms = 0\n", r"'advisor.submit_timeout_ms' must be > 0"),
         ("[advisor]\nreplan_s = -1\n", r"'advisor.replan_s' must be >= 0"),

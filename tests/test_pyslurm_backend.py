@@ -288,6 +288,9 @@ def test_here_auto_falls_back_to_the_cli_because_pyslurm_is_not_installed() -> N
         choose_backend("pyslurm", {})
     cli = choose_backend("cli", {})
     assert cli.name == "cli" and isinstance(cli.applier, ScontrolBatchApplier)
+    # the service's cli reader parses apart; it reads jobs briefly only when told to
+    assert cli.reader.parse_apart and not cli.reader.brief_jobs  # type: ignore[attr-defined]
+    assert choose_backend("cli", {}, brief_jobs=True).reader.brief_jobs  # type: ignore[attr-defined]
 
 
 def test_pyslurm_release_reads_the_version_it_was_built_for() -> None:

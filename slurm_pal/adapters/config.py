@@ -115,6 +115,7 @@ OUTLIER_CHOICES = ("wait", "last-resort")
 PIN_CHOICES = ("steered", "every-job")
 LABEL_REQUEST_CHOICES = ("translate", "allow", "deny")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
+SLURM_JOB_READS = ("json", "brief")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,13 @@ class AdvisorConfig:
     round's updates through one scontrol where the values allow), pyslurm (libslurm in-process;
     refused at start unless it imports and matches the running Slurm), or auto (pyslurm when
     it would be accepted, else cli). Read once at start (adapters/slurm/pyslurm_backend.py)."""
+    slurm_job_read: str = "json"
+    """How the cli backend reads jobs: json (``squeue --json``: every field, GPU indices
+    included) or brief (``squeue -O`` with the fields the advisor reads: 20-35x less CPU for
+    squeue's client at 10,000 jobs, GPU indices of running jobs from the hooks' records on
+    22.05). brief is not the default: on the 2-core testbed its cheaper reads ran ~7x as often
+    and Epilog records missed their wait in 7 of 9 storm runs (json: 0 of 11; benchmarks/
+    README). Read once at start."""
     listen: str | None = None
     """``HOST:PORT`` of a TCP listener for the compute nodes' Prolog/Epilog records (off when
     unset). It serves only the ``record`` op, each record inside a munge credential that is
@@ -446,6 +454,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.slurm_backend' is {a.slurm_backend!r}; valid values: "
             f"{', '.join(SLURM_BACKENDS)}"
+        )
+    if a.slurm_job_read not in SLURM_JOB_READS:
+        raise ConfigError(
+            f"{src}: 'advisor.slurm_job_read' is {a.slurm_job_read!r}; valid values: "
+            f"{', '.join(SLURM_JOB_READS)}"
         )
     if not a.socket.startswith("/"):
         raise ConfigError(f"{src}: 'advisor.socket' must be an absolute path, got {a.socket!r}")

@@ -56,6 +56,7 @@ RESTART_KEYS = frozenset(
         "advisor.socket_group",
         "advisor.max_connections",
         "advisor.slurm_backend",
+        "advisor.slurm_job_read",
         "advisor.listen",
         "advisor.record_users",
         "advisor.munge_socket",

@@ -144,7 +144,9 @@ def _run(
     from slurm_pal.adapters.slurm.pyslurm_backend import BackendError, choose_backend
 
     try:  # read once: a reload keeps the backend the service started with
-        backend = choose_backend(config.advisor.slurm_backend)
+        backend = choose_backend(
+            config.advisor.slurm_backend, brief_jobs=config.advisor.slurm_job_read == "brief"
+        )
     except BackendError as exc:
         fail(str(exc))
     logging.getLogger("slurm_pal.advisor").info("Slurm backend: %s (%s)", backend.name, backend.why)

@@ -321,14 +321,16 @@ def choose_backend(
     *,
     import_pyslurm: Callable[[], ModuleType] = _import_pyslurm,
     release: Callable[[Mapping[str, str] | None], SlurmRelease | None] = running_release,
+    brief_jobs: bool = False,
 ) -> BackendChoice:
-    """The backend ``advisor.slurm_backend`` asks for (see the module docstring)."""
+    """The backend ``advisor.slurm_backend`` asks for (see the module docstring);
+    ``brief_jobs``: the cli reader reads jobs with ``squeue -O`` (``advisor.slurm_job_read``)."""
     env = dict(os.environ if env is None else env)
     cli_applier = ScontrolBatchApplier(env)
     if setting == "cli":
         return BackendChoice(
             "cli",
-            CliStateReader(env, parse_apart=True, brief_jobs=True),
+            CliStateReader(env, parse_apart=True, brief_jobs=brief_jobs),
             cli_applier,
             "advisor.slurm_backend = cli",
         )
@@ -358,7 +360,7 @@ def choose_backend(
         )
     return BackendChoice(
         "cli",
-        CliStateReader(env, parse_apart=True, brief_jobs=True),
+        CliStateReader(env, parse_apart=True, brief_jobs=brief_jobs),
         cli_applier,
         f"auto: {problem}",
     )
