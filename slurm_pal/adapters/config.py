@@ -176,10 +176,10 @@ class AdvisorConfig:
     it would be accepted, else cli). Read once at start (adapters/slurm/pyslurm_backend.py)."""
     slurm_job_read: str = "json"
     """How the cli backend reads jobs: json (``squeue --json``: every field, GPU indices
-    included) or brief (``squeue -O`` with the fields the advisor reads: 20-35x less CPU for
+    included) or brief (``squeue -O`` with the fields the advisor reads: 15-35x less CPU for
     squeue's client at 10,000 jobs, GPU indices of running jobs from the hooks' records on
     22.05). brief is not the default: on the 2-core testbed its cheaper reads ran ~7x as often
-    and Epilog records missed their wait in 7 of 9 storm runs (json: 0 of 11; benchmarks/
+    and Epilog records missed their wait in 8 of 10 storm runs (json: 0 of 11; benchmarks/
     README). Read once at start."""
     listen: str | None = None
     """``HOST:PORT`` of a TCP listener for the compute nodes' Prolog/Epilog records (off when
