@@ -114,9 +114,17 @@ def test_the_rendered_hooks_deliver_over_tcp_and_a_multi_node_end_is_one_round(l
     epilog = (lab.root / "work" / "site" / "epilog.sh").read_text()
     assert f"--advisor {lab.address}" in epilog and "--socket" not in epilog
     before = lab.ask("stats")
-    job = lab.sbatch("-N2", "--gres=gpu:1", "--wrap=sleep 3")
+    release = lab.root / "out" / f"release-{time.monotonic_ns()}"
+    job = lab.sbatch("-N2", "--gres=gpu:1", f"--wrap=while [ ! -e {release} ]; do sleep 0.05; done")
     nodes = lab.nodes_of(job)
     assert len(nodes) == 2
+    # The job ends once a Slurm read has shown it running on both nodes: a job that starts
+    # and ends between two reads gets a round per node (only each record's node is known).
+    running_at = time.monotonic()
+    while lab.ask("health")["state_age_s"] >= time.monotonic() - running_at:
+        assert time.monotonic() - running_at < 30, "the advisor read no Slurm state in 30 s"
+        time.sleep(0.2)
+    release.touch()
     got = lab.wait_records(job, 4)
     assert got == sorted((n, k) for n in nodes for k in ("epilog", "prolog"))
     after = lab.ask("stats")
