@@ -30,7 +30,7 @@ def job_gpus(
     record's own node is known."""
     if view is None:
         return None
-    job = next((j for j in view.jobs if j.job_id == job_id), None)
+    job = view.job(job_id)
     if job is None:
         return None
     if job.allocated_gres:

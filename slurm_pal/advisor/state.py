@@ -143,6 +143,14 @@ class View:
     # token -> the job carrying it in its admin comment (every state): parsed once per read,
     # off the lock decides take
     by_token: Mapping[str, JobState] = field(default_factory=lambda: MappingProxyType({}))
+    # job id -> the job: an Epilog's record looks its job up (twice), 48 at once in a storm
+    by_id: Mapping[int, JobState] = field(default_factory=lambda: MappingProxyType({}))
+
+    def job(self, job_id: int) -> JobState | None:
+        """The job with this id as this read shows it (None: not shown)."""
+        if self.by_id or not self.jobs:
+            return self.by_id.get(job_id)
+        return next((j for j in self.jobs if j.job_id == job_id), None)
 
 
 class StoreWriter:
@@ -493,7 +501,8 @@ class AdvisorState:
             if job.state == "PENDING" and replannable(job.reason):
                 key = (job.job_id, text, job.tres_per_node, job.tres_per_job, job.priority)
                 steered.append((job, parsed, key))
-        view = replace(view, by_token=MappingProxyType(by_token))
+        by_id = MappingProxyType({job.job_id: job for job in view.jobs})
+        view = replace(view, by_token=MappingProxyType(by_token), by_id=by_id)
         if not steered:
             self._queue_cache = (parsed_now, jobs_now)
             return view

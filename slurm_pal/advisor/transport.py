@@ -282,7 +282,5 @@ class RecordListener:
 def _view_job_nodes(view: Any, job_id: int) -> tuple[str, ...] | None:
     if view is None:
         return None
-    for job in view.jobs:
-        if job.job_id == job_id:
-            return tuple(job.nodes) or None
-    return None
+    job = view.job(job_id)
+    return (tuple(job.nodes) or None) if job is not None else None
