@@ -714,11 +714,7 @@ class AdvisorServer:
         written = time.perf_counter()
         placed_at = state.clock()
         for job_id, (token, uuids) in result.in_place.items():
-            self._placed[job_id] = placed_at
-            state.reserve(token, uuids, job_id)
-            with self._end_lock:
-                for uuid in uuids:
-                    self._freed_at.pop(uuid, None)
+            self._hold_placed(job_id, token, uuids, placed_at)
         if written - started > SLOW_ROUND_S:
             log.info(
                 "slow round: %d pending jobs read in %.0f ms, planned in %.0f ms, "
@@ -752,11 +748,7 @@ class AdvisorServer:
                 )
                 log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
                 continue
-            state.reserve(update.token, allocation.uuids, update.job_id)
-            self._placed[update.job_id] = placed_at
-            with self._end_lock:  # given away: a later round must not count them free again
-                for uuid in allocation.uuids:  # (the next read may predate this job's start)
-                    self._freed_at.pop(uuid, None)
+            self._hold_placed(update.job_id, update.token, allocation.uuids, placed_at)
             state.writer.submit(
                 lambda s, t=update.token, a=answer: s.update_decision(
                     t, state="replanned", answer=a
@@ -770,6 +762,17 @@ class AdvisorServer:
                 allocation.lv_product,
             )
         return result
+
+    def _hold_placed(self, job_id: int, token: str, uuids: Sequence[str], at: float) -> None:
+        """A round placed ``job_id`` on ``uuids``: it is starting until Slurm's next read (left
+        out of later rounds), its GPUs are held for it, and GPUs an end freed there are given
+        away (a later round must not count them free again: the next read may predate its
+        start)."""
+        self._placed[job_id] = at
+        self.state.reserve(token, uuids, job_id)
+        with self._end_lock:
+            for uuid in uuids:
+                self._freed_at.pop(uuid, None)
 
     # -- connections ----------------------------------------------------------------------------
     def refuse_busy(self, conn: socket.socket) -> None:
