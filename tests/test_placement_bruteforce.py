@@ -236,3 +236,74 @@ def test_pack_tolerance_stays_within_its_bound_of_the_paper_choice(
     assert packed.allocation.lv_product <= bound * (1 + 1e-9), (packed.reason, bound)
     # never more nodes than the paper's choice
     assert len(packed.allocation.node_names) <= len(paper.allocation.node_names)
+
+
+@SETTINGS
+@given(
+    cases(),
+    st.sampled_from([1.05, 1.2, 2.0]),
+    st.booleans(),
+    st.sampled_from([None, 60.0, 7200.0]),
+    st.sampled_from([0.0, 30.0, 600.0, math.inf]),
+)
+def test_packed_pm_with_outliers_against_every_allocation(
+    case: Case, avoid_above: float, wait: bool, runtime_s: float | None, frees_in: float
+) -> None:
+    """packed-pm never spans more nodes than packing, takes an outlier only when no allocation
+    on as few nodes avoids it (or when waiting does not pay), holds a job back only when some
+    allocation exists, none avoids the outliers on as few nodes, and the wait ends by its
+    bound; otherwise it places exactly when an allocation exists."""
+    cluster = case.cluster
+    cluster.clock = 1000.0
+    busy = np.flatnonzero(~cluster.free)
+    if busy.size:
+        cluster.expect_free_at(busy, 1000.0 + frees_in)
+    request = PlacementRequest(
+        **{
+            **{f: getattr(case.request, f) for f in case.request.__dataclass_fields__},
+            "runtime_s": runtime_s,
+        }
+    )
+    case = Case(cluster, request)
+    policy = get_policy("packed-pm", avoid_above=avoid_above, wait=wait, max_wait_s=3600.0)
+    result = policy.place(request, cluster)
+    allocations = all_allocations(case)
+    packing = get_policy("packed").place(request, cluster).allocation
+    scores = cluster.classes[request.job_class].scores
+    if not allocations:
+        assert result.allocation is None and not result.waits
+        return
+    assert packing is not None
+    if result.allocation is None:
+        assert wait and result.waits, result.reason
+        assert result.wait_until is not None and result.wait_until <= 1000.0 + 3600.0
+        outlier_free = [
+            combo
+            for combo in allocations
+            if max(scores[g] for g in combo) <= avoid_above
+            and len({cluster.gpu_node[g] for g in combo}) <= len(packing.node_names)
+        ]
+        assert not outlier_free
+        assert all(scores[g] > avoid_above for g in result.waits_off)
+        return
+    check_allocation_is_consistent(case, result.allocation)
+    assert len(result.allocation.node_names) <= len(packing.node_names)
+    if result.allocation.max_score > avoid_above and packing.max_score > avoid_above:
+        # It kept an outlier: no allocation on as few nodes avoids every outlier and is
+        # cheaper for the job, else packed-pm would have taken one like it.
+        cheaper = [
+            combo
+            for combo in allocations
+            if max(scores[g] for g in combo) <= avoid_above
+            and len({cluster.gpu_node[g] for g in combo}) <= len(packing.node_names)
+            and price(case, combo)[0] < packing.lv_product
+            and _packable(case, combo, packing)
+        ]
+        assert not cheaper, (result.reason, cheaper)
+
+
+def _packable(case: Case, combo: tuple[int, ...], packing: Allocation) -> bool:
+    """Could packing's own node choice rule have picked ``combo``'s nodes once the outliers
+    are gone? Only when the job fits each node it uses as packing fills them: packed-pm
+    re-runs packing without the outliers, so it only finds allocations of that shape."""
+    return len({case.cluster.gpu_node[g] for g in combo}) == 1 or len(packing.node_names) > 1

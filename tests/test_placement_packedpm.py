@@ -53,26 +53,69 @@ def test_an_outlier_is_left_out_when_that_costs_no_node_and_no_larger_hole() -> 
     assert uuids(PackedPMPolicy(), cluster, 2) == ["n1-0", "n1-1"]
 
 
-def test_an_outlier_is_kept_when_leaving_it_would_break_a_larger_hole_or_span() -> None:
-    # Exact fit on n0 (2 free, one outlier); the only other place is a whole 4-GPU node.
+def test_a_larger_hole_is_broken_rather_than_take_an_outlier_or_leave_gpus_idle() -> None:
+    # Exact fit on n0 (2 free, one outlier); the only other place is a whole 4-GPU node. Idle
+    # GPUs the job can use without an outlier are never left idle for its sake: it breaks n1.
     cluster = cluster_of({"n0": [2.8, 1.0, 1.0, 1.0], "n1": [1.0] * 4}, busy=("n0-2", "n0-3"))
-    assert uuids(PackedPMPolicy(), cluster, 2) == ["n0-0", "n0-1"]
-    # With waiting, the job neither breaks the whole node nor takes the outlier.
-    waits = PackedPMPolicy(wait=True).place(PlacementRequest("j", "A", 2), cluster)
-    assert waits.allocation is None and waits.waits and waits.waits_off == (0,)
-    # Leaving the outlier out would make a 3-GPU job span two nodes: it stays.
+    assert uuids(PackedPMPolicy(), cluster, 2) == ["n1-0", "n1-1"]
+    assert uuids(PackedPMPolicy(wait=True), cluster, 2) == ["n1-0", "n1-1"]
+
+
+def test_an_outlier_is_kept_when_leaving_it_out_would_span_more_nodes() -> None:
+    # Leaving the outlier out would make a 3-GPU job span two nodes: the job keeps it (no
+    # hole is in play: n1 has only one free GPU, so only the node count decides).
     cluster = cluster_of({"n0": [2.8, 1.0, 1.0], "n1": [1.0, 1.0, 1.0]}, busy=("n1-1", "n1-2"))
     assert uuids(PackedPMPolicy(), cluster, 3) == ["n0-0", "n0-1", "n0-2"]
+    # A 2-GPU job on 2-GPU nodes: n0 holds an outlier, n1 and n2 one free GPU each. Dodging
+    # the outlier means two nodes for the job: it stays on n0.
+    cluster = cluster_of(
+        {"n0": [2.8, 1.0], "n1": [1.0, 1.0], "n2": [1.0, 1.0]}, busy=("n1-1", "n2-1")
+    )
+    assert uuids(PackedPMPolicy(), cluster, 2) == ["n0-0", "n0-1"]
 
 
-def test_wait_holds_a_job_that_fits_only_on_outliers_but_never_for_ever() -> None:
+def _held(
+    cluster: Cluster, *, runtime_s: float | None, waited_s: float = 0.0, max_wait_s: float = 3600
+) -> object:
+    request = PlacementRequest("j", "A", 1, runtime_s=runtime_s, waited_s=waited_s)
+    return PackedPMPolicy(wait=True, max_wait_s=max_wait_s).place(request, cluster)
+
+
+def test_wait_holds_a_job_only_while_the_expected_wait_is_shorter_than_the_outliers_cost() -> None:
     cluster = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
     assert uuids(PackedPMPolicy(), cluster, 1) == ["n0-0"]  # last resort
-    result = PackedPMPolicy(wait=True).place(PlacementRequest("j", "A", 1), cluster)
+    cluster.clock = 1000.0
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1600.0)  # a good GPU frees in 600 s
+    # 2 h of work at 2.8x costs 3.6 h more; 600 s of waiting is cheaper: it waits, at most
+    # until the bound (an hour from when it could first start).
+    result = _held(cluster, runtime_s=7200)
     assert result.allocation is None and WAIT_REASON in result.reason
     assert result.waits_off == (cluster.uuid_index["n0-0"],)
-    # A job pinned to nodes takes what it gets rather than wait for ever.
-    pinned = PlacementRequest("j", "A", 1, required_nodes=frozenset({"n0"}))
+    assert result.wait_until == 1000.0 + 3600
+    assert _held(cluster, runtime_s=7200, waited_s=1800).wait_until == 1000.0 - 1800 + 3600
+    # 5 minutes of work lose 9 minutes on the outlier: not worth 10 minutes of waiting.
+    short = _held(cluster, runtime_s=300)
+    assert short.allocation is not None and "rather than wait" in short.reason
+    # The bound: after an hour held, the job takes the outlier whatever the estimates say.
+    assert _held(cluster, runtime_s=7200, waited_s=3600).allocation is not None
+    # The good GPU is expected later than the bound allows: no wait.
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1000.0 + 4000)
+    assert _held(cluster, runtime_s=86400).allocation is not None
+    # Its holder has no end (an UNLIMITED job): nothing justifies waiting for it.
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], float("inf"))
+    assert _held(cluster, runtime_s=86400).allocation is not None
+    # An unknown runtime counts as the bound: a short expected wait is still worth it.
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1060.0)
+    assert _held(cluster, runtime_s=None).allocation is None
+    # max_wait_s = 0 never waits.
+    assert _held(cluster, runtime_s=86400, max_wait_s=0).allocation is not None
+
+
+def test_a_job_that_cannot_avoid_the_outlier_or_names_nodes_never_waits() -> None:
+    cluster = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 60.0)
+    # A job pinned to nodes takes what it gets rather than wait.
+    pinned = PlacementRequest("j", "A", 1, required_nodes=frozenset({"n0"}), runtime_s=7200)
     assert PackedPMPolicy(wait=True).place(pinned, cluster).allocation is not None
     # A memory-bound job is not slowed there and takes it.
     assert uuids(PackedPMPolicy(wait=True), cluster, 1, "D") == ["n0-0"]

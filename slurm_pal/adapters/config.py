@@ -8,6 +8,7 @@ the file, the key and what is valid, because an admin fixing a typo at 3 a.m. ne
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -137,12 +138,15 @@ class AdvisorConfig:
     Slurm cannot migrate, and unpacked single-GPU picks fragment the nodes (ARCHITECTURE.md)."""
     avoid_above: float = 1.5
     """packed-pm: a GPU whose PM-score for a job's class is above this (1.5 = 50 % slower than
-    the median GPU) is an outlier for that job; it is left out when that costs no extra node
-    and breaks no larger hole."""
+    the median GPU) is an outlier for that job; it is left out when that costs no extra node."""
     outliers: str = "wait"
-    """packed-pm, when a job can leave its outliers out only by breaking a larger hole, or not
-    at all: wait (keep it off them, through its exc_nodes, until re-planning finds it other
-    GPUs) or last-resort (take them)."""
+    """packed-pm, when a job can leave its outliers out only on more nodes, or not at all: wait
+    (hold it back while the wait it can expect is shorter than what the outlier would cost it,
+    at most max_wait_s) or last-resort (take them)."""
+    max_wait_s: float = 3600.0
+    """packed-pm with outliers = wait: the longest a job is held back for other GPUs, from when
+    it could first have started; Slurm gets it as the job's begin time, so the bound holds even
+    when the advisor is gone."""
     pin: str = "steered"
     """Which jobs get their GPUs pinned (GRES type and node list): steered (only those the
     policy places other than packing would, or that could get a GPU it avoids for them; the
@@ -501,6 +505,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "
             f"got {a.avoid_above}"
+        )
+    if not (math.isfinite(a.max_wait_s) and 0 <= a.max_wait_s <= 7 * 86400):
+        raise ConfigError(
+            f"{src}: 'advisor.max_wait_s' must be 0-604800 seconds (0 = never wait), "
+            f"got {a.max_wait_s}"
         )
 
 

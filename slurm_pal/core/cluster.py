@@ -96,8 +96,10 @@ class Cluster:
         "_padded",
         "_sorted_bins",
         "_total_offsets",
+        "busy_until",
         "class_order",
         "classes",
+        "clock",
         "free",
         "gpu_local_index",
         "gpu_model",
@@ -138,6 +140,12 @@ class Cluster:
     class_order: tuple[str, ...]
     topology: Topology
     free: BoolArray
+    busy_until: NDArray[np.float64]
+    """Per GPU, when the job holding it is expected to end, on the driver's clock (its time
+    limit, or a learned runtime): what a job waiting for other GPUs can expect. ``inf``:
+    unknown (an unlimited job, or a view that was not told)."""
+    clock: float
+    """The driver's time of this state (seconds, same clock as ``busy_until``)."""
     _class_row: dict[str, int]
     _class_bins: NDArray[np.int32]
     _class_sentinel: NDArray[np.int32]
@@ -287,6 +295,8 @@ class Cluster:
         }
         self._lxv_cache = {}  # shared by copies: bins and topology never change
         self.free = np.ones(len(specs), dtype=bool)
+        self.busy_until = np.full(len(specs), np.inf)
+        self.clock = 0.0
         self._feature_masks = {}
         self._recount()
         busy_ids = [self.gpu_id(uuid) for uuid in busy]
@@ -409,6 +419,7 @@ class Cluster:
         for name in Cluster.__slots__:
             setattr(other, name, getattr(self, name))
         other.free = self.free.copy()
+        other.busy_until = self.busy_until.copy()
         other._node_free = self._node_free.copy()
         other._sorted_bins = self._sorted_bins.copy()
         other._bin_totals = self._bin_totals.copy()
@@ -455,6 +466,12 @@ class Cluster:
             raise ValueError(f"GPU(s) already free: {', '.join(idle)}")
         self.free[ids] = True
         self._apply(ids, +1)
+
+    def expect_free_at(
+        self, gpus: Allocation | Iterable[int] | NDArray[np.integer], when: float
+    ) -> None:
+        """The job holding ``gpus`` is expected to end at ``when`` (``inf``: unknown)."""
+        self.busy_until[self._gpu_ids(gpus)] = when
 
     def allocate_uuids(self, uuids: Iterable[str]) -> None:
         """:meth:`allocate` by UUID (for state read from Slurm)."""

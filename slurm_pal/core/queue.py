@@ -149,7 +149,9 @@ def queue_round(
        scheduler's order);
     2. each job in that order: the start rule may hold it; ``place`` chooses its GPUs among the
        free ones; ``review`` says whether they are taken (default: yes);
-    3. a job without GPUs (no fit, or the policy waits) asks the start rule whether to go on.
+    3. a job that finds no GPUs asks the start rule whether to go on; a job the policy holds
+       back (``WAITS``) is not eligible yet (Slurm sees its begin time), so it neither ends the
+       round nor gets a reservation: the round goes on without it.
     """
     rule = start if start is not None else StopAtMisfit()
     order = placement_order(
@@ -164,6 +166,8 @@ def queue_round(
         if result.allocation is None:
             outcome = Outcome.WAITS if result.waits else Outcome.NO_FIT
             steps.append(Step(request, outcome, result))
+            if outcome is Outcome.WAITS:
+                continue
             if not rule.blocked(request):
                 skipped = Outcome.NOT_CONSIDERED
                 steps.extend([Step(later, skipped, None) for later in order[position + 1 :]])

@@ -52,8 +52,14 @@ class PlacementRequest:
     excluded_nodes: frozenset[str] = field(default_factory=frozenset)
     required_features: frozenset[str] = field(default_factory=frozenset)
     gpu_model: str | None = None
+    runtime_s: float | None = None
+    waited_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.runtime_s is not None and not self.runtime_s > 0:
+            raise ValueError(f"runtime_s must be > 0 seconds or None, got {self.runtime_s!r}")
+        if not self.waited_s >= 0:
+            raise ValueError(f"waited_s must be >= 0 seconds, got {self.waited_s!r}")
         _check_count("gpus", self.gpus, 0)
         _check_count("gpus_per_node", self.gpus_per_node, 0)
         _check_count("min_nodes", self.min_nodes, 0)

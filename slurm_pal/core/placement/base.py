@@ -61,13 +61,17 @@ class PlacementResult:
     ``as_packing``: the allocation is packing's own pick (Slurm's best fit would choose the
     same nodes and GPUs) and no free GPU the job could get is one the policy avoids for it, so
     whatever Slurm picks now is as good: a driver may leave the job to Slurm instead of pinning
-    it to these GPUs (a pin held by a stale view only ever costs)."""
+    it to these GPUs (a pin held by a stale view only ever costs).
+
+    ``wait_until``: with ``waits_off``, the latest time (the cluster's clock) the job may be held
+    to; by then it starts wherever it fits (a driver tells Slurm, e.g. as the job's begin time)."""
 
     request: PlacementRequest
     allocation: Allocation | None
     reason: str
     waits_off: tuple[int, ...] = ()
     as_packing: bool = False
+    wait_until: float | None = None
 
     @property
     def waits(self) -> bool:

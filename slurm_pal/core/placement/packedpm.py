@@ -12,17 +12,18 @@ FIFO + backfill's chaos hides. What pays is keeping jobs off GPUs that are far s
 1. the nodes and per-node counts are packing's (:func:`pack_pick`: exact fit, else the tightest
    node that fits, else spread from the fullest; stable node order);
 2. a GPU whose PM-score for the job's class is above ``avoid_above`` is left out when packing
-   can place the job on the others *and* that costs nothing: no more nodes, no larger hole
-   broken (the free GPUs of the nodes used), a smaller LV product. Without that guard, single
-   runs lost up to 1.41x;
+   can place the job on the others without spanning more nodes, for a smaller LV product. A
+   larger hole broken that way is a cost taken, not a veto: idle GPUs the job could use
+   without an outlier are never left idle for its sake. Without the node guard, single runs
+   lost up to 1.41x;
 3. inside a node, GPUs that are outliers for another class but not for this job's go first
    (a memory-bound job takes the GPU a compute-bound one must not get), then by local index;
-4. otherwise, with ``wait``, the job waits for other GPUs (unless it could never fit without the
-   outliers): it neither takes an outlier nor breaks a larger hole to avoid one. Without
-   ``wait``, the outlier is the last resort. Measured (Slurm mode, PAL's artifact draws, 40
-   paired runs): last resort +5.9 % average JCT vs packing; waiting only when no outlier-free
-   placement exists +27.9 %; waiting also rather than breaking a larger hole +38.5 %, and no run
-   worse than packing.
+4. otherwise, with ``wait``, the job may be held back for other GPUs (unless it could never
+   fit without the outliers), but only while the wait it can expect is shorter than what the
+   outlier would cost it, and never past ``max_wait_s`` from when it could first have started
+   (:mod:`slurm_pal.core.waiting`); else it takes packing's pick, outlier included. Without
+   ``wait``, the outlier is the last resort. An unbounded wait (the rule before) stalled a
+   cluster of long unlimited jobs: average JCT up to ~100x packing.
 
 On a site whose GPUs are all within ``avoid_above`` (Longhorn's V100s: 1.12x at most; H100s:
 2.2 %) this is exactly packing.
@@ -47,6 +48,7 @@ from slurm_pal.core.placement.view import (
     unplaced,
 )
 from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, weigh_wait
 
 __all__ = ["WAIT_REASON", "PackedPMPolicy"]
 
@@ -59,16 +61,24 @@ class PackedPMPolicy:
 
     ``avoid_above``: a PM-score (1.0 = the median GPU) above which a GPU is an outlier for the
     job's class; ``inf`` never avoids (plain packing). ``wait``: a job that cannot leave the
-    outliers out at no cost waits instead of taking them.
+    outliers out now may be held back for other GPUs, while that pays and for ``max_wait_s``
+    at most.
     """
 
     name = "packed-pm"
 
-    def __init__(self, avoid_above: float = 1.5, wait: bool = False) -> None:
+    def __init__(
+        self, avoid_above: float = 1.5, wait: bool = False, max_wait_s: float = 3600.0
+    ) -> None:
         if not avoid_above >= 1.0:
             raise ValueError(f"avoid_above must be a PM-score >= 1.0, got {avoid_above}")
+        if not (math.isfinite(max_wait_s) and max_wait_s >= 0):
+            raise ValueError(
+                f"max_wait_s must be a finite number of seconds >= 0, got {max_wait_s}"
+            )
         self.avoid_above = float(avoid_above)
         self.wait = bool(wait)
+        self.max_wait_s = float(max_wait_s)
         # (scores array kept alive, so its id is not reused) -> mask
         self._outlying: dict[
             tuple[int, str], tuple[np.ndarray, tuple[np.ndarray, list[bool]] | None]
@@ -91,17 +101,36 @@ class PackedPMPolicy:
             )
         capped = _without_bins_from(view, slow, self._slow_nodes(view, slow))
         alternative = None if capped is None else pack_pick(capped, node_take=self._node_take)
-        if alternative is not None and _costs_nothing_more(view, picked[0], alternative[0]):
+        if alternative is not None and _no_wider_and_faster(view, picked[0], alternative[0]):
             how = f"{alternative[1]}, GPUs above {self.avoid_above:g} left out"
             return placed(_describe(view, alternative[0], how), request)
         if self.wait and _fits_without(view, slow):
-            return PlacementResult(
-                request,
-                None,
-                f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g})",
-                waits_off=tuple(_free_gpus_from_bin(view, slow)),
-            )
+            verdict = self._weigh(view, picked[0], slow)
+            if verdict.waits:
+                return PlacementResult(
+                    request,
+                    None,
+                    f"Packed-PM: {WAIT_REASON} (above {self.avoid_above:g}): {verdict.why}",
+                    waits_off=tuple(_free_gpus_from_bin(view, slow)),
+                    wait_until=verdict.until,
+                )
+            how = f"{picked[1]}, GPUs above {self.avoid_above:g} taken rather than wait: "
+            return placed(_describe(view, picked[0], how + verdict.why), request)
         return placed(_describe(view, *picked), request)
+
+    def _weigh(self, view: RequestView, picked: np.ndarray, slow: int) -> WaitVerdict:
+        """Hold the job for other GPUs, or take packing's pick with its outliers?"""
+        request, cluster = view.request, view.cluster
+        good = _usable_mask(view) & (view.klass.bin_of < slow)
+        wait = expected_wait_s(cluster, good, request.gpus, view.shape.per_node)
+        return weigh_wait(
+            slowdown=float(view.klass.scores[picked].max()),
+            runtime_s=request.runtime_s,
+            waited_s=request.waited_s,
+            wait_s=wait,
+            max_wait_s=self.max_wait_s,
+            now=cluster.clock,
+        )
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Inside each chosen node: first the GPUs that are outliers for another class (but
@@ -171,7 +200,10 @@ class PackedPMPolicy:
         return int(np.searchsorted(view.klass.bin_scores, self.avoid_above, side="right"))
 
     def __repr__(self) -> str:
-        return f"PackedPMPolicy(avoid_above={self.avoid_above:g}, wait={self.wait})"
+        return (
+            f"PackedPMPolicy(avoid_above={self.avoid_above:g}, wait={self.wait}, "
+            f"max_wait_s={self.max_wait_s:g})"
+        )
 
 
 def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
@@ -184,17 +216,15 @@ def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
     )
 
 
-def _costs_nothing_more(view: RequestView, packed: np.ndarray, alternative: np.ndarray) -> bool:
+def _no_wider_and_faster(view: RequestView, packed: np.ndarray, alternative: np.ndarray) -> bool:
     """Are the ``alternative`` GPUs faster for the job (LV product) than packing's, without
-    spanning more nodes or breaking a larger hole (more free GPUs on the nodes used)?
-    Fragmentation outlives the job, so it is never traded for speed here."""
+    spanning more nodes? A job split over more nodes to dodge an outlier slows itself by the
+    locality penalty and scatters the free GPUs for every multi-GPU job after it; a larger hole
+    broken on no more nodes is a cost taken rather than leave usable GPUs idle."""
     cluster = view.cluster
     nodes_a = np.unique(cluster.gpu_node[packed])
     nodes_b = np.unique(cluster.gpu_node[alternative])
     if nodes_b.size > nodes_a.size:
-        return False
-    counts = view.usable_counts()
-    if int(counts[nodes_b].sum()) > int(counts[nodes_a].sum()):
         return False
     scores = view.klass.scores
     lv_a = float(scores[packed].max()) * span_level(cluster, nodes_a.tolist()).penalty

@@ -1,0 +1,109 @@
+"""When holding a job back for GPUs that are not outliers for it pays, and for how long at most.
+
+A job kept off a far slower GPU waits. Unbounded, that wait stalled a cluster: on a site whose
+jobs run for hours with unlimited time limits, single-GPU jobs waited for weeks behind long
+neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
+
+- **what waiting costs the job**: the time until enough GPUs it may use without an outlier free
+  up, from when the jobs holding them are expected to end (``Cluster.busy_until``: their time
+  limits, or runtimes learned from the site's history). A holder whose end is unknown (an
+  unlimited limit) never frees in this estimate, so it never justifies a wait;
+- **what the outlier costs it**: its expected runtime times the slowdown there minus one
+  (``runtime_s``; unknown runtimes count as the bound, so they can justify at most a wait the
+  bound allows);
+- **the bound**: no job is held longer than ``max_wait_s`` from when it could first have
+  started (``waited_s``), whatever the estimates say; they are estimates.
+
+Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
+neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
+the GPUs the held job takes first once they free, which the estimate counts as the demand of
+the jobs ahead of it. Idle GPUs it could use without an outlier are never left idle for its
+sake: the policy waits only when no such placement exists now.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from slurm_pal.core.cluster import Cluster
+
+__all__ = ["WaitVerdict", "expected_wait_s", "weigh_wait"]
+
+
+@dataclass(frozen=True)
+class WaitVerdict:
+    """Whether to hold the job back, until when at the latest, and why (for the admin)."""
+
+    waits: bool
+    until: float
+    """The latest time (driver's clock) the job is held to: its bound."""
+    why: str
+
+
+def expected_wait_s(
+    cluster: Cluster, good: np.ndarray, gpus: int, per_node: int | None, ahead: int = 0
+) -> float:
+    """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the job
+    and not outliers for it) are expected free: on one node when the job fits on one node (or
+    ``per_node`` of them on each node), else anywhere. ``ahead``: GPUs that jobs ahead of it in
+    the queue will take first. ``inf`` when the GPUs' holders never end in the estimate."""
+    now = cluster.clock
+    frees = np.where(cluster.free, now, cluster.busy_until)
+    frees = np.where(good, frees, np.inf)
+    need = gpus + ahead
+    fits_one_node = per_node is None and gpus <= cluster.max_gpus_per_node
+    if fits_one_node or per_node is not None:
+        on_node = per_node if per_node is not None else gpus
+        slots = cluster.node_gpus
+        times = np.where(slots >= 0, frees[np.maximum(slots, 0)], np.inf)
+        if on_node > times.shape[1]:
+            return math.inf
+        nth = np.partition(times, on_node - 1, axis=1)[:, on_node - 1]
+        nodes = 1 if per_node is None else max(1, gpus // per_node)
+        nodes += math.ceil(ahead / on_node) if ahead else 0
+        if nodes > nth.size:
+            return math.inf
+        when = float(np.partition(nth, nodes - 1)[nodes - 1])
+    else:
+        if need > frees.size:
+            return math.inf
+        when = float(np.partition(frees, need - 1)[need - 1])
+    return max(0.0, when - now)
+
+
+def weigh_wait(
+    *,
+    slowdown: float,
+    runtime_s: float | None,
+    waited_s: float,
+    wait_s: float,
+    max_wait_s: float,
+    now: float,
+) -> WaitVerdict:
+    """Hold the job back while the wait it can expect (``wait_s``) is shorter than what taking
+    the outlier would cost it (``runtime_s x (slowdown - 1)``) and ends within the bound
+    (``max_wait_s`` from when it could first have started, ``waited_s`` ago)."""
+    until = now - waited_s + max_wait_s
+    left = max_wait_s - waited_s
+    if left <= 0:
+        return WaitVerdict(False, until, f"waited {waited_s:.0f} s, the bound (max_wait_s)")
+    if not math.isfinite(wait_s):
+        return WaitVerdict(
+            False, until, "no end expected for the jobs on the GPUs it waits for (no time limit)"
+        )
+    if wait_s > left:
+        return WaitVerdict(
+            False, until, f"expected wait {wait_s:.0f} s exceeds what is left of the bound"
+        )
+    runtime = runtime_s if runtime_s is not None and math.isfinite(runtime_s) else max_wait_s
+    cost = runtime * (slowdown - 1.0)
+    if wait_s >= cost:
+        return WaitVerdict(
+            False, until, f"expected wait {wait_s:.0f} s >= {cost:.0f} s lost on the outlier"
+        )
+    return WaitVerdict(
+        True, until, f"expected wait {wait_s:.0f} s < {cost:.0f} s lost on the outlier"
+    )
