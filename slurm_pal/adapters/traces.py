@@ -13,7 +13,9 @@ estimate of its median-GPU run time a history can give; a job that ran on severa
 (``123.batch``) repeat their job and are skipped; jobs without GPUs and jobs that never
 started, have not ended, or ended before they started are left out and counted by reason
 (:class:`Trace` ``left_out``) so the caller can say how much of the history was replayed;
-submit times are made relative to the first submission.
+submit times are made relative to the first submission. ``Timelimit`` (when the history has
+it) becomes the job's time limit, ``UNLIMITED`` and ``Partition_Limit`` an unlimited one
+(``inf``): what Slurm's backfill plans with, and what the advisor expects of a job.
 
 Errors name the file and the line.
 """
@@ -176,6 +178,30 @@ def _sacct_time(value: str) -> float | None:
     return datetime.fromisoformat(value).timestamp()
 
 
+_LIMIT = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def sacct_time_limit(value: str) -> float | None:
+    """Seconds of a sacct ``Timelimit`` (``2-00:00:00``, ``12:00:00``, ``30:00``, minutes as a
+    bare number); ``inf`` for ``UNLIMITED``/``INFINITE``/``Partition_Limit`` (not known here,
+    so planned as unlimited); None when empty. ValueError on anything else."""
+    text = value.strip()
+    if not text:
+        return None
+    if text.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT"):
+        return math.inf
+    if text.isdigit():
+        return int(text) * 60.0 if int(text) > 0 else math.inf
+    match = _LIMIT.match(text)
+    if match is None:
+        raise ValueError(f"bad Timelimit {value!r} (want [D-]HH:MM:SS, MM:SS or UNLIMITED)")
+    days, hours, minutes, seconds = match.groups()
+    if days is not None and hours is None:  # D-HH:MM
+        hours, minutes, seconds = minutes, seconds, "0"
+    total = ((int(days or 0) * 24 + int(hours or 0)) * 60 + int(minutes)) * 60 + int(seconds)
+    return float(total) if total > 0 else math.inf
+
+
 def sacct_gpus(tres: str, gres: str = "") -> int:
     """GPU count from a TRES string (``gres/gpu=4``, ``gres/gpu:v100=4``) or, failing that, a
     GRES string (``gpu:4``, ``gpu:v100:4(IDX:0-3)``); 0 when neither names GPUs. Typed and
@@ -248,7 +274,7 @@ def read_sacct_trace(
 
     if not spanned_penalty >= 1.0:
         raise ValueError(f"spanned_penalty must be >= 1.0, got {spanned_penalty}")
-    raw: list[tuple[str, float, int, float, str, str]] = []
+    raw: list[tuple[str, float, int, float, str, str, float | None]] = []
     left_out: Counter[str] = Counter()
     for line_number, line in enumerate(lines[1:], start=2):
         values = line.split("|")
@@ -286,7 +312,11 @@ def read_sacct_trace(
         except ValueError:
             nodes = 1
         work = (end - start) / (spanned_penalty if nodes > 1 else 1.0)
-        raw.append((job_id, submit, gpus, work, name, user))
+        try:
+            limit = sacct_time_limit(field(values, "Timelimit"))
+        except ValueError as exc:
+            raise TraceFormatError(path, str(exc), line_number) from None
+        raw.append((job_id, submit, gpus, work, name, user, limit))
     if not raw:
         reasons = ", ".join(f"{n} {why}" for why, n in left_out.items())
         raise TraceFormatError(
@@ -304,8 +334,9 @@ def read_sacct_trace(
             user=user,
             name=name,
             known=lookup(name, user) is not None,
+            time_limit=limit,
         )
-        for job_id, submit, gpus, work, name, user in raw
+        for job_id, submit, gpus, work, name, user, limit in raw
     ]
     jobs.sort(key=lambda job: (job.submit_time, job.job_id))
     return Trace(jobs, dict(left_out.most_common()))

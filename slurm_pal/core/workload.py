@@ -23,9 +23,12 @@ __all__ = [
     "PAL_ITERATION_TIME",
     "PAL_MODEL_CLASS",
     "PHILLY_GPU_MIX",
+    "SITE_GPU_MIX",
+    "SITE_TIME_LIMITS",
     "SimJob",
     "pal_job_class",
     "poisson_workload",
+    "site_like_workload",
 ]
 
 PAL_ITERATION_TIME: Mapping[str, float] = {
@@ -62,7 +65,11 @@ class SimJob:
     """One job of a trace. ``work`` is seconds on median GPUs within one node (> 0);
     ``tracked`` jobs count in the metrics (PAL tracks a window of job ids). ``known`` is False
     when nothing identified the job's class (the trace reader's default class was used): the
-    advisor then places it as the site's default class, whatever its true class."""
+    advisor then places it as the site's default class, whatever its true class.
+
+    ``time_limit``: the job's Slurm time limit in seconds (``inf``: UNLIMITED); what Slurm's
+    backfill plans with and the advisor expects. None when the trace has none: the scheduler
+    then knows each job's run time exactly (perfect limits, the paper's simulation)."""
 
     job_id: str
     submit_time: float
@@ -74,8 +81,14 @@ class SimJob:
     name: str = ""
     tracked: bool = True
     known: bool = True
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(
+                f"job {self.job_id}: time_limit must be > 0 seconds (inf: unlimited), "
+                f"got {self.time_limit!r}"
+            )
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"job {self.job_id}: gpus must be an int >= 1, got {self.gpus!r}")
         if not (math.isfinite(self.work) and self.work > 0):
@@ -143,6 +156,89 @@ def poisson_workload(
                 work=float(round(work[number], 3)),
                 job_class=classes[int(picks[number])],
                 tracked=tracked,
+            )
+        )
+    return jobs
+
+
+SITE_GPU_MIX: Mapping[int, float] = {1: 0.85, 2: 0.06, 4: 0.05, 8: 0.03, 16: 0.01}
+"""A university GPU cluster's week, as sessions have seen one: mostly single-GPU jobs, a few
+whole-node and multi-node ones."""
+
+SITE_TIME_LIMITS: Mapping[str, float] = {"unlimited": 0.3, "tight": 0.2, "loose": 0.3, "round": 0.2}
+"""How users set time limits: none (UNLIMITED), a little above the run time (1.1-1.5x), far
+above it (2-10x), or a round default (1, 2 or 7 days, never below the run time)."""
+
+
+def site_like_workload(
+    n_gpus: int,
+    *,
+    load: float = 0.8,
+    n_jobs: int = 800,
+    seed: int = 0,
+    classes: Sequence[str] = ("A", "B", "C", "D"),
+    gpu_mix: Mapping[int, float] = SITE_GPU_MIX,
+    median_work_s: float = 3 * 3600.0,
+    work_sigma: float = 1.6,
+    max_work_s: float = 7 * 24 * 3600.0,
+    time_limits: Mapping[str, float] = SITE_TIME_LIMITS,
+    known_share: float = 0.3,
+) -> list[SimJob]:
+    """A site-like Slurm history for ``n_gpus`` GPUs at ``load`` (offered GPU-seconds per
+    second over GPUs, 0.6-0.95 is a busy site): Poisson arrivals, ``gpu_mix`` demand (sizes
+    above ``n_gpus`` dropped), log-normal run times of minutes to days (median
+    ``median_work_s``), time limits drawn from ``time_limits`` (UNLIMITED ones included), and
+    only ``known_share`` of the jobs identified (the others get the site's default class, as
+    unknown job names do). Same arguments, same jobs."""
+    if not 0 < load <= 2:
+        raise ValueError(f"load must be in (0, 2], got {load}")
+    if n_jobs < 1 or n_gpus < 1:
+        raise ValueError(f"need n_jobs >= 1 and n_gpus >= 1, got {n_jobs}, {n_gpus}")
+    mix = {size: weight for size, weight in gpu_mix.items() if size <= n_gpus and weight > 0}
+    if not mix:
+        raise ValueError(f"no job size in {dict(gpu_mix)} fits {n_gpus} GPUs")
+    kinds = [kind for kind in time_limits if time_limits[kind] > 0]
+    unknown_kinds = sorted(set(kinds) - set(SITE_TIME_LIMITS))
+    if unknown_kinds:
+        raise ValueError(
+            f"unknown time-limit kind(s) {unknown_kinds}; valid: {list(SITE_TIME_LIMITS)}"
+        )
+    rng = np.random.default_rng(seed)
+    sizes = np.array(sorted(mix), dtype=int)
+    weights = np.array([mix[int(size)] for size in sizes], dtype=float)
+    demand = rng.choice(sizes, n_jobs, p=weights / weights.sum())
+    work = np.clip(rng.lognormal(math.log(median_work_s), work_sigma, n_jobs), 120.0, max_work_s)
+    mean_gpu_seconds = float((demand * work).mean())
+    gap = mean_gpu_seconds / (load * n_gpus)
+    submits = np.cumsum(rng.exponential(gap, n_jobs))
+    submits -= submits[0]
+    shares = np.array([time_limits[kind] for kind in kinds], dtype=float)
+    limit_kind = rng.choice(len(kinds), n_jobs, p=shares / shares.sum())
+    stretch = rng.uniform(0, 1, n_jobs)
+    defaults = rng.choice([86400.0, 2 * 86400.0, 7 * 86400.0], n_jobs)
+    picks = rng.integers(0, len(classes), n_jobs)
+    known = rng.uniform(0, 1, n_jobs) < known_share
+    jobs = []
+    for number in range(n_jobs):
+        run = float(round(work[number], 3))
+        kind = kinds[int(limit_kind[number])]
+        if kind == "unlimited":
+            limit = math.inf
+        elif kind == "tight":
+            limit = math.ceil(run * (1.1 + 0.4 * stretch[number]) / 60.0) * 60.0
+        elif kind == "loose":
+            limit = math.ceil(run * (2.0 + 8.0 * stretch[number]) / 3600.0) * 3600.0
+        else:
+            limit = max(float(defaults[number]), math.ceil(run / 86400.0) * 86400.0)
+        jobs.append(
+            SimJob(
+                job_id=str(number),
+                submit_time=float(round(submits[number], 3)),
+                gpus=int(demand[number]),
+                work=run,
+                job_class=classes[int(picks[number])],
+                known=bool(known[number]),
+                time_limit=limit,
             )
         )
     return jobs

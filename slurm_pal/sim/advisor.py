@@ -22,6 +22,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         "pack_tolerance": float(advisor.pack_tolerance),
         "avoid_above": float(advisor.avoid_above),
         "wait": advisor.outliers == "wait",
+        "max_wait_s": float(advisor.max_wait_s),
     }
     used = SETTINGS.get(advisor.policy, ())  # only what the policy takes: reports read clearly
     return {

@@ -55,7 +55,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -204,6 +204,8 @@ class _Job:
         "alloc",
         "attained",
         "end",
+        "first_wait",
+        "held_until",
         "max_nodes",
         "migrations",
         "order",
@@ -218,8 +220,18 @@ class _Job:
     def __init__(self, spec: SimJob, order: int, advised_class: str) -> None:
         self.spec = spec
         self.order = order
-        self.request = PlacementRequest(job_id=str(order), job_class=advised_class, gpus=spec.gpus)
+        limit = spec.time_limit
+        # What the advisor expects the job to run: its time limit; without one in the trace,
+        # its run time (the scheduler's perfect knowledge); unlimited: unknown.
+        runtime = spec.work if limit is None else (limit if math.isfinite(limit) else None)
+        self.request = PlacementRequest(
+            job_id=str(order), job_class=advised_class, gpus=spec.gpus, runtime_s=runtime
+        )
         self.remaining = spec.work
+        self.first_wait: float | None = None
+        """When the policy first held it back although it could have started."""
+        self.held_until: float | None = None
+        """Its begin time while held: Slurm neither starts it nor reserves for it before."""
         self.alloc: Allocation | None = None
         self.rate = 0.0
         self.start: float | None = None
@@ -497,11 +509,15 @@ class _Simulation:
         arrivals = list(reversed(self.jobs))
         pending: list[_Job] = []
         running: list[tuple[float, int, _Job]] = []  # heap of (end, order, job)
+        self.deadlines: list[float] = []  # heap: held jobs' begin times (Slurm acts then)
         now = 0.0
         while arrivals or pending or running:
             next_arrival = arrivals[-1].spec.submit_time if arrivals else math.inf
             next_end = running[0][0] if running else math.inf
-            now = min(next_arrival, next_end)
+            while self.deadlines and self.deadlines[0] <= now:
+                heapq.heappop(self.deadlines)
+            next_deadline = self.deadlines[0] if self.deadlines and pending else math.inf
+            now = min(next_arrival, next_end, next_deadline)
             if not math.isfinite(now) or now > self.config.max_time:
                 break  # pending jobs that can never start (cannot happen: sizes are checked)
             while running and running[0][0] <= now:
@@ -524,12 +540,22 @@ class _Simulation:
         """One round of the advisor's engine at ``now``, Slurm's FIFO + EASY backfill deciding
         which placed jobs may start: the core's one queue loop."""
         rule = _EasyBackfill(self, running, now)
+        self.cluster.clock = now
 
         def place(request: PlacementRequest, cluster: Cluster) -> PlacementResult:
+            job = self.by_id[request.job_id]
             policy = self.policy
-            if self.at_submit_only and self.by_id[request.job_id].spec.submit_time != now:
+            if self.at_submit_only and job.spec.submit_time != now:
                 policy = self.slurm_packing  # not decided at its submission: Slurm places it
-            return policy.place(request, cluster)
+            if job.first_wait is not None:
+                request = replace(request, waited_s=now - job.first_wait)
+            result = policy.place(request, cluster)
+            if result.waits and job.first_wait is None:
+                job.first_wait = now
+                until = result.wait_until if result.wait_until is not None else now
+                job.held_until = until
+                heapq.heappush(self.deadlines, until)
+            return result
 
         queue_round(
             [job.request for job in order],
@@ -540,13 +566,27 @@ class _Simulation:
         )
         return rule.started
 
+    def _planned_end(self, job: _Job, actual_end: float) -> float:
+        """When Slurm expects ``job`` (running since ``job.start``) to end: start + time limit
+        (never, for an unlimited one); without limits in the trace, its actual end."""
+        limit = job.spec.time_limit
+        if limit is None:
+            return actual_end
+        assert job.start is not None
+        return job.start + limit
+
     def _reservation(
         self, needed: int, running: list[tuple[float, int, _Job]]
     ) -> tuple[float, int]:
-        """When ``needed`` GPUs will be free (by GPU count) and how many are left over then."""
+        """When ``needed`` GPUs will be free (by GPU count, from the running jobs' planned
+        ends) and how many are left over then. Never (inf) when unlimited jobs hold them:
+        Slurm cannot plan around those either."""
         free = self.cluster.n_free
-        for end, _, job in sorted(running):
-            free += job.spec.gpus
+        ends = sorted((self._planned_end(job, end), job.spec.gpus) for end, _, job in running)
+        for end, gpus in ends:
+            if not math.isfinite(end):
+                break
+            free += gpus
             if free >= needed:
                 return end, free - needed
         return math.inf, 0
@@ -570,10 +610,18 @@ class _EasyBackfill:
         self.started = False
 
     def _ends_in_time(self, job: _Job) -> bool:
-        return self.shadow is not None and self.now + job.spec.work <= self.shadow
+        limit = job.spec.time_limit
+        runtime = job.spec.work if limit is None else limit
+        return self.shadow is not None and self.now + runtime <= self.shadow
 
     def admits(self, request: PlacementRequest) -> bool:
         job = self.simulation.by_id[request.job_id]
+        if (
+            self.simulation.at_submit_only
+            and job.held_until is not None
+            and job.held_until > self.now
+        ):
+            return False  # held to its begin time, and no advisor round routes it before
         return self.shadow is None or self._ends_in_time(job) or job.spec.gpus <= self.spare
 
     def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
@@ -581,7 +629,10 @@ class _EasyBackfill:
         job = simulation.by_id[request.job_id]
         assert result.allocation is not None
         simulation._started(job, result.allocation, self.now)  # GPUs already taken
-        heapq.heappush(self.running, (self.now + job.remaining / job.rate, job.order, job))
+        job.held_until = None
+        end = self.now + job.remaining / job.rate
+        heapq.heappush(self.running, (end, job.order, job))
+        simulation.cluster.expect_free_at(result.allocation, simulation._planned_end(job, end))
         self.started = True
         if self.shadow is not None and not self._ends_in_time(job):
             self.spare -= job.spec.gpus

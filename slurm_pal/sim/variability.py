@@ -31,7 +31,14 @@ from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.cluster import GpuSpec
 from slurm_pal.core.variability import VariabilityProfile
 
-__all__ = ["SimGpus", "artifact_gpus", "measured_gpus", "uniform_gpus"]
+__all__ = [
+    "SimGpus",
+    "artifact_gpus",
+    "few_slow_gpus",
+    "measured_gpus",
+    "sampled_gpus",
+    "uniform_gpus",
+]
 
 FloatArray = NDArray[np.float64]
 
@@ -165,3 +172,70 @@ def measured_gpus(
     true = {c: truth[c].to_numpy(dtype=float)[picks] for c in names}
     source = f"measured GPUs, seed {seed}" + (" (reused: cluster > campaign)" if reused else "")
     return SimGpus(n_nodes, gpus_per_node, scores, true, source=source)
+
+
+def _binned(true: Mapping[str, FloatArray], binner: PMBinner | None) -> dict[str, FloatArray]:
+    """What placement sees of ``true``: each class binned as a campaign would be."""
+    template = binner if binner is not None else PMBinner()
+    return {
+        name: PMBinner(**template.get_params()).fit(values).transform(values)
+        for name, values in true.items()
+    }
+
+
+def sampled_gpus(
+    per_gpu: Mapping[str, Sequence[float]],
+    n_nodes: int,
+    gpus_per_node: int,
+    *,
+    seed: int = 0,
+    source: str = "sampled",
+    binner: PMBinner | None = None,
+) -> SimGpus:
+    """A cluster larger than the few GPUs measured: each simulated GPU is one measured GPU
+    (its values in every class together), drawn with repetition. ``per_gpu`` maps class ->
+    one normalized value per measured GPU, in the same GPU order for every class."""
+    lengths = {len(values) for values in per_gpu.values()}
+    if len(lengths) != 1 or 0 in lengths:
+        raise ValueError("every class needs one value per measured GPU, in one GPU order")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, lengths.pop(), n_nodes * gpus_per_node)
+    true = {name: np.asarray(values, dtype=float)[picks] for name, values in per_gpu.items()}
+    return SimGpus(
+        n_nodes, gpus_per_node, _binned(true, binner), true, source=f"{source}, seed {seed}"
+    )
+
+
+def few_slow_gpus(
+    classes: Sequence[str],
+    n_nodes: int,
+    gpus_per_node: int,
+    *,
+    seed: int = 0,
+    share: float = 0.03,
+    slowdown: tuple[float, float] = (2.0, 3.0),
+    sensitivity: Sequence[float] | None = None,
+    noise: float = 0.01,
+) -> SimGpus:
+    """A site where a few GPUs are far slower (a failed fan, hardware slowdown): ``share`` of
+    them (at least one) at ``slowdown`` (uniform) for the first, most compute-bound class,
+    the others feeling ``sensitivity`` of it (default: 1, 0.5, 0.1, 0 ... for the classes in
+    order); every GPU also has ``noise`` (log-normal sigma) of ordinary spread."""
+    n = n_nodes * gpus_per_node
+    weights = list(sensitivity) if sensitivity is not None else [1.0, 0.5, 0.1, 0.0]
+    weights += [0.0] * (len(classes) - len(weights))
+    rng = np.random.default_rng(seed)
+    slow = rng.choice(n, max(1, round(share * n)), replace=False)
+    factor = rng.uniform(*slowdown, slow.size)
+    true: dict[str, FloatArray] = {}
+    for name, weight in zip(classes, weights, strict=False):
+        values = rng.lognormal(0.0, noise, n)
+        values[slow] *= 1.0 + (factor - 1.0) * weight
+        true[name] = values / np.median(values)
+    return SimGpus(
+        n_nodes,
+        gpus_per_node,
+        _binned(true, None),
+        true,
+        source=f"{slow.size} of {n} GPUs {slowdown[0]:g}-{slowdown[1]:g}x, seed {seed}",
+    )
