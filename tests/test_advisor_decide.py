@@ -863,28 +863,40 @@ def test_example_campaign_jobs_are_routed_to_their_labels(
             assert d.allocation is not None and d.allocation.max_score == pytest.approx(best)
 
 
-def test_a_job_that_fits_only_on_outliers_waits_off_their_nodes() -> None:
-    """packed-pm with waiting: the only free GPU is an outlier for class A (1.6 > 1.5), so the
-    job keeps its request but is excluded from that node (with the user's own exclusions
-    kept); a class-B job is not slowed there (1.3) and is routed to it."""
+def test_a_job_that_fits_only_on_outliers_is_held_to_its_bound_as_its_begin_time() -> None:
+    """packed-pm with waiting: the only free GPU is an outlier for class A (1.6 > 1.5) and a
+    good one frees in 10 minutes (its job's planned end), so a 2-hour job keeps its request as
+    written with its begin time at the bound (an hour from now): Slurm starts it nowhere
+    before. A class-B job is not slowed there (1.3) and is routed to it."""
     cluster, labels = site(
         {"n01": [A0, AX], "n02": [A0, A0]},
         busy=[("n01", 0), ("n02", 0), ("n02", 1)],
     )
-    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
-    fields = {"tres_per_node": "gres:gpu:v100:1", "exc_nodes": "n09"}
-    decision = run(fields, cluster, labels, policy=policy)
+    now = 1_800_000_000.0
+    cluster.expect_free_at([cluster.uuid_index["GPU-n02-0"]], now + 600)
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True, max_wait_s=3600)
+    fields = {"tres_per_node": "gres:gpu:v100:1", "exc_nodes": "n09", "time_limit": 120}
+    decision = run(fields, cluster, labels, policy=policy, now=now)
     assert decision.action == "wait" and decision.retry
-    assert decision.kept_off == ("n01",)
-    assert decision.set_fields["exc_nodes"] == "n[01,09]"
+    assert decision.set_fields["begin_time"] == now + 3600 == decision.wait_until
+    assert "exc_nodes" not in decision.set_fields  # the user's own exclusions stay as written
     assert decision.set_fields["tres_per_node"] == "gres:gpu:1"  # model type translated
     assert "req_nodes" not in decision.set_fields
     comment = parse_admin_comment(str(decision.set_fields["admin_comment"]))
-    assert comment is not None and comment["action"] == "wait" and comment["exc"] == "n01"
-    assert comment["r"] == "tok-1"
+    assert comment is not None and comment["action"] == "wait" and comment["r"] == "tok-1"
+    assert (comment["since"], comment["until"]) == (str(int(now)), str(int(now + 3600)))
     assert decision.to_wire()["action"] == "wait"
     as_slurm_holds_it = applied(fields, decision)
-    assert node_set(as_slurm_holds_it.exc_nodes, "exc_nodes") == {"n01", "n09"}
+    assert node_set(as_slurm_holds_it.exc_nodes, "exc_nodes") == {"n09"}
+    # Held 50 minutes already (a re-planning round): the bound is still the first one's.
+    later = run(fields, cluster, labels, policy=policy, now=now + 3000, waiting_since=now)
+    assert later.action == "wait" and later.wait_until == now + 3600
+    # A 5-minute job loses less on the outlier than it would wait: routed there now.
+    short = run({**fields, "time_limit": 5}, cluster, labels, policy=policy, now=now)
+    assert short.action == "route" and "rather than wait" in short.reason
+    # Nothing is expected to end (an UNLIMITED neighbour): no wait justifies itself.
+    cluster.expect_free_at([cluster.uuid_index["GPU-n02-0"]], float("inf"))
+    assert run(fields, cluster, labels, policy=policy, now=now).action == "route"
 
     routed = run(fields, cluster, labels, policy=policy, job_class="B")
     assert routed.action == "route" and routed.allocation is not None

@@ -3,6 +3,7 @@ and the ``scontrol update`` steps that carry it out."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from slurm_pal.adapters.slurm.update import ScontrolApplier, scontrol_steps, transition_problem
-from slurm_pal.advisor.decide import LabelTable
+from slurm_pal.advisor.decide import LabelTable, parse_admin_comment
 from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.replan import (
     PendingJob,
@@ -249,33 +250,56 @@ def test_changes_slurm_refuses_are_not_sent(st) -> None:
     assert "untyped" in str(ScontrolApplier().apply(to_untyped.change))  # no scontrol run
 
 
-def test_a_waiting_job_gets_its_exclusion_kept_current_then_is_routed_with_it_lifted() -> None:
-    from slurm_pal.advisor.replan import kept_off
+def test_a_held_job_gets_its_begin_time_once_then_is_routed_with_the_hold_lifted() -> None:
+    from slurm_pal.adapters.slurm.update import start_time_text
+    from slurm_pal.advisor.replan import held
 
-    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
-    job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    now = 1_800_000_000.0
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True, max_wait_s=3600)
+    job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1", "time_limit": 600})
     waiting = PendingJob(7, "t7", job, "A", "test", None, tres_per_node="gres:gpu:1")
-    # Only an outlier (n01-1) is free: the job waits off n01; the exclusion goes out once.
+    # Only an outlier (n01-1) is free; n02-1's job is planned to end in 5 minutes: the 10-hour
+    # job is held to its bound, told to Slurm once as its begin time.
     cluster, labels = site({"n01": [A0, AX], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
     cluster.allocate([cluster.uuid_index["GPU-n02-1"]])
-    result = plan_replan([waiting], cluster, labels=labels, policy=policy, version="t")
+    cluster.expect_free_at([cluster.uuid_index["GPU-n02-1"]], now + 300)
+    plan = {"labels": labels, "policy": policy, "version": "t", "now": now}
+    result = plan_replan([waiting], cluster, **plan)
     assert result.waiting == [7] and not result.not_placed
     (update,) = result.updates
-    assert update.decision.action == "wait" and update.decision.kept_off == ("n01",)
+    assert update.decision.action == "wait" and update.decision.wait_until == now + 3600
+    comment = update.decision.set_fields["admin_comment"]
     assert scontrol_steps(update.change) == [
         [
             "update",
             "JobId=7",
-            "ExcNodeList=n01",
-            f"AdminComment={update.decision.set_fields['admin_comment']}",
+            f"AdminComment={comment}",
+            f"StartTime={start_time_text(now + 3600)}",
         ]
     ]
-    again = PendingJob(**{**waiting.__dict__, "kept_off": ("n01",)})
-    result = plan_replan([again], cluster, labels=labels, policy=policy, version="t")
-    assert result.waiting == [7] and not result.updates  # nothing changed: nothing sent
-    # A good GPU frees on n02: the job is routed there, the advisor's exclusion lifted first.
+    since_until = held(parse_admin_comment(str(comment)) or {})
+    assert since_until == (now, now + 3600)
+    again = PendingJob(**{**waiting.__dict__, "waiting": since_until})
+    result = plan_replan([again], cluster, **{**plan, "now": now + 60})
+    assert result.waiting == [7] and not result.updates  # the same hold: nothing sent
+    # A good GPU frees on n02: the job is routed there, its hold lifted in the same update.
     cluster.release([cluster.uuid_index["GPU-n02-1"]])
-    (update,) = plan_replan([again], cluster, labels=labels, policy=policy, version="t").updates
+    (update,) = plan_replan([again], cluster, **{**plan, "now": now + 300}).updates
+    assert update.decision.action == "route" and update.chosen == {"n02": (A0,)}
+    *first, last = scontrol_steps(update.change)  # 22.05: untyped -> typed in two updates
+    assert last[-1] == "StartTime=now" and "ReqNodeList=n02" in last
+    assert not any(a.startswith("StartTime") for step in first for a in step)  # not before
+    assert held({"action": "route", "since": "1", "until": "2"}) is None
+
+
+def test_an_older_advisors_exclusion_is_lifted_when_its_waiting_job_is_routed() -> None:
+    from slurm_pal.advisor.replan import kept_off
+
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
+    job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    old = PendingJob(7, "t7", job, "A", "test", None, tres_per_node="gres:gpu:1", kept_off=("n01",))
+    cluster, labels = site({"n01": [A0, AX], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
+    (update,) = plan_replan([old], cluster, labels=labels, policy=policy, version="t").updates
     assert update.decision.action == "route" and update.chosen == {"n02": (A0,)}
     steps = scontrol_steps(update.change)
     assert steps[0] == ["update", "JobId=7", "ExcNodeList="]
@@ -299,16 +323,31 @@ def test_the_services_round_decides_what_the_simulators_round_decides(seed: int)
     slots = [(node, i) for node in layout for i in range(4)]
     busy = [slot for slot in slots if rng.random() < 0.45]
     cluster, labels = site(layout, busy=busy)
-    policy = configured_policy("packed-pm", avoid_above=1.5, wait=True)
+    now = 1_800_000_000.0
+    cluster.clock = now
+    for gpu in np.flatnonzero(~cluster.free):  # planned ends: soon, later, never
+        cluster.expect_free_at([gpu], now + float(rng.choice([120.0, 5400.0, np.inf])))
+    policy = configured_policy("packed-pm", avoid_above=1.5, wait=True, max_wait_s=3600.0)
     pending = []
+    limits: dict[int, float] = {}
     for job_id in range(1, 7):
         n = int(rng.choice([1, 1, 2, 3, 4]))
-        job = JobDescription.from_wire({"user": "u", "tres_per_job": f"gres:gpu:{n}"})
+        minutes = int(rng.choice([5, 60, 600]))
+        limits[job_id] = minutes * 60.0
+        job = JobDescription.from_wire(
+            {"user": "u", "tres_per_job": f"gres:gpu:{n}", "time_limit": minutes}
+        )
         job_class = str(rng.choice(["A", "B"]))
         pending.append(PendingJob(job_id, f"t{job_id}", job, job_class, "t", None))
-    service = plan_replan(pending, cluster, labels=labels, policy=policy, version="t")
+    service = plan_replan(pending, cluster, labels=labels, policy=policy, version="t", now=now)
     requests = [
-        PlacementRequest(str(p.job_id), p.job_class, int(p.job.tres_per_job[-1])) for p in pending
+        PlacementRequest(
+            str(p.job_id),
+            p.job_class,
+            int(p.job.tres_per_job[-1]),
+            runtime_s=limits[p.job_id],
+        )
+        for p in pending
     ]
     steps = queue_round(requests, cluster.copy(), policy.place, start=StopAtMisfit())
     routed = {
@@ -323,6 +362,10 @@ def test_the_services_round_decides_what_the_simulators_round_decides(seed: int)
             assert routed.get(job_id) == sorted(step.result.allocation.uuids)
         elif step.outcome is Outcome.WAITS:
             assert job_id in service.waiting
+            held = next(u for u in service.updates if u.job_id == job_id)
+            assert step.result is not None and held.decision.wait_until == math.ceil(
+                step.result.wait_until
+            )
         else:
             assert job_id in service.not_placed
     assert set(routed) == {int(s.request.job_id) for s in steps if s.outcome is Outcome.PLACED}

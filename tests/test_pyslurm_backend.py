@@ -93,6 +93,8 @@ def recorded_pyslurm(version: str = "22.05.8") -> SimpleNamespace:
             constraints=j["features"] or None,
             comment=j["comment"] or None,
             admin_comment=j["admin_comment"] or None,
+            time_limit=j["time_limit"],  # minutes; None: UNLIMITED
+            end_time=j["end_time"] or None,
             get_resource_layout_per_node=lambda layout=layout: layout,
         )
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -180,19 +182,20 @@ def test_reader_does_not_fall_back_when_slurmctld_is_silent() -> None:
 
 
 # What `squeue --noheader -O BRIEF_FORMAT` printed on the testbed (Slurm 22.05.8 and 24.11.5):
-# a pending job whose admin comment holds blanks and a '|', a held job array asking per job,
-# and a two-node running job.
+# a pending job whose admin comment holds blanks and a '|', a held job array asking per job
+# with a 1-day limit, and a two-node running job with a 1-hour limit.
 BRIEF_2205 = (
-    "2|PENDING|root|debug||4294901758|Resources|gres:gpu:4|N/A|"
+    "2|PENDING|root|debug||4294901758|Resources|gres:gpu:4|N/A|UNLIMITED|N/A|"
     "slurm-pal/0.1.0 wait r=abc class=A exc=n01 why=x|y z\n"
-    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres:gpu:3|(null)\n"
-    "1|RUNNING|root|debug|n[01-02]|4294901759|None|gres:gpu:2|N/A|(null)\n"
+    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres:gpu:3|1-00:00:00|N/A|(null)\n"
+    "1|RUNNING|root|debug|n[01-02]|4294901759|None|gres:gpu:2|N/A|1:00:00|"
+    "2026-11-26T14:00:00|(null)\n"
 )
 BRIEF_2411 = (
-    "2|PENDING|root|debug||1|Resources|gres/gpu:4|N/A|"
+    "2|PENDING|root|debug||1|Resources|gres/gpu:4|N/A|UNLIMITED|N/A|"
     "slurm-pal/0.1.0 wait r=abc class=A exc=n01 why=x|y z\n"
-    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres/gpu:3|(null)\n"
-    "1|RUNNING|root|debug|n[01-02]|1|None|gres/gpu:2|N/A|(null)\n"
+    "3|PENDING|root|debug||0|JobHeldUser|N/A|gres/gpu:3|1-00:00:00|N/A|(null)\n"
+    "1|RUNNING|root|debug|n[01-02]|1|None|gres/gpu:2|N/A|1:00:00|2026-11-26T14:00:00|(null)\n"
 )
 
 
@@ -207,10 +210,18 @@ def test_the_brief_job_read_of_both_releases(text: str) -> None:
     assert (running.state, running.nodes, running.user) == ("RUNNING", ("n01", "n02"), "root")
     # what the brief read leaves out: GPU indices and every field a user writes
     assert running.allocated_gres == {} and (running.name, running.comment) == ("", "")
+    # what the advisor's wait estimates read: limits and the running job's planned end
+    assert (pending.time_limit_s, held.time_limit_s, running.time_limit_s) == (
+        math.inf,
+        86400.0,
+        3600.0,
+    )
+    assert pending.end_time is None
+    assert running.end_time == datetime.fromisoformat("2026-11-26T14:00:00").timestamp()
 
 
 def test_a_brief_line_that_is_not_a_job_is_left_out_and_the_rest_read(caplog) -> None:
-    text = "x|PENDING|root|debug||1|None|N/A|N/A|(null)\nshort|line\n" + BRIEF_2205
+    text = "x|PENDING|root|debug||1|None|N/A|N/A|UNLIMITED|N/A|(null)\nshort|line\n" + BRIEF_2205
     assert [j.job_id for j in parse_squeue_brief(text)] == [2, 3, 1]
     assert caplog.text.count("squeue line left out") == 2
 
@@ -230,7 +241,10 @@ def test_the_brief_reader_asks_for_exactly_the_brief_fields(release: str) -> Non
             return f"slurm {release}\n"
         if args[:2] == ["squeue", "--json"]:
             return json.dumps(running)
-        return f"{held['job_id']}|RUNNING|root|debug|{held['nodes']}|1|None|gres/gpu:2|N/A|(null)\n"
+        return (
+            f"{held['job_id']}|RUNNING|root|debug|{held['nodes']}|1|None|gres/gpu:2|N/A|"
+            "UNLIMITED|N/A|(null)\n"
+        )
 
     reader = CliStateReader({}, runner=run, brief_jobs=True)
     (job,) = reader.jobs(states=["RUNNING"])
@@ -243,3 +257,28 @@ def test_the_brief_reader_asks_for_exactly_the_brief_fields(release: str) -> Non
         assert [c for c in calls if c[0] == "squeue"] == [brief, holding]
         assert job.allocated_gres and job.allocated_gpu_indices()
     assert BRIEF_FORMAT.split(",")[-1] == "admin_comment:0"  # last: it may hold a '|'
+
+
+def test_time_limits_and_planned_ends_of_both_json_generations() -> None:
+    """What the advisor's wait estimate reads: 22.05 prints an UNLIMITED limit as null and a
+    running job's end as start + one year; 24.11 marks it infinite."""
+    old = {j.job_id: j for j in parse_squeue_json(fixture("squeue.json"))}
+    assert old[1].time_limit_s is None and old[1].end_time == 1826871079.0
+    assert old[3].end_time is None  # pending: no end yet
+    new = {j.job_id: j for j in parse_squeue_json(fixture("24.11/squeue.json"))}
+    assert new[10].time_limit_s == math.inf and new[10].end_time == 1827090045.0
+    assert new[11].end_time is None
+    limited = json.dumps({"jobs": [{"job_id": 5, "job_state": "PENDING", "time_limit": 90}]})
+    assert parse_squeue_json(limited)[0].time_limit_s == 5400.0
+    limited = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": 5,
+                    "job_state": ["PENDING"],
+                    "time_limit": {"set": True, "infinite": False, "number": 90},
+                }
+            ]
+        }
+    )
+    assert parse_squeue_json(limited)[0].time_limit_s == 5400.0

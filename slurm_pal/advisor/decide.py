@@ -69,9 +69,10 @@ __all__ = [
 ADMIN_COMMENT_MAX = 1024
 NO_FIT = "no free GPUs fit now"
 #: What an answer does: ``route`` rewrites the GPU request to the chosen GPUs; ``wait`` keeps
-#: the request but adds ``exc_nodes`` so Slurm cannot start the job on GPUs the policy holds it
-#: off (outliers for its class) until re-planning routes it; ``pass`` accepts the job as written;
-#: ``deny`` refuses it (only a site's ``advisor.label_requests = "deny"`` does).
+#: the request but sets its ``begin_time`` to the wait's bound, so Slurm starts it nowhere
+#: before (neither reserving for it nor holding the jobs behind it) unless re-planning routes it
+#: to GPUs that are not outliers for it first, and wherever it fits from then on; ``pass``
+#: accepts the job as written; ``deny`` refuses it (only ``advisor.label_requests = "deny"``).
 ACTIONS = ("route", "wait", "pass", "deny")
 #: The job_desc fields job_submit.lua applies from ``set`` (PROTOCOL.md); others are ignored.
 SET_FIELDS = (
@@ -82,6 +83,7 @@ SET_FIELDS = (
     "tres_per_task",
     "min_nodes",
     "max_nodes",
+    "begin_time",
     "admin_comment",
 )
 _PREFIX = "slurm-pal/"
@@ -185,10 +187,14 @@ def format_admin_comment(
     lv: float | None = None,
     gpus: Mapping[str, Sequence[str]] | None = None,
     exc: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
 ) -> str:
     """``slurm-pal/<version> <action> r=<token> class=<C> lv=<x.xxxx> exc=<hostlist>
-    gpus=<node>:<l>+<l>;... why=<reason>``; absent values are left out, ``why`` is last and may
-    hold spaces. ``exc`` names the nodes a waiting job is kept off (its ``exc_nodes``).
+    since=<epoch> until=<epoch> gpus=<node>:<l>+<l>;... why=<reason>``; absent values are left
+    out, ``why`` is last and may hold spaces. ``exc`` names the nodes a waiting job was kept off
+    (an older advisor's waits); ``since``/``until``: a waiting job is held from when it could
+    first have started to its bound (its begin time).
 
     At most :data:`ADMIN_COMMENT_MAX` characters: when too long, repeated labels are counted
     (``node:L*3``), then ``why`` is cut, then the gpus list is cut and ends in ``...``."""
@@ -203,6 +209,10 @@ def format_admin_comment(
         head.append(f"lv={lv:.4f}")
     if exc:
         head.append(f"exc={exc}")
+    if since is not None:
+        head.append(f"since={int(since)}")
+    if until is not None:
+        head.append(f"until={math.ceil(until)}")
     head_text = " ".join(head)
     why_text = f" why={_clean(why)}"
     if not gpus:
@@ -285,6 +295,8 @@ class Decision:
     """``wait``: the nodes the advisor keeps the job off (besides the user's own exclusions)."""
     waits_off: tuple[int, ...] = ()
     """``wait``: the free GPUs (cluster rows) the policy holds the job off."""
+    wait_until: float | None = None
+    """``wait``: the job's begin time, the latest it is held to (epoch seconds)."""
     left_to_slurm: bool = False
     """``pass`` of a job the policy would place as packing does (``allocation``: where Slurm
     is expected to put it, held as a reservation until Slurm's next read shows the job)."""
@@ -324,7 +336,8 @@ def _pass(
 def _wait(
     reason: str,
     *,
-    kept_off: set[str],
+    since: float,
+    until: float,
     job: JobDescription,
     labels: LabelTable,
     job_class: str,
@@ -332,19 +345,19 @@ def _wait(
     request: PlacementRequest,
     token: str,
 ) -> Decision:
-    """Keep the job as written (model types translated) but off ``kept_off`` until re-planning
-    routes it: the only GPUs it fits on now are ones the policy holds it off. Its request is
-    unsatisfiable elsewhere for now, so Slurm cannot start it there either."""
-    user = set(node_set(job.exc_nodes, "exc_nodes"))
-    ours = sorted(kept_off - user)
+    """Keep the job as written (model types translated) but not before ``until``, its bound:
+    Slurm starts a job nowhere before its begin time, so the hold is exactly what the policy
+    decided, and it ends by itself even if the advisor is gone. Re-planning routes it earlier
+    when GPUs that are not outliers for it free up."""
     fields: dict[str, str | int] = dict(_translations(job, labels))
-    fields["exc_nodes"] = compress(sorted(user | kept_off))
+    fields["begin_time"] = math.ceil(until)
     fields["admin_comment"] = format_admin_comment(
         version=version,
         action="wait",
         token=token,
         job_class=job_class,
-        exc=compress(ours),
+        since=since,
+        until=until,
         why=reason,
     )
     return Decision(
@@ -355,7 +368,7 @@ def _wait(
         token=token,
         request=request,
         retry=True,
-        kept_off=tuple(ours),
+        wait_until=math.ceil(until),
     )
 
 
@@ -424,7 +437,8 @@ def _request(
     job: JobDescription, ask: GpuAsk, job_class: str, labels: LabelTable, job_id: str
 ) -> PlacementRequest:
     """The PlacementRequest the job describes (JobDescError for hostlists/features it cannot
-    read). Per-node GPUs without ``min_nodes`` mean one node, as in Slurm."""
+    read). Per-node GPUs without ``min_nodes`` mean one node, as in Slurm. The job's time
+    limit is what the advisor expects it to run (an unlimited or unset one: unknown)."""
     required = node_set(job.req_nodes, "req_nodes")
     excluded = node_set(job.exc_nodes, "exc_nodes")
     features = feature_set(job.features)
@@ -451,6 +465,9 @@ def _request(
         excluded_nodes=excluded,
         required_features=features,
         gpu_model=model,
+        runtime_s=limit
+        if (limit := job.time_limit_s) is not None and math.isfinite(limit)
+        else None,
     )
 
 
@@ -568,8 +585,14 @@ def decide(
     partition_nodes: Mapping[str, Iterable[str]] | None = None,
     default_partition: str | None = None,
     leave_packing: bool = False,
+    now: float | None = None,
+    waiting_since: float | None = None,
 ) -> Decision:
     """Route ``job`` to the GPUs ``policy`` picks among ``cluster``'s free GPUs, or pass it.
+
+    ``now`` (epoch seconds) is the cluster's clock for a policy that weighs waiting (when the
+    busy GPUs free up: ``cluster.busy_until``); ``waiting_since``: the job has been held since
+    then (a re-planning round), so its wait counts against the bound from there.
 
     ``leave_packing``: a pick that is packing's own with nothing to avoid
     (``PlacementResult.as_packing``) is passed with the token and the expected allocation
@@ -594,13 +617,17 @@ def decide(
     if why is not None:
         return _pass(why, job_class=job_class, request=request, **common)
     assert request is not None
+    if now is not None:
+        cluster.clock = now
+        if waiting_since is not None:
+            request = replace(request, waited_s=max(0.0, now - waiting_since))
     candidates = _partition_candidates(job, cluster, partition_nodes, default_partition)
     if isinstance(candidates, str):
         return _pass(candidates, job_class=job_class, request=request, **common)
     best: PlacementResult | None = None
     reasons: list[str] = []
-    kept_off: set[str] = set()
     waits_off: set[int] = set()
+    wait_until: float | None = None
     for partition, outside in candidates:
         attempt = request
         if outside:
@@ -610,14 +637,17 @@ def decide(
             reasons.append(f"{partition}: {result.reason}" if partition else result.reason)
             if result.waits:
                 waits_off.update(result.waits_off)
-                kept_off.update(cluster.node_names[cluster.gpu_node[g]] for g in result.waits_off)
+                until = result.wait_until if result.wait_until is not None else cluster.clock
+                wait_until = until if wait_until is None else min(wait_until, until)
         elif best is None or result.allocation.lv_product < best.allocation.lv_product:  # type: ignore[union-attr]
             best = result
     if best is None or best.allocation is None:
-        if kept_off:
+        if wait_until is not None:
+            since = cluster.clock - request.waited_s
             decision = _wait(
                 f"{'; '.join(reasons)}; re-planning routes it when other GPUs free up",
-                kept_off=kept_off,
+                since=since,
+                until=wait_until,
                 job_class=job_class,
                 request=request,
                 token=token,

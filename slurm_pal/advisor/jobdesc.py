@@ -18,6 +18,7 @@ the same way. Slurm shapes handled (22.05, ``shared/notes/slurm-testbed.md`` §3
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -76,8 +77,18 @@ _SETTABLE = (
     "tres_per_task",
     "min_nodes",
     "max_nodes",
+    "begin_time",
 )
-_OPT_INT_FIELDS = ("uid", "min_nodes", "max_nodes", "num_tasks", "script_size", "job_id")
+_OPT_INT_FIELDS = (
+    "uid",
+    "min_nodes",
+    "max_nodes",
+    "num_tasks",
+    "script_size",
+    "job_id",
+    "time_limit",
+)
+_INFINITE = 4294967295
 
 
 def _as_int(field: str, value: object) -> int | None:
@@ -136,6 +147,15 @@ class JobDescription:
     job_id: int | None = None
     script_hash: str | None = None  # stored form: the script's hash instead of the script
     script_app: str | None = None  # stored form: the application its #PAL line names
+    time_limit: int | None = None  # minutes, as job_desc holds it (4294967295: UNLIMITED)
+
+    @property
+    def time_limit_s(self) -> float | None:
+        """The job's time limit in seconds: what the advisor expects it to run at most
+        (``inf``: UNLIMITED; None: not given, the partition's default applies)."""
+        if self.time_limit is None or self.time_limit == 0:
+            return None
+        return math.inf if self.time_limit >= _INFINITE else self.time_limit * 60.0
 
     @classmethod
     def from_wire(cls, data: Mapping[str, object]) -> JobDescription:

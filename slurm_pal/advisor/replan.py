@@ -12,13 +12,17 @@ it stops at the first job that gets no GPUs): each job is placed by ``decide`` (
 the encoding submit-time routing uses), and a job whose new request Slurm 22.05 would refuse or
 mishandle (:func:`slurm_pal.adapters.slurm.update.transition_problem`) is kept as it is; the
 updates go out through ``adapters/slurm/update.py``. A job the policy holds off outlier GPUs
-(``wait``) keeps its request and gets its ``exc_nodes`` brought up to date; routed later, the
-advisor's exclusion is lifted.
+(``wait``) keeps its request with its begin time at the wait's bound (``since``/``until`` in
+its admin comment); routed before then, its begin time is lifted in the same update. Slurm
+does not see a held job as eligible, so it neither ends the round nor holds the jobs behind
+it. (An older advisor kept waiting jobs off nodes through ``exc_nodes``; routed now, that
+exclusion is lifted.)
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -63,8 +67,11 @@ log = logging.getLogger("slurm_pal.advisor")
 SKIP_REASONS = ("JobHeld", "Dependency", "BeginTime")
 
 
-def replannable(reason: str) -> bool:
-    """Is a pending job with this Slurm reason one the scheduler would start if it fit?"""
+def replannable(reason: str, held_by_us: bool = False) -> bool:
+    """Is a pending job with this Slurm reason one the scheduler would start if it fit?
+    ``held_by_us``: the begin time is this advisor's hold (a ``wait``), which a round lifts."""
+    if held_by_us and reason.startswith("BeginTime"):
+        return True
     return bool(reason) and not reason.startswith(SKIP_REASONS)
 
 
@@ -81,13 +88,14 @@ class PendingJob:
     tres_per_node: str = ""  # as Slurm holds them now
     tres_per_job: str = ""
     priority: int = 0
-    kept_off: tuple[str, ...] = ()  # nodes the advisor excludes while the job waits
+    kept_off: tuple[str, ...] = ()  # nodes an older advisor excluded while the job waited
+    waiting: tuple[float, float] | None = None  # (since, until) while the advisor holds it
 
 
 @dataclass(frozen=True)
 class Update:
-    """A pending job's new placement (``decision.action`` "route"), or its new exclusion while
-    it waits for GPUs that are not outliers for it ("wait": ``chosen`` is empty)."""
+    """A pending job's new placement (``decision.action`` "route"), or its hold while it waits
+    for GPUs that are not outliers for it ("wait": ``chosen`` is empty, its begin time set)."""
 
     job_id: int
     token: str
@@ -103,9 +111,12 @@ class Update:
         lift = None
         if decision.action == "route" and pending.kept_off:
             lift = compress(sorted(node_set(pending.job.exc_nodes, "exc_nodes")))
+        fields = decision.set_fields
+        if decision.action == "route" and pending.waiting is not None:
+            fields = {**fields, "begin_time": 0}  # lift the hold with the new GPUs
         return JobChange(
             job_id=self.job_id,
-            fields=decision.set_fields,
+            fields=fields,
             held_tres=pending.tres_per_node or pending.tres_per_job,
             n_gpus=decision.allocation.n_gpus if decision.allocation is not None else 0,
             only_exclusion=decision.action == "wait",
@@ -140,6 +151,16 @@ class ReplanResult:
             "applied": self.applied,
             "failed": {str(k): v for k, v in self.failed.items()},
         }
+
+
+def held(admin_comment: Mapping[str, str]) -> tuple[float, float] | None:
+    """(since, until) of a job an admin comment says this advisor holds (``wait``)."""
+    if admin_comment.get("action") != "wait":
+        return None
+    try:
+        return float(admin_comment["since"]), float(admin_comment["until"])
+    except (KeyError, ValueError):
+        return None
 
 
 def kept_off(admin_comment: Mapping[str, str]) -> tuple[str, ...]:
@@ -181,7 +202,12 @@ def steered_job(
     job: JobState, comment: Mapping[str, str], original: JobDescription, job_class: str
 ) -> PendingJob:
     """A pending job the advisor steered, as Slurm shows it (``comment``: its admin comment,
-    parsed; ``original``: the request as the user submitted it)."""
+    parsed; ``original``: the request as the user submitted it; its time limit as Slurm holds
+    it now, which an admin or the user may have changed)."""
+    limit = job.time_limit_s
+    if limit is not None:
+        minutes = 4294967295 if math.isinf(limit) else max(1, round(limit / 60))
+        original = replace(original, time_limit=minutes)
     return PendingJob(
         job_id=job.job_id,
         token=comment["r"],
@@ -190,6 +216,7 @@ def steered_job(
         class_reason=f"re-planned; class {job_class} at submit",
         current=current_gpus(comment) if comment["action"] == "route" else None,
         kept_off=kept_off(comment),
+        waiting=held(comment),
         tres_per_node=",".join(f"gres:{g}" for g in job.tres_per_node),
         tres_per_job=",".join(f"gres:{g}" for g in job.tres_per_job),
         priority=job.priority,
@@ -208,6 +235,7 @@ def with_written(
         pending,
         current=current_gpus(comment) if comment["action"] == "route" else None,
         kept_off=kept_off(comment),
+        waiting=held(comment),
         tres_per_node=tres_per_node,
         tres_per_job=tres_per_job,
     )
@@ -250,6 +278,7 @@ def plan_replan(
     known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
     release: SlurmRelease | None = None,
     leave_packing: bool = False,
+    now: float | None = None,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -261,7 +290,9 @@ def plan_replan(
     (``kept``) and the GPUs planned for it stay free for the jobs after it.
     ``known`` caches each pending job's request across rounds (its GPU ask is read once).
     ``leave_packing``: a job that holds no pin and whose new place is packing's own with
-    nothing to avoid is left as it is (Slurm packs it; ``decide``'s ``leave_packing``)."""
+    nothing to avoid is left as it is (Slurm packs it; ``decide``'s ``leave_packing``).
+    ``now``: the clock (epoch seconds) a policy that weighs waiting reads ``busy_until``
+    against; a held job's wait counts from its ``since``."""
     result = ReplanResult(considered=len(pending))
     common = {
         "labels": labels,
@@ -290,13 +321,24 @@ def plan_replan(
             class_reason=p.class_reason,
             cluster=state,
             token=p.token,
-            leave_packing=leave_packing and p.current is None and not p.kept_off,
+            leave_packing=leave_packing
+            and p.current is None
+            and not p.kept_off
+            and p.waiting is None,
+            now=now,
+            waiting_since=p.waiting[0] if p.waiting is not None else None,
             **common,  # type: ignore[arg-type]
         )
         decisions[request.job_id] = decision
         if decision.allocation is not None:  # routed, or left to Slurm where it would go
             return PlacementResult(request, decision.allocation, decision.reason)
-        return PlacementResult(request, None, decision.reason, waits_off=decision.waits_off)
+        return PlacementResult(
+            request,
+            None,
+            decision.reason,
+            waits_off=decision.waits_off,
+            wait_until=decision.wait_until,
+        )
 
     def review(request: PlacementRequest, placement: PlacementResult) -> Outcome:
         p, decision = jobs[request.job_id], decisions[request.job_id]
@@ -306,7 +348,12 @@ def plan_replan(
             result.in_place[p.job_id] = (p.token, placement.allocation.uuids)
             return Outcome.UNCHANGED
         chosen = _chosen(decision, labels)
-        if p.current is not None and dict(p.current) == chosen and not p.kept_off:
+        if (
+            p.current is not None
+            and dict(p.current) == chosen
+            and not p.kept_off
+            and p.waiting is None
+        ):
             result.unchanged.append(p.job_id)
             result.in_place[p.job_id] = (p.token, placement.allocation.uuids)
             return Outcome.UNCHANGED
@@ -331,13 +378,14 @@ def plan_replan(
         if step.outcome is Outcome.WAITS:
             decision = decisions[step.request.job_id]
             if p.current is not None:
-                # Routed already (typed, on its nodes): an exclusion would contradict its node
-                # list (Slurm holds it for ever, BadConstraints), and 22.05 cannot turn it back
-                # into an untyped request. It keeps its GPUs' request.
-                result.kept[p.job_id] = "routed; waiting cannot be expressed for a typed job"
+                # Routed already (typed, on its nodes): it waits for those GPUs as Slurm
+                # holds them; turning it back into a held untyped request is what 22.05
+                # cannot do. It keeps its GPUs' request.
+                result.kept[p.job_id] = "routed; it waits for the GPUs it was routed to"
                 continue
             result.waiting.append(p.job_id)
-            if set(decision.kept_off) != set(p.kept_off):
+            until = decision.wait_until
+            if p.waiting is None or until is None or abs(p.waiting[1] - until) > 1:
                 result.updates.append(Update(p.job_id, p.token, decision, {}, p.current, p))
         elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
             result.not_placed.append(p.job_id)

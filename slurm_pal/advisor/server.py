@@ -367,6 +367,8 @@ class AdvisorServer:
         # job id -> when a round placed it (routed, or left where Slurm will put it): starting
         # now, as far as the rounds before Slurm's next read are concerned
         self._placed: dict[int, float] = {}
+        # held jobs whose bound a round has already acted on (so it acts once per job)
+        self._holds_ended: set[int] = set()
         self._freed_at: dict[str, float] = {}  # GPUs job ends freed -> when (state clock)
         self._freed_by: dict[str, int] = {}  # ... -> the job whose end freed them
         self._next_round = 1
@@ -507,6 +509,7 @@ class AdvisorServer:
                 return
             started = time.perf_counter()
             self._refresh_once()
+            self._round_for_due_holds()
             if self.heap is not None:
                 self.heap.after_read()
             pause = self._refresh_pause(time.perf_counter() - started, pause)
@@ -521,6 +524,26 @@ class AdvisorServer:
             self.state.expire()
             if self.spool_dir.is_dir():
                 sweep_spool(self.spool_dir, self.state.apply_record, self.counters)
+
+    def _round_for_due_holds(self) -> None:
+        """A held job's bound has come: a round places it now (wherever it fits, outliers
+        included), as the simulator does, instead of leaving it to Slurm's next scheduling
+        pass after its begin time (up to ``bf_interval``, 30 s by default). Once per job: a
+        job that fits nowhere then is left to Slurm like any other."""
+        view = self.state.view
+        if view is None:
+            return
+        now = self.state.wall_clock()
+        due = {p.job_id for p in view.pending if p.waiting is not None and p.waiting[1] <= now}
+        new = due - self._holds_ended
+        self._holds_ended = due
+        if not new:
+            return
+        log.info("bound of held job(s) %s reached: a round places them", sorted(new))
+        try:
+            self.replan(refresh=False)
+        except Exception as exc:
+            log.warning("re-planning round at a bound failed: %s", exc)
 
     def _refresh_pause(self, spent_s: float, previous_s: float) -> float:
         """:func:`refresh_pause`, logged when it starts or stops stretching ``refresh_s``."""
@@ -704,6 +727,7 @@ class AdvisorServer:
             default_partition=view.default_partition,
             release=getattr(self.applier, "release", None),  # 24.11 replaces typed requests
             leave_packing=state.config.advisor.pin == "steered",
+            now=state.wall_clock(),
         )
         # Each job's steps run in order, the jobs in priority order (the jobs Slurm will start
         # first are updated first); the applier decides how a round goes to Slurm (processes
@@ -740,13 +764,18 @@ class AdvisorServer:
             )
             answer = update.decision.to_wire()
             allocation = update.decision.allocation
-            if allocation is None:  # a waiting job's exclusion brought up to date
+            if allocation is None:  # held: its begin time is the wait's bound
                 state.writer.submit(
                     lambda s, t=update.token, a=answer: s.update_decision(
                         t, state="waiting", answer=a
                     )
                 )
-                log.info("job %d waits off %s", update.job_id, ",".join(update.decision.kept_off))
+                log.info(
+                    "job %d held until %s: %s",
+                    update.job_id,
+                    _epoch_text(update.decision.wait_until),
+                    update.decision.reason,
+                )
                 continue
             self._hold_placed(update.job_id, update.token, allocation.uuids, placed_at)
             state.writer.submit(
@@ -1048,6 +1077,13 @@ def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:
             if not chunk:
                 return
             limit -= len(chunk)
+
+
+def _epoch_text(epoch: float | None) -> str:
+    """An epoch time as the controller's local time, for a log line."""
+    if epoch is None:
+        return "?"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
 
 
 def _gpus_text(gpus: Mapping[str, Iterable[str]] | None) -> str:

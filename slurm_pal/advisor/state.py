@@ -22,7 +22,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -93,6 +93,7 @@ def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
         pack_tolerance=advisor.pack_tolerance,
         avoid_above=advisor.avoid_above,
         wait=advisor.outliers == "wait",
+        max_wait_s=advisor.max_wait_s,
     )
 
 
@@ -151,6 +152,42 @@ class View:
         if self.by_id or not self.jobs:
             return self.by_id.get(job_id)
         return next((j for j in self.jobs if j.job_id == job_id), None)
+
+
+def expect_ends(cluster: Cluster, jobs: Sequence[JobState], labels: LabelTable) -> None:
+    """When each busy GPU is expected to free: its job's planned end (start + time limit, as
+    Slurm reports it; never for an unlimited job). A GPU whose job is not known by index gets
+    the latest planned end of the running jobs on its node; one with none stays unknown
+    (``inf``), which never justifies a wait."""
+    latest: dict[str, float] = {}
+    unindexed: set[str] = set()
+    for job in jobs:
+        if job.state != "RUNNING" or not job.nodes:
+            continue
+        end = job.end_time if job.time_limit_s != math.inf else None
+        when = end if end is not None else math.inf
+        indices = job.allocated_gpu_indices()
+        for node in job.nodes:
+            latest[node] = max(latest.get(node, -math.inf), when)
+            if node not in job.allocated_gres:
+                unindexed.add(node)
+            if node not in cluster.node_index:
+                continue
+            for index in indices.get(node, ()):
+                try:
+                    gpu = cluster.uuid_index.get(labels.uuid_at_slurm_index(node, index))
+                except KeyError:
+                    continue
+                if gpu is not None and not cluster.free[gpu]:
+                    cluster.busy_until[gpu] = when
+    for node in unindexed:
+        row = cluster.node_index.get(node)
+        if row is None:
+            continue
+        gpus = [g for g in cluster.node_gpus[row] if g >= 0 and not cluster.free[g]]
+        unknown = [g for g in gpus if math.isinf(cluster.busy_until[g])]
+        if unknown:
+            cluster.busy_until[unknown] = latest[node]
 
 
 class StoreWriter:
@@ -290,6 +327,7 @@ class AdvisorState:
         policy: str | None = None,
         labels_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         writer: StoreWriter | None = None,
     ) -> None:
         self.config = config
@@ -299,6 +337,8 @@ class AdvisorState:
         self.policy = make_policy(self.policy_name, config.advisor)
         self.labels_file = labels_file
         self.clock = clock
+        self.wall_clock = wall_clock
+        """Epoch seconds: what Slurm's end and begin times are on (the waits' clock)."""
         self.topology = topology_from_config(config.locality, source=config.source)
         self.resolve_config = config.resolve_config()
         self.writer = writer or StoreWriter(self.store_path)
@@ -498,8 +538,15 @@ class AdvisorState:
             if parsed is None or not parsed.get("r"):
                 continue
             by_token[parsed["r"]] = job
-            if job.state == "PENDING" and replannable(job.reason):
-                key = (job.job_id, text, job.tres_per_node, job.tres_per_job, job.priority)
+            if job.state == "PENDING" and replannable(job.reason, parsed["action"] == "wait"):
+                key = (
+                    job.job_id,
+                    text,
+                    job.tres_per_node,
+                    job.tres_per_job,
+                    job.priority,
+                    job.time_limit_s,
+                )
                 steered.append((job, parsed, key))
         by_id = MappingProxyType({job.job_id: job for job in view.jobs})
         view = replace(view, by_token=MappingProxyType(by_token), by_id=by_id)
@@ -582,6 +629,7 @@ class AdvisorState:
         ids = sorted(cluster.uuid_index[u] for u in busy if u in cluster.uuid_index)
         if ids:
             base.allocate(ids)
+        expect_ends(base, jobs, labels)
         partitions: dict[str, list[str]] = {}
         for node in nodes:
             for p in node.partitions:
@@ -718,6 +766,7 @@ class AdvisorState:
                 partition_nodes=view.partition_nodes,
                 default_partition=view.default_partition,
                 leave_packing=self.config.advisor.pin == "steered",
+                now=self.wall_clock(),
             )
             if decision.allocation is not None:  # routed, or left to Slurm where it would go
                 cluster.allocate(decision.allocation)

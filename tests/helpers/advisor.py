@@ -131,7 +131,7 @@ class FakeSlurm:
             comment = j.admin_comment or "(null)"
             lines.append(
                 f"{j.job_id}|{j.state}|alice|debug|{nodes}|{j.priority}|{reason}|"
-                f"{j.tres_per_node or 'N/A'}|N/A|{comment}"
+                f"{j.tres_per_node or 'N/A'}|N/A|UNLIMITED|N/A|{comment}"
             )
         return "".join(line + "\n" for line in lines)
 

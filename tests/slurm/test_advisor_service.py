@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 import pytest
 
@@ -223,19 +224,22 @@ def test_a_job_passed_for_lack_of_gpus_gets_the_pal_choice_when_gpus_free_up(
     assert again["considered"] == 0 and again["applied"] == []
 
 
-def test_a_job_that_fits_only_on_outliers_waits_off_them_and_is_routed_when_gpus_free(
+def test_a_job_that_fits_only_on_outliers_is_held_and_routed_when_gpus_free(
     svc: Service,
 ) -> None:
     """The shipped policy (packed-pm, outliers = "wait") on a real Slurm 22.05: with only the
-    example campaign's two outlier GPUs free (n01 at 2.3x and n04 at 1.9x class A's median),
-    a class-A job keeps its request but gets ``exc_nodes``, so Slurm does not start it there;
-    when a node frees up, the re-planning round lifts the exclusion and routes it (the update
-    sequence ExcNodeList=, then the typed request, is accepted), and it runs there."""
+    example campaign's two outlier GPUs free (n01 at 2.3x and n04 at 1.9x class A's median)
+    and the other GPUs' jobs planned to end within 5 minutes, an hour-long class-A job keeps
+    its request with its bound as its begin time, so Slurm starts it nowhere; when a GPU frees
+    up, the re-planning round routes it there with ``StartTime=now`` in the same update (after
+    the untyped -> typed step 22.05 needs), and it runs there."""
     # The fillers take every GPU but the outliers, one job per GPU, so one can be freed alone.
     tb = svc.tb
     good = "v100-a0b0c0d0"
     fillers = {
-        (node, g["slurm_index"]): tb.submit(f"--gres=gpu:{good}:1", "-N1", "-w", node, SLEEP)
+        (node, g["slurm_index"]): tb.submit(
+            f"--gres=gpu:{good}:1", "-N1", "-w", node, "-t", "5", SLEEP
+        )
         for node, gpus in svc.labels["nodes"].items()
         for g in gpus
         if g["label"] == good
@@ -245,28 +249,26 @@ def test_a_job_that_fits_only_on_outliers_waits_off_them_and_is_routed_when_gpus
     svc.server.state.refresh()
     wire = {"user": "root", "uid": 0, "name": "train", "comment": "pal:app=resnet"}
     wire["tres_per_node"] = "gres:gpu:1"
+    wire["time_limit"] = 60
     answer = svc.client.request({"op": "decide", "job": wire})
     assert answer["action"] == "wait", answer
-    assert answer["set"]["exc_nodes"] == "n[01,04]"
+    assert "exc_nodes" not in answer["set"]
+    begin = answer["set"]["begin_time"]
+    assert time.time() + 3500 < begin <= time.time() + 3601  # the bound, max_wait_s
     comment = answer["set"]["admin_comment"]
     parsed = parse_admin_comment(comment)
-    assert parsed is not None and parsed["exc"] == "n[01,04]" and parsed["r"] == answer["token"]
-    # What job_submit.lua makes of it: the job as written, excluded from n01 and n04.
-    job_id = tb.submit("--gres=gpu:1", "--exclude=n[01,04]", "-J", "train", SLEEP)
+    assert parsed is not None and parsed["until"] == str(begin) and parsed["r"] == answer["token"]
+    # What job_submit.lua makes of it: the job as written, not before its begin time.
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))
+    job_id = tb.submit("--gres=gpu:1", "--begin", when, "-t", "60", "-J", "train", SLEEP)
     tb.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={comment}"])
     tb.run(["scontrol", "reconfigure"])  # a scheduling pass: the two free GPUs stay unused
     time.sleep(2)
     assert svc.jobs()[job_id].state == "PENDING"
-    assert svc.busy_uuids() == {
-        svc.slurm_to_uuid(node, g["slurm_index"])
-        for node, gpus in svc.labels["nodes"].items()
-        for g in gpus
-        if g["label"] == good
-    }
+    assert svc.jobs()[job_id].reason == "BeginTime"
     tb.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
     try:
-        # One good GPU frees on n02 (the whole node free would be a larger hole than the job
-        # needs: it would wait on rather than break it).
+        # One good GPU frees on n02.
         tb.run(["scancel", str(fillers[("n02", 0)])])
         deadline = time.monotonic() + 60
         while len(svc.busy_uuids()) != 13 and time.monotonic() < deadline:
@@ -276,8 +278,10 @@ def test_a_job_that_fits_only_on_outliers_waits_off_them_and_is_routed_when_gpus
         fields = parse_key_values(
             tb.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
         )
-        assert fields["ReqNodeList"] == "n02" and fields["ExcNodeList"] == "(null)"
+        assert fields["ReqNodeList"] == "n02"
         assert fields["TresPerNode"] == stored_tres(tb, f"gres:gpu:{good}:1")
+        eligible = datetime.fromisoformat(fields["EligibleTime"]).timestamp()
+        assert eligible <= time.time() + 1 and fields["Reason"] != "BeginTime"  # hold lifted
     finally:
         tb.run(["scontrol", "update", "PartitionName=debug", "State=UP"])
     job = svc.wait(job_id, "RUNNING")

@@ -27,6 +27,7 @@ the reason.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -230,7 +231,21 @@ def job_state(job: Any) -> JobState:
         comment=job.comment or "",
         admin_comment=job.admin_comment or "",
         allocated_gres=allocated,
+        time_limit_s=_limit_s(getattr(job, "time_limit", None)),
+        end_time=_when(getattr(job, "end_time", None)),
     )
+
+
+def _limit_s(minutes: object) -> float | None:
+    """pyslurm's ``Job.time_limit``: minutes, or None/"UNLIMITED" for none."""
+    if isinstance(minutes, int | float) and minutes > 0:
+        return float(minutes) * 60.0
+    return math.inf if str(minutes).upper() in ("UNLIMITED", "INFINITE") else None
+
+
+def _when(epoch: object) -> float | None:
+    """pyslurm's epoch seconds (None or 0: unset)."""
+    return float(epoch) if isinstance(epoch, int | float) and epoch > 0 else None
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import multiprocessing
 import os
 import subprocess
@@ -26,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Protocol
 
 from slurm_pal.adapters.slurm.parse import Gres, gpu_counts, parse_gres, parse_key_values
@@ -91,6 +93,8 @@ class JobState:
     comment: str = ""
     admin_comment: str = ""
     allocated_gres: Mapping[str, tuple[Gres, ...]] = field(default_factory=dict)  # per node
+    time_limit_s: float | None = None  # inf: UNLIMITED; None: not set (the partition's)
+    end_time: float | None = None  # epoch seconds: a running job's start + time limit
 
     def allocated_gpu_indices(self) -> dict[str, tuple[int, ...]]:
         """Node -> the global GPU device indices this job holds there."""
@@ -365,6 +369,42 @@ def _number(value: object) -> int:
     return int(value or 0)  # type: ignore[call-overload]
 
 
+_NO_VAL = 4294967294
+_INFINITE = 4294967295
+
+
+def _time_limit_s(value: object) -> float | None:
+    """A time limit in minutes (22.05: ``60``, 4294967295 for INFINITE; 24.11: ``{"set": true,
+    "infinite": false, "number": 60}``) -> seconds, ``inf`` for UNLIMITED, None when unset."""
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return math.inf
+        if not value.get("set", True):
+            return None
+        value = value.get("number")
+    try:
+        minutes = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    if minutes == _INFINITE:
+        return math.inf
+    return None if minutes <= 0 or minutes == _NO_VAL else minutes * 60.0
+
+
+def _epoch(value: object) -> float | None:
+    """An epoch time as 22.05 (``1700000000``) or 24.11 (``{"set": true, "number": ...}``)
+    prints it; None for unset or 0."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    try:
+        seconds = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    return float(seconds) if 0 < seconds < _NO_VAL else None
+
+
 def parse_sinfo_json(text: str) -> list[NodeState]:
     """``sinfo --json`` (22.05, openapi v0.0.38) or ``scontrol show nodes --json`` (23.02 and
     later; 24.11's data_parser v0.0.42) -> one NodeState per node."""
@@ -428,6 +468,8 @@ BRIEF_FIELDS = (
     "Reason",
     "tres-per-node",
     "tres-per-job",
+    "TimeLimit",
+    "EndTime",
     "admin_comment",
 )
 BRIEF_FORMAT = ",".join(f"{name}:|" for name in BRIEF_FIELDS[:-1]) + f",{BRIEF_FIELDS[-1]}:0"
@@ -436,6 +478,34 @@ _EMPTY = frozenset({"", "N/A", "(null)"})
 
 def _brief_text(value: str) -> str:
     return "" if value in _EMPTY else value
+
+
+def _brief_limit(value: str) -> float | None:
+    """squeue's ``TimeLimit`` column (``UNLIMITED``, ``1-00:00:00``, ``1:00:00``, ``30:00``)."""
+    text = value.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return math.inf
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if (
+        not all(p.isdigit() for p in parts)
+        or not 1 <= len(parts) <= 3
+        or not (days == "" or days.isdigit())
+    ):
+        return None
+    while len(parts) < 3:
+        parts.insert(0, "0")
+    hours, minutes, seconds = (int(p) for p in parts)
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return float(total) if total > 0 else None
+
+
+def _brief_time(value: str) -> float | None:
+    """squeue's ``EndTime`` column: the controller's local time (``2026-11-26T14:00:00``)."""
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp()
+    except ValueError:
+        return None
 
 
 def parse_squeue_brief(text: str) -> list[JobState]:
@@ -451,7 +521,8 @@ def parse_squeue_brief(text: str) -> list[JobState]:
         try:
             if len(parts) != columns:
                 raise ValueError(f"{len(parts)} columns, not {columns}")
-            job_id, state, user, partition, nodes, priority, reason, per_node, per_job = parts[:-1]
+            (job_id, state, user, partition, nodes, priority, reason, per_node, per_job) = parts[:9]
+            limit, end = parts[9:11]
             nodes = _brief_text(nodes)
             jobs.append(
                 JobState(
@@ -465,6 +536,8 @@ def parse_squeue_brief(text: str) -> list[JobState]:
                     tres_per_node=parse_gres(_brief_text(per_node)),
                     tres_per_job=parse_gres(_brief_text(per_job)),
                     admin_comment=_brief_text(parts[-1]),
+                    time_limit_s=_brief_limit(limit),
+                    end_time=_brief_time(end),
                 )
             )
         except ValueError as exc:
@@ -500,6 +573,8 @@ def parse_squeue_json(text: str) -> list[JobState]:
                 comment=j.get("comment") or "",
                 admin_comment=j.get("admin_comment") or "",
                 allocated_gres=allocated,
+                time_limit_s=_time_limit_s(j.get("time_limit")),
+                end_time=_epoch(j.get("end_time")),
             )
         )
     return jobs

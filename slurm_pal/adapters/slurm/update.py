@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ class JobChange:
     """A pending job's new request: the ``job_desc`` fields to set (``fields``, as a decide
     answer's ``set``), against the GPU request Slurm holds now (``held_tres``).
 
-    ``only_exclusion``: only a waiting job's exclusion changes (no GPUs chosen).
+    ``only_exclusion``: no GPUs chosen: only a waiting job's hold (its begin time, with its
+    admin comment) or an older advisor's exclusion changes.
     ``lift_exclusion_to``: the job waited off nodes and is routed now: its exclusion goes back
     to this (the user's own, possibly empty) before anything else."""
 
@@ -49,6 +51,15 @@ _KEYS = {
     "tres_per_job": "TresPerJob",
     "admin_comment": "AdminComment",
 }
+
+
+def start_time_text(epoch: object) -> str:
+    """``StartTime=`` for a ``begin_time`` field: ``now`` for 0 (lift the hold), else the
+    controller's local time (scontrol reads no epoch seconds)."""
+    seconds = int(epoch)  # type: ignore[call-overload]
+    if seconds <= 0:
+        return "now"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
 
 
 def gpu_types(tres: str) -> frozenset[str]:
@@ -118,6 +129,10 @@ def scontrol_steps(change: JobChange, release: SlurmRelease | None = None) -> li
     low, high = fields.get("min_nodes"), fields.get("max_nodes")
     if low is not None:
         final.append(f"NumNodes={low}-{high}" if high not in (None, low) else f"NumNodes={low}")
+    if "begin_time" in fields:
+        # Last, in the last update: a held job routed now gets its GPUs in the same update
+        # that lifts its hold, never before.
+        final.append(f"StartTime={start_time_text(fields['begin_time'])}")
     steps: list[list[str]] = []
     if change.lift_exclusion_to is not None:
         # Lift the advisor's exclusion first: the chosen nodes may be among the excluded ones.

@@ -1,0 +1,247 @@
+"""Bounded waiting on a real Slurm, end to end: the rendered job_submit.lua, Prolog and Epilog,
+and a real ``slurm-pal serve`` on 3 nodes x 2 fake GPUs, one of them 2.3x slower for class A.
+
+What the simulator simulates is what Slurm does: a job the advisor holds for a GPU that is
+not an outlier for it gets its bound as its begin time, so Slurm starts it nowhere before
+(not elsewhere at once, as an exclusion let it) and holds nobody behind it; it starts when a
+round routes it to the freed GPU, or, with the advisor gone, by its bound on Slurm's own.
+The measured wait is compared with the simulator's on the same trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal.core.workload import SimJob
+from slurm_pal.sim import SimConfig, SimGpus, simulate
+from slurm_pal.testbed import LocalSlurm
+from tests.helpers.slurm_lab import (
+    AdvisorLab,
+    fresh_testbed_dir,
+    render_site,
+    rendered_hooks,
+    rendered_nodes,
+    require_slurm,
+)
+
+pytestmark = pytest.mark.slurm
+
+MAX_WAIT_S = 30
+SLOW = 2.3  # the outlier's slowdown for class A
+NODES = ("n01", "n02", "n03")
+
+
+def _campaign(path: Path) -> None:
+    """Three repeats per GPU and class; n01's second GPU is 2.3x slower for class A only."""
+    rng = np.random.default_rng(0)
+    rows = ["uuid,duration_s,node,gpu_index,gpu_model,job_class,benchmark"]
+    for n, node in enumerate(NODES):
+        for index in range(2):
+            uuid = f"GPU-{n:04d}{index:04d}-0000-0000-0000-000000000000"
+            for job_class, bench in (("A", "gemm"), ("D", "stream")):
+                slow = SLOW if (node, index, job_class) == ("n01", 1, "A") else 1.0
+                for _ in range(3):
+                    value = slow * (1.0 + rng.normal(0, 0.002))
+                    rows.append(f"{uuid},{value:.5f},{node},{index},v100,{job_class},{bench}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+@dataclass(kw_only=True)
+class WaitLab(AdvisorLab):
+    labels: dict
+
+    def label(self, node: str, slow: bool) -> str:
+        """The PM label of ``node``'s GPU that is (not) the outlier."""
+        outlier = self.outlier_uuid()
+        (label,) = {
+            g["label"] for g in self.labels["nodes"][node] if (g["uuid"] == outlier) == slow
+        }
+        return label
+
+    def outlier_uuid(self) -> str:
+        return next(g["uuid"] for g in self.labels["nodes"]["n01"] if g["index"] == 1)
+
+    def fields(self, job_id: int) -> dict[str, str]:
+        return self.tb.job_fields(job_id)
+
+    def when(self, job_id: int, key: str) -> float:
+        """A job's SubmitTime/StartTime/EligibleTime as epoch seconds."""
+        return datetime.fromisoformat(self.fields(job_id)[key]).timestamp()
+
+    def wait_state(self, job_id: int, state: str, timeout_s: float = 120) -> None:
+        self.tb.wait_job(job_id, timeout_s, state=state)
+
+    def gpu_uuid(self, job_id: int) -> str:
+        """The one GPU the job holds, by Slurm's index on its node."""
+        job = self.jobs()[job_id]
+        ((node, (index,)),) = job.allocated_gpu_indices().items()
+        return next(g["uuid"] for g in self.labels["nodes"][node] if g["slurm_index"] == index)
+
+    def cancel_all(self) -> None:
+        self.tb.run(["scancel", "--full", "-u", "root"], check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = [j for j in self.jobs().values() if j.state in ("PENDING", "RUNNING")]
+            if not live and set(self.tb.node_states().values()) == {"idle"}:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[WaitLab]:
+    require_slurm()
+    root = fresh_testbed_dir()
+    work = root / "work"
+    work.mkdir()
+    (root / "out").mkdir()
+    db = work / "store.db"
+    sock = root / "adv" / "advisor.sock"
+    config = work / "site.toml"
+    config.write_text(
+        f'[advisor]\nsocket = "{sock}"\npolicy = "packed-pm"\noutliers = "wait"\n'
+        f"max_wait_s = {MAX_WAIT_S}\nrefresh_s = 1.0\nreplan_s = 0\n"
+        f'labels_file = "{work / "site" / "labels.json"}"\n'
+        f'[hooks]\nspool_dir = "{root / "spool"}"\ntelemetry = false\n'
+    )
+    csv = work / "campaign.csv"
+    _campaign(csv)
+    site = work / "site"
+    labels = render_site(db, csv, site, config=config, apps={"resnet": "A", "pagerank": "D"})
+    the_lab = WaitLab(
+        tb=LocalSlurm(root, rendered_nodes(labels), **rendered_hooks(site)),
+        root=root,
+        db=db,
+        config=config,
+        socket=sock,
+        log_path=root / "log" / "advisor.log",
+        labels=labels,
+    )
+    with the_lab.running():
+        yield the_lab
+
+
+@pytest.fixture
+def clean(lab: WaitLab) -> Iterator[WaitLab]:
+    lab.ensure_advisor()
+    lab.cancel_all()
+    lab.wait_advisor_sees_all_free(6)
+    try:
+        yield lab
+    finally:
+        lab.ensure_advisor()
+        lab.cancel_all()
+
+
+def _fill_and_neighbour(lab: WaitLab, neighbour_s: int) -> int:
+    """Long jobs on n02 and n03, and on n01's good GPU a job with a one-minute limit that
+    runs ``neighbour_s``: the outlier is the only free GPU. Returns the neighbour's id."""
+    for node in ("n02", "n03"):
+        for _ in range(2):
+            lab.sbatch("--gres=gpu:1", "-w", node, "-t", "10", "--wrap", "sleep 600")
+    good = lab.label("n01", slow=False)
+    neighbour = lab.sbatch(f"--gres=gpu:{good}:1", "-t", "1", "--wrap", f"sleep {neighbour_s}")
+    lab.wait_state(neighbour, "RUNNING")
+    deadline = time.monotonic() + 60
+    while len([j for j in lab.jobs().values() if j.state == "RUNNING"]) < 5:
+        assert time.monotonic() < deadline, lab.jobs()
+        time.sleep(0.2)
+    return neighbour
+
+
+def _held(lab: WaitLab, job_id: int) -> dict[str, str]:
+    comment = parse_admin_comment(lab.jobs()[job_id].admin_comment)
+    assert comment is not None and comment["action"] == "wait", lab.jobs()[job_id]
+    return comment
+
+
+def _predicted_start(held_submit: float, memory_submit: float) -> tuple[float, float]:
+    """The simulator on the same trace (seconds from the neighbour's start): when the held
+    job and the memory-bound job start, the advisor configured as the lab's."""
+    values_a = np.array([1.0, SLOW, 1.0, 1.0, 1.0, 1.0])
+    ones = np.ones(6)
+    gpus = SimGpus(3, 2, {"A": values_a, "D": ones}, {"A": values_a.copy(), "D": ones.copy()})
+    # The neighbour first: packing puts it on n01's good GPU; the fillers then go to n02 and
+    # n03 (the outlier is left out at no cost), as the testbed's fillers were put there.
+    trace = [SimJob("neighbour", 0.0, 1, 50.0, "A", time_limit=60.0)]
+    trace += [SimJob(f"f{i}", 0.0, 1, 600.0, "A", time_limit=600.0) for i in range(4)]
+    trace.append(SimJob("held", held_submit, 1, 20.0, "A", time_limit=600.0))
+    trace.append(SimJob("memory", memory_submit, 1, 20.0, "D", time_limit=300.0))
+    settings = (("avoid_above", 1.5), ("wait", True), ("max_wait_s", float(MAX_WAIT_S)))
+    config = SimConfig(placement="advisor", mode="slurm", advisor_settings=settings)
+    result = simulate(trace, gpus, config)
+    starts = {job.job_id: job.start for job in result.jobs}
+    return float(starts["held"]), float(starts["memory"])
+
+
+def test_a_held_job_is_routed_at_its_neighbours_end_and_holds_nobody_behind_it(
+    clean: WaitLab,
+) -> None:
+    lab = clean
+    neighbour = _fill_and_neighbour(lab, neighbour_s=50)
+    t0 = lab.when(neighbour, "StartTime")
+    # 32 s into the neighbour's minute the good GPU is expected free in under 28 s: shorter
+    # than the bound and than the 13 minutes the 2.3x GPU would cost a 10-minute job.
+    time.sleep(max(0.0, t0 + 32 - time.time()))
+    held = lab.sbatch("--gres=gpu:1", "-t", "10", "--comment=pal:app=resnet", "--wrap", "sleep 20")
+    comment = _held(lab, held)
+    fields = lab.fields(held)
+    assert fields["JobState"] == "PENDING" and fields["Reason"] == "BeginTime", fields
+    submitted = lab.when(held, "SubmitTime")
+    assert abs(float(comment["until"]) - (submitted + MAX_WAIT_S)) <= 2
+    # A memory-bound job behind it is not held: the outlier is no outlier for it.
+    memory = lab.sbatch(
+        "--gres=gpu:1", "-t", "5", "--comment=pal:app=pagerank", "--wrap", "sleep 20"
+    )
+    lab.wait_state(memory, "RUNNING", timeout_s=30)
+    assert lab.gpu_uuid(memory) == lab.outlier_uuid()
+    # The neighbour ends; its Epilog's round routes the held job to the freed good GPU.
+    lab.wait_state(held, "RUNNING", timeout_s=90)
+    started = lab.when(held, "StartTime")
+    assert lab.gpu_uuid(held) != lab.outlier_uuid()
+    assert started <= submitted + MAX_WAIT_S  # before its bound
+    assert parse_admin_comment(lab.jobs()[held].admin_comment)["action"] == "route"
+    # The simulator on the same trace: the measured starts match its prediction within
+    # Slurm's own latencies (1-second timestamps, the Epilog, the round, a scheduling pass).
+    predicted_held, predicted_memory = _predicted_start(
+        submitted - t0, lab.when(memory, "SubmitTime") - t0
+    )
+    measured_held = started - t0
+    measured_memory = lab.when(memory, "StartTime") - t0
+    print(
+        f"held job: measured start {measured_held:.0f} s, simulated {predicted_held:.0f} s; "
+        f"memory-bound job: {measured_memory:.0f} s vs {predicted_memory:.0f} s"
+    )
+    assert abs(measured_held - predicted_held) <= 6
+    assert abs(measured_memory - predicted_memory) <= 3
+
+
+def test_the_bound_holds_without_the_advisor_slurm_starts_the_job_by_its_begin_time(
+    clean: WaitLab,
+) -> None:
+    """Killed right after it held a job, the advisor routes nothing; Slurm itself starts the
+    job at its begin time (its next scheduling pass after it), and not before, although a
+    GPU the job fits on was free all along."""
+    lab = clean
+    neighbour = _fill_and_neighbour(lab, neighbour_s=45)
+    t0 = lab.when(neighbour, "StartTime")
+    time.sleep(max(0.0, t0 + 32 - time.time()))
+    held = lab.sbatch("--gres=gpu:1", "-t", "10", "--comment=pal:app=resnet", "--wrap", "sleep 5")
+    comment = _held(lab, held)
+    lab.stop_advisor(kill=True)
+    until = float(comment["until"])
+    deadline = until + 90  # the begin time plus Slurm's scheduling passes (bf_interval 30 s)
+    while lab.fields(held)["JobState"] == "PENDING":
+        assert time.time() < deadline, lab.fields(held)
+        time.sleep(0.5)
+    started = lab.when(held, "StartTime")
+    print(f"held until {until:.0f}: Slurm started it {started - until:+.0f} s from then")
+    assert started >= until - 1  # never before its bound, though a GPU was free
