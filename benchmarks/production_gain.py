@@ -1,29 +1,31 @@
-"""Does the advisor as shipped make a Slurm cluster faster, or slower? Judged where it runs.
+"""Does the advisor as shipped make a Slurm cluster faster, or slower? Judged where it runs,
+on many kinds of sites.
 
-    python benchmarks/production_gain.py                 # tables on stdout
-    python benchmarks/production_gain.py --json          # one JSON object
-    python benchmarks/production_gain.py --workloads 1,2 --seeds 0-4 --profile longhorn
-    python benchmarks/production_gain.py --variant 'loose=packed-pm,avoid_above=1.1'
+    python benchmarks/production_gain.py                  # the whole matrix, tables on stdout
+    python benchmarks/production_gain.py --json           # one JSON object
+    python benchmarks/production_gain.py --shapes 4 --traces sia --profiles artifact --runs 8
+    python benchmarks/production_gain.py --variant 'last=packed-pm,wait=false'
 
-Every run is the simulator's Slurm mode (no preemption, no migration, FIFO + EASY backfill), the
-world the advisor lives in, on one Sia-Philly workload (16 nodes x 4 GPUs, jobs 0-159 tracked)
-with simulated GPUs drawn with one seed. Each placement runs on exactly the same trace, GPUs and
-seed as the reference (``packed-sticky``: Slurm's own packing), so every run gives a paired
-average-JCT ratio. Per profile and placement the table shows the geomean gain with a bootstrap
-95 % interval over the runs, the median, p90 and worst run ratio, and the geomean p99-JCT and
-makespan ratios.
+Every run is the simulator's Slurm mode (no preemption, no migration, FIFO + EASY backfill that
+plans with the jobs' time limits, held jobs not eligible until their begin time), the world the
+advisor lives in. A cell is one node shape x one trace family x one variability profile; each
+of its runs pairs placements on exactly the same trace, GPUs and seed with the reference
+(``packed-sticky``: Slurm's own packing), so every run gives an average-JCT ratio.
 
-Placements: ``advisor`` is the engine as ``--config`` configures it (site-config/slurm-pal.toml:
-what ``slurm-pal serve`` runs with that file); ``pal`` and ``pm-first`` are the paper's policies
-(pack tolerance 0); ``null`` is packing with each node's GPUs taken in a seeded random order,
-blind to PM-scores: it shows how far the queue's own noise moves single runs. ``--variant
-NAME=POLICY,key=value,...`` adds a policy with site settings (``avoid_above``, ``wait``,
-``pack_tolerance``; for design experiments).
+- Node shapes: 1, 2, 4 and 8 GPUs per node (the cluster's GPU count stays the trace's).
+- Traces: ``sia`` (Sia-Philly workloads 1-4, 64 GPUs, perfect limits as in the paper),
+  ``philly-vc`` (a Philly virtual cluster's 76 days as a sacct history, 160 GPUs, every
+  limit UNLIMITED), ``site`` (generated site-like weeks: Poisson arrivals at 60-95 % load, 85 %
+  single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 64 GPUs).
+- Profiles: ``longhorn`` (measured V100s, no GPU above 1.5x), ``h100`` (the six H100s measured
+  here, resampled), ``artifact`` (PAL's artifact draws, outliers to 2.8x), ``few-slow`` (3 %
+  of GPUs at 2-3x for compute-bound jobs).
 
-Profiles: ``longhorn`` is measured GPUs (per-GPU medians of PAL's Longhorn V100 files, drawn
-without repetition, silhouette binning); ``artifact`` is PAL's artifact's per-GPU draws from the
-raw rows (single-run outliers up to 2.83x, K = 2 binning). Data from ../shared/data (or
-SLURM_PAL_SHARED_DATA); the script says so and exits 2 when it is absent.
+Per cell and placement: geomean gain with a bootstrap 95 % interval, p90 and worst run ratio,
+geomean p99-JCT and makespan ratios, next to the PM-blind ``null`` (packing with each node's
+GPUs in a seeded random order). The summary checks the safety targets (worst <= 1.10, p90 <=
+1.03, makespan <= 1.05 in every cell) and the gain on profiles with outliers. Data from
+../shared/data (or SLURM_PAL_SHARED_DATA); the script says so and exits 2 when it is absent.
 """
 
 from __future__ import annotations
@@ -39,31 +41,32 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from slurm_pal.adapters.config import load_config
-from slurm_pal.adapters.traces import read_sia_trace
+from slurm_pal.adapters.traces import read_sacct, read_sia_trace
 from slurm_pal.core.placement import SETTINGS
-from slurm_pal.core.workload import SimJob
+from slurm_pal.core.workload import SimJob, site_like_workload
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.experiments import PairedRatios
-from slurm_pal.sim.inputs import PAL_LONGHORN_PROFILES, load_gpus
+from slurm_pal.sim.inputs import PAL_LONGHORN_PROFILES, load_gpus, per_gpu_from_records
+from slurm_pal.sim.variability import few_slow_gpus, sampled_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SLURM_PAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 LONGHORN = SHARED / "variability" / "longhorn"
 SIA = SHARED / "traces" / "sia-philly"
-PROFILES = ("longhorn", "artifact")
+PHILLY_VC = SHARED / "traces" / "philly-vc" / "philly_vc-ee9e8c_2017-09-25_2017-12-11.sacct"
+H100 = SHARED / "gpu-h100" / "campaign-h100x" / "results"
+SHAPES = (1, 2, 4, 8)
+TRACES = {"sia": 64, "philly-vc": 160, "site": 64}
+"""Trace family -> the cluster's GPU count."""
+PROFILES = ("longhorn", "h100", "artifact", "few-slow")
+WITH_OUTLIERS = ("artifact", "few-slow")
 REFERENCE = "packed-sticky"
-PLACEMENTS = ("advisor", "pal", "pm-first", "null")
+PLACEMENTS = ("advisor", "null")
+TARGETS = {"worst": 1.10, "p90": 1.03, "makespan": 1.05, "gain": 0.10, "gain_low": 0.05}
 
 Variant = tuple[str, dict[str, object]]  # (sim placement, SimConfig keyword arguments)
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``0-9`` or ``0,3,5``."""
-    if "-" in text:
-        low, high = (int(part) for part in text.split("-", 1))
-        return list(range(low, high + 1))
-    return [int(part) for part in text.split(",") if part]
+Cell = tuple[int, str, str]  # (GPUs per node, trace family, profile)
 
 
 def parse_variant(text: str) -> tuple[str, Variant]:
@@ -91,45 +94,87 @@ def parse_variant(text: str) -> tuple[str, Variant]:
     if unknown:
         valid = ", ".join(SETTINGS[policy]) or "none"
         raise SystemExit(f"--variant {text!r}: {policy} takes no {unknown}; valid: {valid}")
-    # Run as the advisor placement: the builder and settings the service uses.
     options = {"advisor_policy": policy, "advisor_settings": tuple(params.items())}
     return name, ("advisor", options)
 
 
 @functools.cache
-def simulated_gpus(profile: str, seed: int) -> SimGpus:
-    files = {c: LONGHORN / f for c, f in PAL_LONGHORN_PROFILES.items()}
-    return load_gpus(files, 16, 4, pal_artifact=profile == "artifact", seed=seed)
+def simulated_gpus(profile: str, n_gpus: int, per_node: int, seed: int) -> SimGpus:
+    nodes = n_gpus // per_node
+    if profile in ("longhorn", "artifact"):
+        files = {c: LONGHORN / f for c, f in PAL_LONGHORN_PROFILES.items()}
+        return load_gpus(files, nodes, per_node, pal_artifact=profile == "artifact", seed=seed)
+    if profile == "h100":
+        per_gpu = per_gpu_from_records(H100, {"A": "A", "B": "A", "C": "C", "D": "C"})
+        return sampled_gpus(per_gpu, nodes, per_node, seed=seed, source="H100 campaign")
+    return few_slow_gpus("ABCD", nodes, per_node, seed=seed)
 
 
 @functools.cache
-def trace(workload: int) -> list[SimJob]:
-    return read_sia_trace(SIA / f"workload-{workload}.csv", track=(0, 159))
+def trace(family: str, run: int) -> tuple[SimJob, ...]:
+    if family == "sia":
+        return tuple(read_sia_trace(SIA / f"workload-{1 + run % 4}.csv", track=(0, 159)))
+    if family == "philly-vc":
+        return tuple(read_sacct(PHILLY_VC))
+    load = 0.6 + 0.35 * ((run * 0.618) % 1.0)  # spread over 60-95 %, run by run
+    return tuple(site_like_workload(TRACES["site"], load=load, n_jobs=600, seed=run))
 
 
-def run_one(
-    task: tuple[str, int, int, str, Variant],
-) -> tuple[tuple[str, int, int, str], dict[str, float]]:
+def gpu_seed(family: str, run: int) -> int:
+    return run // 4 if family == "sia" else run
+
+
+def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str], dict]:
     """One simulation -> its average JCT, p99 JCT and makespan."""
-    profile, workload, seed, name, (placement, options) = task
-    gpus = simulated_gpus(profile, seed)
-    jobs = trace(workload)
-    base = {"locality_penalty": 1.7, "seed": seed}
-    config = SimConfig(placement=placement, mode="slurm", **{**base, **options})
-    summary = simulate(jobs, gpus, config).summary()
+    (per_node, family, profile), run, name, (placement, options) = task
+    seed = gpu_seed(family, run)
+    gpus = simulated_gpus(profile, TRACES[family], per_node, seed)
+    config = SimConfig(
+        placement=placement, mode="slurm", **{"locality_penalty": 1.7, "seed": seed, **options}
+    )
+    summary = simulate(trace(family, run), gpus, config).summary()
     keys = ("avg_jct", "p99_jct", "makespan")
-    return (profile, workload, seed, name), {k: float(summary[k]) for k in keys}
+    return ((per_node, family, profile), run, name), {k: float(summary[k]) for k in keys}
 
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def summarize(results: dict, cell: Cell, runs: int, name: str) -> dict[str, object]:
+    avg, p99, span = [], [], []
+    for run in range(runs):
+        ref = results[(cell, run, REFERENCE)]
+        mine = results[(cell, run, name)]
+        avg.append(mine["avg_jct"] / ref["avg_jct"])
+        p99.append(mine["p99_jct"] / ref["p99_jct"])
+        span.append(mine["makespan"] / ref["makespan"])
+    return {
+        **PairedRatios.of(avg).summary(),
+        "p99_jct_geomean_ratio": geomean(p99),
+        "makespan_geomean_ratio": geomean(span),
+        "makespan_worst_ratio": max(span),
+    }
+
+
+def misses(row: dict, profile: str) -> list[str]:
+    """The safety targets a cell's advisor row misses."""
+    out = []
+    if row["worst_ratio"] > TARGETS["worst"]:
+        out.append(f"worst {row['worst_ratio']:.3f}")
+    if row["p90_ratio"] > TARGETS["p90"]:
+        out.append(f"p90 {row['p90_ratio']:.3f}")
+    if row["makespan_geomean_ratio"] > TARGETS["makespan"]:
+        out.append(f"makespan {row['makespan_geomean_ratio']:.3f}")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="1,2,3,4")
-    parser.add_argument("--seeds", default="0-9")
-    parser.add_argument("--profile", default=",".join(PROFILES), help="longhorn,artifact")
+    parser.add_argument("--shapes", default=",".join(map(str, SHAPES)), help="GPUs per node")
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--profiles", default=",".join(PROFILES))
+    parser.add_argument("--runs", type=int, default=8, help="paired runs per cell")
     parser.add_argument("--config", type=Path, default=REPO / "site-config" / "slurm-pal.toml")
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
     parser.add_argument("--variant", action="append", default=[])
@@ -137,89 +182,127 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    if not (LONGHORN.is_dir() and SIA.is_dir()):
+    if not (LONGHORN.is_dir() and SIA.is_dir() and PHILLY_VC.is_file() and H100.is_dir()):
         print(f"production_gain: shared data not found under {SHARED} (set SLURM_PAL_SHARED_DATA)")
         return 2
-    profiles = [p for p in args.profile.split(",") if p]
-    for profile in profiles:
-        if profile not in PROFILES:
-            raise SystemExit(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
-    workloads = [int(w) for w in args.workloads.split(",") if w]
-    seeds = parse_seeds(args.seeds)
+    shapes = [int(s) for s in args.shapes.split(",") if s]
+    families = [t for t in args.traces.split(",") if t]
+    profiles = [p for p in args.profiles.split(",") if p]
+    for value, valid, what in (
+        (families, TRACES, "trace"),
+        (profiles, PROFILES, "profile"),
+        ([str(s) for s in shapes], [str(s) for s in SHAPES], "shape"),
+    ):
+        wrong = sorted(set(value) - set(valid))
+        if wrong:
+            raise SystemExit(f"unknown {what}(s) {wrong}; valid: {', '.join(map(str, valid))}")
     site = load_config(args.config)
     variants: dict[str, Variant] = {REFERENCE: (REFERENCE, {})}
     for name in [p for p in args.placements.split(",") if p]:
         if name == "advisor":
             options = advisor_sim_options(site)
             variants[name] = (str(options.pop("placement")), options)
-        elif name == "null":
-            variants[name] = ("null", {})
         else:
             variants[name] = (name, {})
     for text in args.variant:
         name, variant = parse_variant(text)
         variants[name] = variant
 
+    cells: list[Cell] = [(s, f, p) for f in families for p in profiles for s in shapes]
     tasks = [
-        (profile, workload, seed, name, variant)
-        for profile in profiles
-        for workload in workloads
-        for seed in seeds
+        (cell, run, name, variant)
+        for cell in cells
+        for run in range(args.runs)
         for name, variant in variants.items()
     ]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        results = dict(pool.map(run_one, tasks, chunksize=4))
+        results = dict(pool.map(run_one, tasks, chunksize=2))
     elapsed = time.perf_counter() - started
 
+    rows = {
+        cell: {
+            name: summarize(results, cell, args.runs, name)
+            for name in variants
+            if name != REFERENCE
+        }
+        for cell in cells
+    }
     report: dict[str, object] = {
         "config": str(args.config),
         "advisor": {k: v for k, v in advisor_sim_options(site).items() if k != "placement"},
-        "workloads": workloads,
-        "seeds": seeds,
+        "runs_per_cell": args.runs,
         "reference": REFERENCE,
+        "targets": TARGETS,
         "seconds": round(elapsed, 1),
-        "profiles": {},
+        "cells": [
+            {"gpus_per_node": s, "trace": f, "profile": p, "placements": rows[(s, f, p)]}
+            for s, f, p in cells
+        ],
     }
-    for profile in profiles:
-        rows: dict[str, object] = {}
-        for name in variants:
-            if name == REFERENCE:
-                continue
-            avg, p99, span = [], [], []
-            for workload in workloads:
-                for seed in seeds:
-                    ref = results[(profile, workload, seed, REFERENCE)]
-                    mine = results[(profile, workload, seed, name)]
-                    avg.append(mine["avg_jct"] / ref["avg_jct"])
-                    p99.append(mine["p99_jct"] / ref["p99_jct"])
-                    span.append(mine["makespan"] / ref["makespan"])
-            paired = PairedRatios.of(avg)
-            rows[name] = {
-                **paired.summary(),
-                "p99_jct_geomean_ratio": geomean(p99),
-                "makespan_geomean_ratio": geomean(span),
-            }
-        report["profiles"][profile] = rows  # type: ignore[index]
+    lost = {
+        cell: misses(rows[cell]["advisor"], cell[2]) for cell in cells if "advisor" in rows[cell]
+    }
+    by_profile: dict[str, dict] = {}
+    if "advisor" in variants:
+        for profile in profiles:
+            ratios = [
+                results[(c, r, "advisor")]["avg_jct"] / results[(c, r, REFERENCE)]["avg_jct"]
+                for c in cells
+                if c[2] == profile
+                for r in range(args.runs)
+            ]
+            by_profile[profile] = PairedRatios.of(ratios).summary()
+    report["by_profile"] = by_profile
+    report["cells_missing_targets"] = {f"{s}x{f}x{p}": m for (s, f, p), m in lost.items() if m}
 
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"Slurm mode, workloads {workloads} x seeds {seeds[0]}-{seeds[-1]}, vs {REFERENCE}")
-    print(f"advisor = {report['advisor']}  ({elapsed:.0f} s)")
-    for profile, rows in report["profiles"].items():  # type: ignore[union-attr]
-        print(f"\n{profile}")
-        print(
-            f"{'placement':<18} {'gain':>7} {'95% CI':>17} {'median':>7} {'p90':>6} "
-            f"{'worst':>6} {'p99 JCT':>8} {'makespan':>9}"
-        )
-        for name, row in rows.items():
+    print(
+        f"Slurm mode, {len(cells)} cells x {args.runs} paired runs vs {REFERENCE} "
+        f"({elapsed:.0f} s); advisor = {report['advisor']}"
+    )
+    header = (
+        f"{'GPUs/node':>9} {'trace':<10} {'profile':<9} {'placement':<10} {'gain':>7} "
+        f"{'95% CI':>17} {'p90':>6} {'worst':>6} {'p99 JCT':>8} {'makespan':>9}"
+    )
+    print(header)
+    for cell in cells:
+        for name, row in rows[cell].items():
+            low, high = row["gain_ci95"]
+            flag = "  <- " + ", ".join(lost[cell]) if name == "advisor" and lost.get(cell) else ""
+            print(
+                f"{cell[0]:>9} {cell[1]:<10} {cell[2]:<9} {name:<10} {row['geomean_gain']:>+7.1%} "
+                f"{low:>+8.1%}..{high:>+7.1%} {row['p90_ratio']:>6.3f} {row['worst_ratio']:>6.3f} "
+                f"{row['p99_jct_geomean_ratio']:>8.3f} {row['makespan_geomean_ratio']:>9.3f}{flag}"
+            )
+    if by_profile:
+        print("\nadvisor over every cell of a profile:")
+        for profile, row in by_profile.items():
             low, high = row["gain_ci95"]
             print(
-                f"{name:<18} {row['geomean_gain']:>+7.1%} {low:>+8.1%}..{high:>+7.1%} "
-                f"{row['median_ratio']:>7.3f} {row['p90_ratio']:>6.3f} {row['worst_ratio']:>6.3f} "
-                f"{row['p99_jct_geomean_ratio']:>8.3f} {row['makespan_geomean_ratio']:>9.3f}"
+                f"  {profile:<9} {row['geomean_gain']:+.1%} [{low:+.1%}, {high:+.1%}] "
+                f"p90 {row['p90_ratio']:.3f} worst {row['worst_ratio']:.3f} ({row['runs']} runs)"
             )
+        missing = report["cells_missing_targets"]
+        print(
+            f"\nsafety targets (worst <= {TARGETS['worst']}, p90 <= {TARGETS['p90']}, "
+            f"makespan <= {TARGETS['makespan']}): "
+            + (
+                f"missed in {len(missing)} of {len(cells)} cells"
+                if missing
+                else "met in every cell"
+            )
+        )
+        for profile in (p for p in profiles if p in WITH_OUTLIERS):
+            row = by_profile[profile]
+            ok = (
+                row["geomean_gain"] >= TARGETS["gain"]
+                and row["gain_ci95"][0] >= TARGETS["gain_low"]
+            )
+            wanted = f">= {TARGETS['gain']:.0%}, CI low >= {TARGETS['gain_low']:.0%}"
+            print(f"gain on {profile} ({wanted}): {'met' if ok else 'not met'}")
     return 0
 
 
