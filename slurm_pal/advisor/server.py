@@ -40,6 +40,7 @@ from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.jobend import job_gpus
+from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.replan import PendingJob, ReplanResult, plan_replan, with_written
 from slurm_pal.advisor.state import AdvisorState, View
 
@@ -947,8 +948,8 @@ class AdvisorServer:
             log.info(
                 "decide %s user=%s name=%s class=%s token=%s: %s",
                 decision.action,
-                job.user,
-                job.name,
+                quoted(job.user),
+                quoted(job.name),
                 decision.job_class,
                 decision.token,
                 decision.reason,

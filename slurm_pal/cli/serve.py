@@ -112,18 +112,16 @@ def _run(
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
     from slurm_pal.advisor.heap import FrozenHeap
+    from slurm_pal.advisor.logtext import OneLineFormatter
     from slurm_pal.advisor.metrics import MetricsExporter
     from slurm_pal.advisor.reload import Overrides, Reloader
     from slurm_pal.advisor.server import AdvisorServer, ReloadRefused
     from slurm_pal.advisor.state import AdvisorState
 
-    logging.basicConfig(
-        level=logging.INFO,
-        format=log_format(os.environ),
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    # Job names, comments and user names reach the log: one event stays one line.
+    handler.setFormatter(OneLineFormatter(log_format(os.environ), datefmt="%Y-%m-%dT%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     config = app_state.config
     if policy is not None and policy not in ADVISOR_POLICIES:
         fail(f"unknown policy {policy!r}; valid: {', '.join(ADVISOR_POLICIES)}")
