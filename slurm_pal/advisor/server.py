@@ -34,7 +34,7 @@ from typing import Any
 
 from slurm_pal.adapters.slurm.update import JobApplier, ScontrolApplier
 from slurm_pal.advisor import protocol
-from slurm_pal.advisor.bounded import BoundedThreadingMixIn
+from slurm_pal.advisor.bounded import BoundedThreadingMixIn, ConnectionSlots, LineReader
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
@@ -86,6 +86,8 @@ class Counters:
         "refresh_errors",
         "peer_refused",
         "connections_refused",
+        "connections_closed_for_room",
+        "requests_timed_out",
         "bad_requests",
         "spool_applied",
         "spool_applied_prolog",
@@ -288,23 +290,26 @@ class _Handler(socketserver.BaseRequestHandler):
     server: _UnixServer
 
     def handle(self) -> None:
-        self.server.advisor.handle_connection(self.request)
+        self.server.advisor.handle_connection(self.request, self.server.slots)
 
 
 class _UnixServer(BoundedThreadingMixIn, socketserver.UnixStreamServer):
-    """One thread per connection, at most ``advisor.max_connections`` at once: past that a
-    connection gets a one-line refusal (the plugin fails open, a hook spools) instead of a
-    thread, so a flood of idle connections cannot exhaust the service."""
+    """One thread per connection, at most ``advisor.max_connections`` at once (the rules of
+    :mod:`.bounded`: a request deadline, room made by closing the longest-waiting one, past
+    that a one-line refusal)."""
 
     allow_reuse_address = False
 
     def __init__(self, path: str, advisor: AdvisorServer) -> None:
         self.advisor = advisor
-        self.slots = threading.BoundedSemaphore(advisor.max_connections)
+        self.slots = ConnectionSlots(advisor.max_connections)
         super().__init__(path, _Handler)
 
     def refuse(self, request: socket.socket) -> None:
         self.advisor.refuse_busy(request)
+
+    def closed_for_room(self) -> None:
+        self.advisor.counters.add("connections_closed_for_room")
 
 
 class AdvisorServer:
@@ -324,6 +329,7 @@ class AdvisorServer:
         applier: JobApplier | None = None,
         reload_config: Callable[[], None] | None = None,
         io_timeout_s: float = 10.0,
+        request_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         listen: str | None = None,
@@ -353,7 +359,10 @@ class AdvisorServer:
         self.applier = applier or ScontrolApplier(getattr(state.reader, "env", None))
         self.reload_config = reload_config
         self._reload_lock = threading.Lock()
-        self.io_timeout_s = io_timeout_s
+        self.io_timeout_s = io_timeout_s  # for sending an answer
+        self.request_timeout_s = (
+            cfg.advisor.request_timeout_s if request_timeout_s is None else request_timeout_s
+        )
         self.counters = Counters()
         self.fail_opens = FailOpenLog(fail_open_path(self.socket_path), self.socket_group)
         self._stop = threading.Event()
@@ -790,7 +799,7 @@ class AdvisorServer:
                 while conn.recv(65536):
                     pass
 
-    def handle_connection(self, conn: socket.socket) -> None:
+    def handle_connection(self, conn: socket.socket, slots: ConnectionSlots) -> None:
         try:
             uid = peer_uid(conn)
         except OSError:
@@ -801,36 +810,48 @@ class AdvisorServer:
             with contextlib.suppress(OSError):
                 conn.sendall(protocol.encode(protocol.error_answer("permission denied")))
             return
-        conn.settimeout(self.io_timeout_s)
-        reader = conn.makefile("rb")
+        reader = LineReader(conn)
+        while not self._stop.is_set():
+            line = self.read_request(conn, reader)
+            if not line or not slots.answering(conn):
+                return
+            conn.settimeout(self.io_timeout_s)
+            if not line.endswith(b"\n"):
+                self.counters.add("bad_requests")
+                if len(line) > protocol.MAX_LINE:
+                    message = f"request line longer than {protocol.MAX_LINE} bytes"
+                    if self._send(conn, protocol.error_answer(message)):
+                        reader.drain()
+                else:
+                    log.info("connection closed mid-request (%d bytes)", len(line))
+                return
+            after: list[Callable[[], object]] = []
+            answer = self.answer(line, after)
+            sent = self._send(conn, answer)
+            if not sent:
+                self._undelivered(answer, "the peer was gone")
+            for task in after:  # store writes, once the peer has its answer
+                task()
+            if not sent:
+                return
+            slots.waiting(conn)
+
+    def read_request(self, conn: socket.socket, reader: LineReader) -> bytes | None:
+        """The next request line (b"" at the peer's end; an over-long or cut line as it came),
+        or None when it did not arrive whole within ``request_timeout_s`` (the peer is told)
+        or the connection broke."""
+        deadline = time.monotonic() + self.request_timeout_s
         try:
-            while not self._stop.is_set():
-                try:
-                    line = reader.readline(protocol.MAX_LINE + 2)
-                except (OSError, TimeoutError):
-                    return
-                if not line:
-                    return
-                if not line.endswith(b"\n"):
-                    self.counters.add("bad_requests")
-                    if len(line) > protocol.MAX_LINE:
-                        message = f"request line longer than {protocol.MAX_LINE} bytes"
-                        if self._send(conn, protocol.error_answer(message)):
-                            _drain(conn, reader)
-                    else:
-                        log.info("connection closed mid-request (%d bytes)", len(line))
-                    return
-                after: list[Callable[[], object]] = []
-                answer = self.answer(line, after)
-                sent = self._send(conn, answer)
-                if not sent:
-                    self._undelivered(answer, "the peer was gone")
-                for task in after:  # store writes, once the peer has its answer
-                    task()
-                if not sent:
-                    return
-        finally:
-            reader.close()
+            return reader.readline(protocol.MAX_LINE + 2, deadline)
+        except TimeoutError:
+            self.counters.add("requests_timed_out")
+            message = f"no whole request line within {self.request_timeout_s:g} s"
+            with contextlib.suppress(OSError):
+                conn.settimeout(1.0)
+                conn.sendall(protocol.encode(protocol.error_answer(message)))
+            return None
+        except OSError:
+            return None
 
     def _send(self, conn: socket.socket, answer: Mapping[str, object]) -> bool:
         try:
@@ -1036,19 +1057,6 @@ class AdvisorServer:
                 record.get("job_id"), len(result.applied), len(result.kept), ms,
             )  # fmt: skip
         return {"applied": result.applied, "kept": len(result.kept), "ms": ms}
-
-
-def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:
-    """After answering an over-long line: close our side and read (a bounded amount of) what
-    the peer still sends, so closing does not reset the connection before it reads the error."""
-    with contextlib.suppress(OSError, ValueError):
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(2.0)
-        while limit > 0:
-            chunk = reader.read1(65536)
-            if not chunk:
-                return
-            limit -= len(chunk)
 
 
 def _gpus_text(gpus: Mapping[str, Iterable[str]] | None) -> str:
