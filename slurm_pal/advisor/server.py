@@ -382,12 +382,22 @@ class AdvisorServer:
         self._next_round = 1
         self._done_round = 0
         self._last_end_result: ReplanResult | None = None
+        self._store_waiting: str | None = None  # why the store is not open yet
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Load the store, read Slurm once, bind the socket, start the threads."""
-        self.state.reload()
-        self._refresh_once()
+    def start(self, open_store: Callable[[], bool] | None = None) -> None:
+        """Load the store, read Slurm once, bind the socket, start the threads.
+
+        ``open_store``: the store was locked by another process (``serve``): it is tried
+        again until it opens (it returns True; each try waits up to a second for the lock).
+        Meanwhile the socket answers: decides and records get an error (the plugin lets the
+        job through as written, a hook spools its record), health says why."""
+        if open_store is None:
+            self.state.reload()
+            self._refresh_once()
+        else:
+            self._store_waiting = f"store {self.state.store_path} is locked by another process"
+            self.state.store_unavailable(f"{self._store_waiting}: not advising until it opens")
         if self.listen:  # bound first: a busy port stops the start before the socket exists
             from slurm_pal.advisor.transport import RecordListener
 
@@ -403,8 +413,11 @@ class AdvisorServer:
         self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
         if self._tcp is not None:
             self._tcp.start()
-        self._spawn("refresh", self._refresh_loop)
-        self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)
+        if open_store is None:
+            self._start_background()
+        else:
+            log.warning("%s: serving without it (every GPU job fails open)", self._store_waiting)
+            self._spawn("store-wait", lambda: self._wait_for_store(open_store))
         log.info(
             "serving on %s (policy %s, refresh %gs, replan %gs, replan on epilog %s, spool %s)",
             self.socket_path,
@@ -414,6 +427,45 @@ class AdvisorServer:
             "on" if self.replan_on_epilog else "off",
             self.spool_dir,
         )
+
+    def _start_background(self) -> None:
+        self._spawn("refresh", self._refresh_loop)
+        self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)
+
+    def _wait_for_store(self, open_store: Callable[[], bool]) -> None:
+        """Try the locked store until it opens, then load it, read Slurm and start advising.
+        The parsing worker starts meanwhile (a new interpreter: seconds on a busy machine), so
+        the read after the release does not wait for it."""
+        warm = getattr(self.state.reader, "warm", None)
+        if callable(warm):
+
+            def start_worker() -> None:
+                began = time.monotonic()
+                try:
+                    warm()
+                except Exception as exc:
+                    log.warning("Slurm parsing worker not started: %s", exc)
+                else:
+                    log.info("Slurm parsing worker up in %.1f s", time.monotonic() - began)
+
+            threading.Thread(target=start_worker, name="worker-start", daemon=True).start()
+        while not self._stop.is_set():
+            try:
+                opened = open_store()
+                if opened:
+                    self.state.reload()
+            except Exception as exc:  # a store that cannot be used: say so, keep trying
+                log.warning("store not opened: %s", exc)
+                opened = False
+            if opened:
+                break
+            self._stop.wait(0.1)
+        else:
+            return
+        self._refresh_once()
+        self._store_waiting = None
+        log.info("store %s opened: advising", self.state.store_path)
+        self._start_background()
 
     def stop(self) -> None:
         """Stop the threads, close and remove the socket, flush the store writer."""
@@ -872,6 +924,11 @@ class AdvisorServer:
         except protocol.ProtocolError as exc:
             self.counters.add("bad_requests")
             return exc.answer()
+        waiting = self._store_waiting
+        if waiting is not None and request.op in ("decide", "record"):
+            # Nothing to advise with, nowhere to keep a record: the plugin fails open and the
+            # hook spools (the spool is swept once the store opens).
+            return protocol.error_answer(f"not advising yet: {waiting}")
         try:
             if request.op == "decide":
                 return self._decide(request.body, start, after)
@@ -985,6 +1042,9 @@ class AdvisorServer:
     def apply_record(self, record: dict[str, object], replan: bool = True) -> dict[str, object]:
         """The ``record`` op's answer for a record that came another way (the TCP listener,
         after its checks); ``replan=False``: store it but start no round."""
+        waiting = self._store_waiting
+        if waiting is not None:
+            return protocol.error_answer(f"not advising yet: {waiting}")
         return self._record({"record": record}, replan=replan)
 
     def _record(self, body: Mapping[str, object], replan: bool = True) -> dict[str, object]:

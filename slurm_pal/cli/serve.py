@@ -131,10 +131,11 @@ def _run(
     if refresh_s is not None and refresh_s == 0:
         fail("--refresh-s must be > 0")
     from slurm_pal.adapters.store import StoreError
-    from slurm_pal.adapters.store_guard import StoreGuardError, open_store_for_service
+    from slurm_pal.adapters.store_guard import StoreGuardError, try_open_store
 
-    try:
-        open_store_for_service(app_state.db_path, init=init_store)
+    db_path = app_state.db_path
+    try:  # locked by another process: serve without it (fail open) and keep trying
+        store_open = try_open_store(db_path, init=init_store)
     except StoreGuardError as exc:
         fail(str(exc))
     except StoreError as exc:
@@ -196,7 +197,7 @@ def _run(
     if pidfile is not None:  # before the socket: once health answers, the pid is there
         pidfile.write_text(f"{os.getpid()}\n")
     try:
-        server.start()
+        server.start(None if store_open else lambda: try_open_store(db_path))
     except Exception as exc:
         metrics.stop()
         advisor_state.writer.close()

@@ -219,6 +219,12 @@ class CliStateReader:
                 return kv["PartitionName"]
         return None
 
+    def warm(self) -> None:
+        """Start the parsing worker now (a spawned interpreter takes a second or two), so
+        the first read that counts does not wait for it."""
+        if self.parse_apart:
+            self._parsed(["true"], str)
+
     def close(self) -> None:
         """Stop the parsing worker, if one was started."""
         with self._pool_lock:
