@@ -1,7 +1,12 @@
-"""Shared fixtures: the reference data folder, a CLI runner, an example campaign file."""
+"""Shared fixtures: the reference data folder, a CLI runner, an example campaign file; and the
+suite's check that it leaves no process behind."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +16,46 @@ from typer.testing import CliRunner
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from tests.helpers.data import LONGHORN, LONGHORN_FILES
+from tests.helpers.processes import describe, wait_until_none, with_env
+
+# Every process the suite starts inherits this (the testbed's daemons keep every variable but
+# SLURM_*/SBATCH_*, jobs get sbatch's environment): what still carries it once the suite is
+# over was left behind. Not SLURM_-prefixed, so the testbed does not drop it.
+LEAK_MARK = "SPAL_TEST_RUN"
+os.environ[LEAK_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+# Teardowns signal and go on: what they stopped may take a moment to end.
+LEFT_GRACE_S = float(os.environ.get("SPAL_TEST_LEFT_GRACE_S", "15"))
+
+
+def _left_behind() -> list[int]:
+    """Processes the suite started that are still alive, but for this process's own
+    multiprocessing resource tracker (it ends with this process, when its pipe closes)."""
+    from multiprocessing import resource_tracker
+
+    own_tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    exclude = {os.getpid(), *([own_tracker] if own_tracker else [])}
+    return with_env(LEAK_MARK, os.environ[LEAK_MARK], exclude)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process it started is still alive at its end (after a grace for
+    teardowns that signalled it); those found are killed, so they do not pile up run after
+    run."""
+    left = wait_until_none(_left_behind, LEFT_GRACE_S)
+    if not left:
+        return
+    described = [describe(pid) for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"the suite left {len(left)} process(es) running (killed now): " + "; ".join(
+        described
+    )
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -449,42 +450,59 @@ def test_a_request_read_past_its_deadline_is_dropped_and_a_late_answer_frees_its
     assert server.state.health()["reservations"] == 1
 
 
-def test_connections_past_the_bound_are_refused_with_one_line(adv_env: Env) -> None:
+def test_idle_connections_give_way_to_new_ones_and_the_oldest_goes_first(adv_env: Env) -> None:
+    """Two idle connections hold both slots: a new request is still answered, and the one
+    that waited longest is the one closed for it."""
     env = adv_env
+    path = env.root / "bound.sock"
     server = AdvisorServer(
-        env.state(), env.root / "bound.sock", refresh_s=3600, replan_s=0, max_connections=2
+        env.state(), path, refresh_s=3600, replan_s=0, max_connections=2, request_timeout_s=30
     )
     server.start()
     held: list[socket.socket] = []
     try:
-        for _ in range(2):  # two idle connections hold both slots
+        for _ in range(2):
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(str(env.root / "bound.sock"))
+            conn.connect(str(path))
             held.append(conn)
-        deadline = time.monotonic() + 10
-        refused = b""
-        while time.monotonic() < deadline:
-            try:
-                refused = _raw(env.root / "bound.sock", b'{"v":1,"op":"health"}\n')
-            except ConnectionResetError:  # our bytes came after the refusal was read: try again
-                continue
-            if b"busy" in refused:
-                break
-            time.sleep(0.05)  # the held connections' threads may not have started yet
-        answer = json.loads(refused)
-        assert answer["ok"] is False and "advisor.max_connections" in answer["error"]
-        assert server.counters.snapshot()["connections_refused"] >= 1
-        held.pop().close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            answer = json.loads(_raw(env.root / "bound.sock", b'{"v":1,"op":"health"}\n'))
-            if answer["ok"]:
-                break
-            time.sleep(0.05)
+            time.sleep(0.2)  # accepted one after the other: the first is the oldest
+        answer = json.loads(_raw(path, b'{"v":1,"op":"health"}\n'))
         assert answer["ok"] is True
+        held[0].settimeout(10)
+        assert held[0].recv(100) == b""  # closed to make room
+        held[1].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            held[1].recv(100)  # still open
+        assert server.counters.snapshot()["connections_closed_for_room"] == 1
     finally:
         for conn in held:
             conn.close()
+        server.stop()
+
+
+def test_a_request_must_arrive_whole_by_its_deadline_however_it_trickles(adv_env: Env) -> None:
+    env = adv_env
+    path = env.root / "slow.sock"
+    server = AdvisorServer(env.state(), path, refresh_s=3600, replan_s=0, request_timeout_s=0.5)
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(path))
+            started = time.monotonic()
+            answer = b""
+            for byte in b'{"v":1,"op":"health"}':  # one byte every 0.1 s: each read is quick
+                try:
+                    conn.sendall(bytes([byte]))
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                time.sleep(0.1)
+            conn.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                answer = conn.recv(1000)
+        assert b"no whole request line within 0.5 s" in answer
+        assert time.monotonic() - started < 10
+        assert server.counters.snapshot()["requests_timed_out"] == 1
+    finally:
         server.stop()
 
 

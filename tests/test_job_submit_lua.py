@@ -682,3 +682,20 @@ def test_request_passes_the_advisors_own_parser_and_hashes_the_script_as_sent(
     assert job.script_size == len(long) and job.num_tasks == 2
     expected = hashlib.sha256(long[:16384] + f"\0size={len(long)}".encode()).hexdigest()
     assert job.script_sha256 == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a\nb", "a\\x0ab"),
+        ("tab\there\r", "tab\\x09here\\x0d"),
+        ("\u202egnp", "\\u202egnp"),
+        ("z\u200bw\u2028s\u2066i", "z\\u200bw\\u2028s\\u2066i"),
+        ("résumé, 日本 \u2013 ok", "résumé, 日本 \u2013 ok"),  # other UTF-8 is kept
+    ],
+)
+def test_log_lines_escape_what_could_split_or_reorder_them(
+    short_dir: Path, text: str, expected: str
+) -> None:
+    script = _render(short_dir, "/nonexistent.sock")
+    assert run_lua(script, f"emit(J.one_line({lua_string(text)}))") == [expected]

@@ -159,8 +159,14 @@ class AdvisorConfig:
     its GPU type: translate (placed like a request for the label's GPU model), allow (the user
     picks the bin), or deny (refused at submit with a message naming the model to ask for)."""
     max_connections: int = 64
-    """Connections served at once (a thread each); past that a connection is refused with a
-    one-line error: job_submit.lua lets the job through as written, a hook spools its record."""
+    """Connections served at once (a thread each). When all are taken, the one that has waited
+    longest for its request is closed to make room; when all are being answered, a new one is
+    refused with a one-line error: job_submit.lua lets the job through as written, a hook
+    spools its record."""
+    request_timeout_s: float = 1.0
+    """A request line must arrive whole within this many seconds of the connection's start (or
+    of the previous answer), else the connection is closed: a peer that trickles or idles
+    cannot hold a slot. job_submit.lua and the hooks send theirs at once."""
     refresh_s: float = 5.0
     """Seconds between refreshes of the Slurm state (sinfo/squeue)."""
     replan_s: float = 10.0
@@ -474,6 +480,7 @@ def _validate_advisor(config: SiteConfig) -> None:
         "advisor.refresh_s": a.refresh_s,
         "advisor.reservation_ttl_s": a.reservation_ttl_s,
         "advisor.max_connections": a.max_connections,
+        "advisor.request_timeout_s": a.request_timeout_s,
         "hooks.deliver_timeout_ms": h.deliver_timeout_ms,
         "hooks.epilog_timeout_ms": h.epilog_timeout_ms,
         "hooks.sample_s": h.sample_s,

@@ -6,7 +6,8 @@ files with the database file's own mode, so a 0600 database keeps them private t
 that is empty (0 bytes: a failed copy, a full disk) or is not ours would otherwise become a
 fresh empty store silently, and every job would pass unrouted ("no active campaign"); that is
 refused unless the admin asks for a new store. A store locked by another process at start (a
-long ``campaign collect``) is waited out, with a log line, instead of ending the service.
+long ``campaign collect``) does not end the service: ``serve`` starts without it and tries
+again (:func:`try_open_store`) until it opens; :func:`open_store_for_service` waits it out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from slurm_pal.adapters.store import Store, StoreError
 
-__all__ = ["StoreGuardError", "open_store_for_service"]
+__all__ = ["StoreGuardError", "open_store_for_service", "try_open_store"]
 
 log = logging.getLogger("slurm_pal.advisor")
 
@@ -86,6 +87,35 @@ def _make_private(path: Path, created_folder: bool) -> None:
         )
 
 
+def try_open_store(path: Path, *, init: bool = False, wait_s: float = 1.0) -> bool:
+    """Check, create if missing (``init``: also replace an empty or foreign file), migrate and
+    make private the store at ``path``, waiting at most ``wait_s`` for another process's
+    lock (SQLite retries every few ms meanwhile, so a release is seen at once). False when
+    it stayed locked; StoreGuardError with a one-line reason when it cannot be used."""
+    path = Path(path)
+    _check_file(path, init)
+    if init and path.exists() and not _is_ours(path):
+        for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            leftover.unlink(missing_ok=True)
+    created_folder = not path.parent.exists()
+    creating = not path.exists()
+    # Files and folders created now are the service's alone. The umask is the process's:
+    # changed only when something is created (at start, before any other thread writes files).
+    old_umask = os.umask(0o077) if creating else None
+    try:
+        with Store(path, timeout_s=wait_s):
+            pass
+    except StoreError as exc:
+        if "locked" not in str(exc):
+            raise
+        return False
+    finally:
+        if old_umask is not None:
+            os.umask(old_umask)
+    _make_private(path, created_folder)
+    return True
+
+
 def open_store_for_service(
     path: Path,
     *,
@@ -94,34 +124,18 @@ def open_store_for_service(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Check, create if missing (``init``: also replace an empty or foreign file), migrate and
-    make private the store at ``path``; a lock held by another process is retried with backoff
-    for up to ``wait_s``. Raises StoreGuardError with a one-line reason."""
-    path = Path(path)
-    _check_file(path, init)
-    if init and path.exists() and not _is_ours(path):
-        for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            leftover.unlink(missing_ok=True)
-    created_folder = not path.parent.exists()
+    """:func:`try_open_store`, a lock held by another process retried with backoff for up to
+    ``wait_s`` (for tools that need the store before anything else); raises StoreGuardError,
+    or StoreError when the lock outlasts ``wait_s``."""
     deadline = clock() + wait_s
     delay = 1.0
-    old_umask = os.umask(0o077)  # files and folders created now are the service's alone
-    try:
-        while True:
-            try:
-                with Store(path, timeout_s=1.0):
-                    break
-            except StoreError as exc:
-                if "locked" not in str(exc) or clock() + delay > deadline:
-                    raise
-                log.warning(
-                    "store %s is locked by another process: retrying in %.0f s", path, delay
-                )
-                sleep(delay)
-                delay = min(delay * 2, 30.0)
-    finally:
-        os.umask(old_umask)
-    _make_private(path, created_folder)
+    while not try_open_store(path, init=init):
+        if clock() + delay > deadline:
+            raise StoreError(f"store {path} is still locked by another process after {wait_s:g} s")
+        log.warning("store %s is locked by another process: retrying in %.0f s", path, delay)
+        sleep(delay)
+        delay = min(delay * 2, 30.0)
+        init = False  # what init replaced is gone; the store now there is ours
 
 
 def _is_ours(path: Path) -> bool:

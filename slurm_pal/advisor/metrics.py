@@ -79,6 +79,14 @@ PLAIN_COUNTERS = {
         "connections_refused",
         "Connections refused past advisor.max_connections.",
     ),
+    "connections_closed_for_room": (
+        "connections_closed_for_room",
+        "Connections still waiting for their request, closed to make room for a new one.",
+    ),
+    "requests_timed_out": (
+        "requests_timed_out",
+        "Connections closed because no whole request came within advisor.request_timeout_s.",
+    ),
     "reloads": ("reloads", "Reloads of config and labels applied (SIGHUP, serve reload)."),
     "reloads_refused": ("reloads_refused", "Reloads refused (bad config or labels.json)."),
 }

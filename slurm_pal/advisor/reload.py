@@ -55,6 +55,7 @@ RESTART_KEYS = frozenset(
         "advisor.socket",
         "advisor.socket_group",
         "advisor.max_connections",
+        "advisor.request_timeout_s",
         "advisor.slurm_backend",
         "advisor.slurm_job_read",
         "advisor.listen",

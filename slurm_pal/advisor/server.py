@@ -34,12 +34,13 @@ from typing import Any
 
 from slurm_pal.adapters.slurm.update import JobApplier, ScontrolApplier
 from slurm_pal.advisor import protocol
-from slurm_pal.advisor.bounded import BoundedThreadingMixIn
+from slurm_pal.advisor.bounded import BoundedThreadingMixIn, ConnectionSlots, LineReader
 from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
 from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.jobend import job_gpus
+from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.replan import PendingJob, ReplanResult, plan_replan, with_written
 from slurm_pal.advisor.state import AdvisorState, View
 
@@ -85,6 +86,8 @@ class Counters:
         "refresh_errors",
         "peer_refused",
         "connections_refused",
+        "connections_closed_for_room",
+        "requests_timed_out",
         "bad_requests",
         "spool_applied",
         "spool_applied_prolog",
@@ -287,23 +290,26 @@ class _Handler(socketserver.BaseRequestHandler):
     server: _UnixServer
 
     def handle(self) -> None:
-        self.server.advisor.handle_connection(self.request)
+        self.server.advisor.handle_connection(self.request, self.server.slots)
 
 
 class _UnixServer(BoundedThreadingMixIn, socketserver.UnixStreamServer):
-    """One thread per connection, at most ``advisor.max_connections`` at once: past that a
-    connection gets a one-line refusal (the plugin fails open, a hook spools) instead of a
-    thread, so a flood of idle connections cannot exhaust the service."""
+    """One thread per connection, at most ``advisor.max_connections`` at once (the rules of
+    :mod:`.bounded`: a request deadline, room made by closing the longest-waiting one, past
+    that a one-line refusal)."""
 
     allow_reuse_address = False
 
     def __init__(self, path: str, advisor: AdvisorServer) -> None:
         self.advisor = advisor
-        self.slots = threading.BoundedSemaphore(advisor.max_connections)
+        self.slots = ConnectionSlots(advisor.max_connections)
         super().__init__(path, _Handler)
 
     def refuse(self, request: socket.socket) -> None:
         self.advisor.refuse_busy(request)
+
+    def closed_for_room(self) -> None:
+        self.advisor.counters.add("connections_closed_for_room")
 
 
 class AdvisorServer:
@@ -323,6 +329,7 @@ class AdvisorServer:
         applier: JobApplier | None = None,
         reload_config: Callable[[], None] | None = None,
         io_timeout_s: float = 10.0,
+        request_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         max_connections: int | None = None,
         listen: str | None = None,
@@ -352,7 +359,10 @@ class AdvisorServer:
         self.applier = applier or ScontrolApplier(getattr(state.reader, "env", None))
         self.reload_config = reload_config
         self._reload_lock = threading.Lock()
-        self.io_timeout_s = io_timeout_s
+        self.io_timeout_s = io_timeout_s  # for sending an answer
+        self.request_timeout_s = (
+            cfg.advisor.request_timeout_s if request_timeout_s is None else request_timeout_s
+        )
         self.counters = Counters()
         self.fail_opens = FailOpenLog(fail_open_path(self.socket_path), self.socket_group)
         self._stop = threading.Event()
@@ -374,12 +384,22 @@ class AdvisorServer:
         self._next_round = 1
         self._done_round = 0
         self._last_end_result: ReplanResult | None = None
+        self._store_waiting: str | None = None  # why the store is not open yet
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Load the store, read Slurm once, bind the socket, start the threads."""
-        self.state.reload()
-        self._refresh_once()
+    def start(self, open_store: Callable[[], bool] | None = None) -> None:
+        """Load the store, read Slurm once, bind the socket, start the threads.
+
+        ``open_store``: the store was locked by another process (``serve``): it is tried
+        again until it opens (it returns True; each try waits up to a second for the lock).
+        Meanwhile the socket answers: decides and records get an error (the plugin lets the
+        job through as written, a hook spools its record), health says why."""
+        if open_store is None:
+            self.state.reload()
+            self._refresh_once()
+        else:
+            self._store_waiting = f"store {self.state.store_path} is locked by another process"
+            self.state.store_unavailable(f"{self._store_waiting}: not advising until it opens")
         if self.listen:  # bound first: a busy port stops the start before the socket exists
             from slurm_pal.advisor.transport import RecordListener
 
@@ -395,8 +415,11 @@ class AdvisorServer:
         self._spawn("socket", lambda: self._server.serve_forever(poll_interval=0.2))  # type: ignore[union-attr]
         if self._tcp is not None:
             self._tcp.start()
-        self._spawn("refresh", self._refresh_loop)
-        self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)
+        if open_store is None:
+            self._start_background()
+        else:
+            log.warning("%s: serving without it (every GPU job fails open)", self._store_waiting)
+            self._spawn("store-wait", lambda: self._wait_for_store(open_store))
         log.info(
             "serving on %s (policy %s, refresh %gs, replan %gs, replan on epilog %s, spool %s)",
             self.socket_path,
@@ -406,6 +429,45 @@ class AdvisorServer:
             "on" if self.replan_on_epilog else "off",
             self.spool_dir,
         )
+
+    def _start_background(self) -> None:
+        self._spawn("refresh", self._refresh_loop)
+        self._spawn("replan", self._replan_loop)  # idle while replan_s is 0 (reload may set it)
+
+    def _wait_for_store(self, open_store: Callable[[], bool]) -> None:
+        """Try the locked store until it opens, then load it, read Slurm and start advising.
+        The parsing worker starts meanwhile (a new interpreter: seconds on a busy machine), so
+        the read after the release does not wait for it."""
+        warm = getattr(self.state.reader, "warm", None)
+        if callable(warm):
+
+            def start_worker() -> None:
+                began = time.monotonic()
+                try:
+                    warm()
+                except Exception as exc:
+                    log.warning("Slurm parsing worker not started: %s", exc)
+                else:
+                    log.info("Slurm parsing worker up in %.1f s", time.monotonic() - began)
+
+            threading.Thread(target=start_worker, name="worker-start", daemon=True).start()
+        while not self._stop.is_set():
+            try:
+                opened = open_store()
+                if opened:
+                    self.state.reload()
+            except Exception as exc:  # a store that cannot be used: say so, keep trying
+                log.warning("store not opened: %s", exc)
+                opened = False
+            if opened:
+                break
+            self._stop.wait(0.1)
+        else:
+            return
+        self._refresh_once()
+        self._store_waiting = None
+        log.info("store %s opened: advising", self.state.store_path)
+        self._start_background()
 
     def stop(self) -> None:
         """Stop the threads, close and remove the socket, flush the store writer."""
@@ -818,7 +880,7 @@ class AdvisorServer:
                 while conn.recv(65536):
                     pass
 
-    def handle_connection(self, conn: socket.socket) -> None:
+    def handle_connection(self, conn: socket.socket, slots: ConnectionSlots) -> None:
         try:
             uid = peer_uid(conn)
         except OSError:
@@ -829,36 +891,48 @@ class AdvisorServer:
             with contextlib.suppress(OSError):
                 conn.sendall(protocol.encode(protocol.error_answer("permission denied")))
             return
-        conn.settimeout(self.io_timeout_s)
-        reader = conn.makefile("rb")
+        reader = LineReader(conn)
+        while not self._stop.is_set():
+            line = self.read_request(conn, reader)
+            if not line or not slots.answering(conn):
+                return
+            conn.settimeout(self.io_timeout_s)
+            if not line.endswith(b"\n"):
+                self.counters.add("bad_requests")
+                if len(line) > protocol.MAX_LINE:
+                    message = f"request line longer than {protocol.MAX_LINE} bytes"
+                    if self._send(conn, protocol.error_answer(message)):
+                        reader.drain()
+                else:
+                    log.info("connection closed mid-request (%d bytes)", len(line))
+                return
+            after: list[Callable[[], object]] = []
+            answer = self.answer(line, after)
+            sent = self._send(conn, answer)
+            if not sent:
+                self._undelivered(answer, "the peer was gone")
+            for task in after:  # store writes, once the peer has its answer
+                task()
+            if not sent:
+                return
+            slots.waiting(conn)
+
+    def read_request(self, conn: socket.socket, reader: LineReader) -> bytes | None:
+        """The next request line (b"" at the peer's end; an over-long or cut line as it came),
+        or None when it did not arrive whole within ``request_timeout_s`` (the peer is told)
+        or the connection broke."""
+        deadline = time.monotonic() + self.request_timeout_s
         try:
-            while not self._stop.is_set():
-                try:
-                    line = reader.readline(protocol.MAX_LINE + 2)
-                except (OSError, TimeoutError):
-                    return
-                if not line:
-                    return
-                if not line.endswith(b"\n"):
-                    self.counters.add("bad_requests")
-                    if len(line) > protocol.MAX_LINE:
-                        message = f"request line longer than {protocol.MAX_LINE} bytes"
-                        if self._send(conn, protocol.error_answer(message)):
-                            _drain(conn, reader)
-                    else:
-                        log.info("connection closed mid-request (%d bytes)", len(line))
-                    return
-                after: list[Callable[[], object]] = []
-                answer = self.answer(line, after)
-                sent = self._send(conn, answer)
-                if not sent:
-                    self._undelivered(answer, "the peer was gone")
-                for task in after:  # store writes, once the peer has its answer
-                    task()
-                if not sent:
-                    return
-        finally:
-            reader.close()
+            return reader.readline(protocol.MAX_LINE + 2, deadline)
+        except TimeoutError:
+            self.counters.add("requests_timed_out")
+            message = f"no whole request line within {self.request_timeout_s:g} s"
+            with contextlib.suppress(OSError):
+                conn.settimeout(1.0)
+                conn.sendall(protocol.encode(protocol.error_answer(message)))
+            return None
+        except OSError:
+            return None
 
     def _send(self, conn: socket.socket, answer: Mapping[str, object]) -> bool:
         try:
@@ -879,6 +953,11 @@ class AdvisorServer:
         except protocol.ProtocolError as exc:
             self.counters.add("bad_requests")
             return exc.answer()
+        waiting = self._store_waiting
+        if waiting is not None and request.op in ("decide", "record"):
+            # Nothing to advise with, nowhere to keep a record: the plugin fails open and the
+            # hook spools (the spool is swept once the store opens).
+            return protocol.error_answer(f"not advising yet: {waiting}")
         try:
             if request.op == "decide":
                 return self._decide(request.body, start, after)
@@ -976,8 +1055,8 @@ class AdvisorServer:
             log.info(
                 "decide %s user=%s name=%s class=%s token=%s: %s",
                 decision.action,
-                job.user,
-                job.name,
+                quoted(job.user),
+                quoted(job.name),
                 decision.job_class,
                 decision.token,
                 decision.reason,
@@ -992,6 +1071,9 @@ class AdvisorServer:
     def apply_record(self, record: dict[str, object], replan: bool = True) -> dict[str, object]:
         """The ``record`` op's answer for a record that came another way (the TCP listener,
         after its checks); ``replan=False``: store it but start no round."""
+        waiting = self._store_waiting
+        if waiting is not None:
+            return protocol.error_answer(f"not advising yet: {waiting}")
         return self._record({"record": record}, replan=replan)
 
     def _record(self, body: Mapping[str, object], replan: bool = True) -> dict[str, object]:
@@ -1064,19 +1146,6 @@ class AdvisorServer:
                 record.get("job_id"), len(result.applied), len(result.kept), ms,
             )  # fmt: skip
         return {"applied": result.applied, "kept": len(result.kept), "ms": ms}
-
-
-def _drain(conn: socket.socket, reader: Any, limit: int = 8 << 20) -> None:
-    """After answering an over-long line: close our side and read (a bounded amount of) what
-    the peer still sends, so closing does not reset the connection before it reads the error."""
-    with contextlib.suppress(OSError, ValueError):
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(2.0)
-        while limit > 0:
-            chunk = reader.read1(65536)
-            if not chunk:
-                return
-            limit -= len(chunk)
 
 
 def _epoch_text(epoch: float | None) -> str:

@@ -34,7 +34,7 @@ from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.labels_file import read_labels
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, NodeState, SlurmStateReader
-from slurm_pal.adapters.store import Store
+from slurm_pal.adapters.store import Store, StoreError
 from slurm_pal.advisor.decide import (
     Decision,
     LabelTable,
@@ -207,6 +207,7 @@ class StoreWriter:
             tuple[int, int, Callable[[Store], Any] | None, Future[Any] | None]
         ] = queue.PriorityQueue()
         self._order = itertools.count()
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
@@ -222,11 +223,26 @@ class StoreWriter:
         return self._queue.qsize()
 
     def close(self, timeout_s: float = 10.0) -> None:
+        self._closing.set()
         self._queue.put((2, next(self._order), None, None))
         self._thread.join(timeout=timeout_s)
 
+    def _open(self) -> Store | None:
+        """The writer's connection; while another process holds the store locked (a service
+        started beside a long write), writes queue and opening is tried again."""
+        while True:
+            try:
+                return Store(self.store_path, timeout_s=1.0)
+            except StoreError as exc:
+                if "locked" not in str(exc):
+                    raise
+            if self._closing.wait(0.2):
+                return None
+
     def _run(self) -> None:
-        store = Store(self.store_path)
+        store = self._open()
+        if store is None:
+            return
         try:
             while True:
                 batch = self._next_batch()
@@ -428,6 +444,13 @@ class AdvisorState:
             log.warning("advisor passes every GPU job: %s", problem)
         else:
             log.info("loaded campaign %s: %d GPUs", campaign, len(static.specs))  # type: ignore[union-attr]
+
+    def store_unavailable(self, why: str) -> None:
+        """The store cannot be read yet (locked at start): every GPU job passes, health says
+        why, until a :meth:`reload` succeeds."""
+        with self._lock:
+            self._problem = why
+            self._static, self._view, self._cluster = None, None, None
 
     def refresh_store_view(self) -> None:
         """Only the class-resolution snapshot (history, applications): cheap, done often."""

@@ -21,8 +21,9 @@ applied only when all of these hold (else an error answer, counted in ``records_
    Slurm has forgotten (a record spooled for longer than MinJobAge) cannot be checked: its
    record is stored, but it starts no re-planning round.
 
-Connections are bounded like the Unix side's (``advisor.max_connections``, then a one-line
-``busy``) and each has the service's I/O timeout.
+Connections are bounded like the Unix side's (``advisor.max_connections``; a request must
+arrive whole within ``advisor.request_timeout_s``; the longest-waiting connection is closed to
+make room; then a one-line ``busy``: :mod:`.bounded`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_pal.adapters.config import split_host_port
 from slurm_pal.advisor import munge, protocol
-from slurm_pal.advisor.bounded import BoundedThreadingMixIn
+from slurm_pal.advisor.bounded import BoundedThreadingMixIn, ConnectionSlots, LineReader
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.server import AdvisorServer
@@ -149,7 +150,7 @@ class _Handler(socketserver.BaseRequestHandler):
     server: _TcpServer
 
     def handle(self) -> None:
-        self.server.listener.handle_connection(self.request)
+        self.server.listener.handle_connection(self.request, self.server.slots)
 
 
 class _TcpServer(BoundedThreadingMixIn, socketserver.TCPServer):
@@ -157,13 +158,16 @@ class _TcpServer(BoundedThreadingMixIn, socketserver.TCPServer):
 
     def __init__(self, address: tuple[str, int], listener: RecordListener) -> None:
         self.listener = listener
-        self.slots = threading.BoundedSemaphore(listener.advisor.max_connections)
+        self.slots = ConnectionSlots(listener.advisor.max_connections)
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def refuse(self, request: socket.socket) -> None:
         self.listener.advisor.refuse_busy(request)
+
+    def closed_for_room(self) -> None:
+        self.listener.advisor.counters.add("connections_closed_for_room")
 
 
 class RecordListener:
@@ -223,31 +227,26 @@ class RecordListener:
             self._thread.join(timeout=15)
             self._thread = None
 
-    def handle_connection(self, conn: socket.socket) -> None:
+    def handle_connection(self, conn: socket.socket, slots: ConnectionSlots) -> None:
         advisor = self.advisor
-        conn.settimeout(advisor.io_timeout_s)
-        reader = conn.makefile("rb")
-        try:
-            while True:
-                try:
-                    line = reader.readline(protocol.MAX_LINE + 2)
-                except (OSError, TimeoutError):
-                    return
-                if not line:
-                    return
-                if not line.endswith(b"\n"):
-                    advisor.counters.add("bad_requests")
-                    if len(line) > protocol.MAX_LINE:
-                        message = f"request line longer than {protocol.MAX_LINE} bytes"
-                        with contextlib.suppress(OSError):
-                            conn.sendall(protocol.encode(protocol.error_answer(message)))
-                    return
-                try:
-                    conn.sendall(protocol.encode(self.answer(line)))
-                except OSError:
-                    return
-        finally:
-            reader.close()
+        reader = LineReader(conn)
+        while True:
+            line = advisor.read_request(conn, reader)
+            if not line or not slots.answering(conn):
+                return
+            conn.settimeout(advisor.io_timeout_s)
+            if not line.endswith(b"\n"):
+                advisor.counters.add("bad_requests")
+                if len(line) > protocol.MAX_LINE:
+                    message = f"request line longer than {protocol.MAX_LINE} bytes"
+                    with contextlib.suppress(OSError):
+                        conn.sendall(protocol.encode(protocol.error_answer(message)))
+                return
+            try:
+                conn.sendall(protocol.encode(self.answer(line)))
+            except OSError:
+                return
+            slots.waiting(conn)
 
     def answer(self, line: bytes) -> dict[str, object]:
         """The answer to one TCP request line (never raises)."""

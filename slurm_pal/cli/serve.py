@@ -112,18 +112,16 @@ def _run(
 ) -> None:
     from slurm_pal.adapters.config import ADVISOR_POLICIES
     from slurm_pal.advisor.heap import FrozenHeap
+    from slurm_pal.advisor.logtext import OneLineFormatter
     from slurm_pal.advisor.metrics import MetricsExporter
     from slurm_pal.advisor.reload import Overrides, Reloader
     from slurm_pal.advisor.server import AdvisorServer, ReloadRefused
     from slurm_pal.advisor.state import AdvisorState
 
-    logging.basicConfig(
-        level=logging.INFO,
-        format=log_format(os.environ),
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    # Job names, comments and user names reach the log: one event stays one line.
+    handler.setFormatter(OneLineFormatter(log_format(os.environ), datefmt="%Y-%m-%dT%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     config = app_state.config
     if policy is not None and policy not in ADVISOR_POLICIES:
         fail(f"unknown policy {policy!r}; valid: {', '.join(ADVISOR_POLICIES)}")
@@ -133,10 +131,11 @@ def _run(
     if refresh_s is not None and refresh_s == 0:
         fail("--refresh-s must be > 0")
     from slurm_pal.adapters.store import StoreError
-    from slurm_pal.adapters.store_guard import StoreGuardError, open_store_for_service
+    from slurm_pal.adapters.store_guard import StoreGuardError, try_open_store
 
-    try:
-        open_store_for_service(app_state.db_path, init=init_store)
+    db_path = app_state.db_path
+    try:  # locked by another process: serve without it (fail open) and keep trying
+        store_open = try_open_store(db_path, init=init_store)
     except StoreGuardError as exc:
         fail(str(exc))
     except StoreError as exc:
@@ -198,7 +197,7 @@ def _run(
     if pidfile is not None:  # before the socket: once health answers, the pid is there
         pidfile.write_text(f"{os.getpid()}\n")
     try:
-        server.start()
+        server.start(None if store_open else lambda: try_open_store(db_path))
     except Exception as exc:
         metrics.stop()
         advisor_state.writer.close()

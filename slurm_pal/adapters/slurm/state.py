@@ -20,8 +20,10 @@ import logging
 import math
 import multiprocessing
 import os
+import select
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -221,6 +223,12 @@ class CliStateReader:
                 return kv["PartitionName"]
         return None
 
+    def warm(self) -> None:
+        """Start the parsing worker now (a spawned interpreter takes a second or two), so
+        the first read that counts does not wait for it."""
+        if self.parse_apart:
+            self._parsed(["true"], str)
+
     def close(self) -> None:
         """Stop the parsing worker, if one was started."""
         with self._pool_lock:
@@ -240,7 +248,12 @@ class CliStateReader:
                     # spawn, not fork: this process has threads, and a forked child inherits
                     # their locks in whatever state they were.
                     context = multiprocessing.get_context("spawn")
-                    self._pool = ProcessPoolExecutor(1, mp_context=context)
+                    self._pool = ProcessPoolExecutor(
+                        1,
+                        mp_context=context,
+                        initializer=exit_with_parent,
+                        initargs=(os.getpid(),),
+                    )
                 except (OSError, ImportError) as exc:
                     log.warning("no Slurm parsing worker (%s): reads are parsed in process", exc)
                     self.parse_apart = False
@@ -266,6 +279,33 @@ class CliStateReader:
 
     def _run(self, args: Sequence[str]) -> str:
         return run_slurm_command(self.env, args, self.timeout_s)
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """The parsing worker's initializer: the worker ends when ``parent_pid`` does, however it
+    ends. A SIGKILLed service left its worker (about 185 MB) under PID 1 for good, and with
+    it multiprocessing's resource tracker, which exits only once every holder of its pipe
+    (the worker too) is gone. Not PR_SET_PDEATHSIG: that fires when the *thread* that
+    started the worker ends, and a worker can be (re)started from a connection's thread."""
+    threading.Thread(
+        target=_exit_when_gone, args=(parent_pid,), name="parent-watch", daemon=True
+    ).start()
+
+
+def _exit_when_gone(parent_pid: int) -> None:
+    """Wait for ``parent_pid`` to end (its pidfd becomes readable; where pidfds are missing,
+    look at the parent pid every second), then end this process at once."""
+    try:
+        pidfd: int | None = os.pidfd_open(parent_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if os.getppid() == parent_pid:  # after the open: a parent gone before it is seen here
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+    os._exit(0)
 
 
 def _read_parsed(

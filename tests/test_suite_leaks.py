@@ -1,0 +1,53 @@
+"""The suite's own check (tests/conftest.py): a run that leaves a process it started alive
+fails, names it and kills it; a run that stops what it starts passes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.processes import with_env
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAKS = """
+import subprocess
+
+def test_starts_a_process_and_forgets_it():
+    subprocess.Popen(["sleep", "600"], start_new_session=True)
+"""
+CLEAN = """
+import subprocess
+
+def test_starts_a_process_and_stops_it():
+    proc = subprocess.Popen(["sleep", "600"])
+    proc.kill()
+    proc.wait()
+"""
+
+
+def _run(tmp_path: Path, body: str, mark: str) -> subprocess.CompletedProcess[str]:
+    test = tmp_path / "test_inner.py"
+    test.write_text(body)
+    env = {**os.environ, "SPAL_TEST_LEFT_GRACE_S": "1"}
+    env["SPAL_INNER_MARK"] = mark  # how this test finds the inner run's sleep afterwards
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "--rootdir", str(tmp_path),
+         "-c", os.devnull, str(test)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_run_that_leaves_a_process_fails_and_the_process_is_killed(tmp_path: Path) -> None:
+    result = _run(tmp_path, LEAKS, "leaks")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert "left 1 process(es) running" in result.stdout and "sleep 600" in result.stdout
+    assert with_env("SPAL_INNER_MARK", "leaks") == []  # killed by the check
+
+
+def test_a_run_that_stops_what_it_starts_passes(tmp_path: Path) -> None:
+    result = _run(tmp_path, CLEAN, "clean")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left" not in result.stdout
