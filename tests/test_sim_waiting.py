@@ -175,3 +175,24 @@ def test_a_replay_of_profiles_from_two_clusters_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="a.csv measures no GPU that .*c.csv measures"):
         load_gpus({"A": a, "C": other}, 2, 2)
     assert load_gpus({"A": a, "C": same}, 2, 2).n_gpus == 4
+
+
+def test_the_admin_is_told_what_limits_and_holds_mean_for_waiting() -> None:
+    from slurm_pal.sim.experiments import limits_note, waiting_note
+
+    assert limits_note([job(0, 0, 1, 10)]) is None  # no limits in the trace: nothing to say
+    mostly = [job(i, 0, 1, 10, INF) for i in range(3)] + [job(3, 0, 1, 10, 60)]
+    assert "75% of the history's jobs have no time limit" in (limits_note(mostly) or "")
+    assert "only where other GPUs are free" in (limits_note(mostly) or "")
+    # A run that held job 3 until its bound, and lost: the note says so, and what to do.
+    trace = [job(0, 0, 1, 10800, 20000), job(1, 0, 1, 10800, 20000), job(2, 0, 1, 10800, 20000)]
+    trace[0] = SimJob("0", 0, 1, 10800, "A", time_limit=600)
+    trace.append(job(3, 10, 1, 7200, 7200))
+    summary = simulate(trace, one_slow_node(), advisor(max_wait_s=1800)).summary()
+    assert (summary["held_jobs"], summary["held_to_bound"]) == (1, 1)
+    assert summary["held_max_s"] == pytest.approx(1800)
+    note = waiting_note("advisor", [summary], [1.2, 0.9]) or ""
+    assert "held 1 of 4 jobs" in note and "1 per run until the bound" in note
+    assert "lost to packing by more than 3 % in 1 of 2 runs (worst 1.20x)" in note
+    never = simulate(trace, one_slow_node(), advisor(wait=False)).summary()
+    assert waiting_note("advisor", [never], [1.0]) is None

@@ -46,7 +46,13 @@ from slurm_pal.sim.engine import (
     SCHEDULERS,
     SimConfig,
 )
-from slurm_pal.sim.experiments import BASELINE, improvement, run_grid
+from slurm_pal.sim.experiments import (
+    BASELINE,
+    improvement,
+    limits_note,
+    run_grid,
+    waiting_note,
+)
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus, uniform_gpus
@@ -268,6 +274,13 @@ def check_run_options(
         fail(f"--xi must be >= 1 (an interference slowdown), got {xi:g}")
 
 
+def run_notes(jobs: list[SimJob], summaries: list[dict]) -> list[str]:
+    """What the history's time limits and each placement's holds mean for waiting."""
+    notes = [limits_note(jobs)]
+    notes += [waiting_note(str(s["placement"]), [s], []) for s in summaries]
+    return [note for note in notes if note is not None]
+
+
 @app.command("run")
 def run(
     ctx: typer.Context,
@@ -441,5 +454,7 @@ def run(
         console.print(
             "[yellow]left out (more GPUs than the cluster):[/] " + escape(", ".join(unplaceable))
         )
+    for note in run_notes(jobs, summaries):
+        console.print(f"note: {note}", markup=False, highlight=False)
     for path in written:
         console.print(f"wrote {path}", markup=False, highlight=False)

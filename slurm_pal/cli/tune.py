@@ -49,7 +49,13 @@ from slurm_pal.cli.sim import (
 from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
-from slurm_pal.sim.experiments import BASELINE, PairedRatios, run_grid
+from slurm_pal.sim.experiments import (
+    BASELINE,
+    PairedRatios,
+    limits_note,
+    run_grid,
+    waiting_note,
+)
 from slurm_pal.sim.variability import SimGpus
 
 TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
@@ -317,6 +323,7 @@ def tune(
         noise = [Candidate("null", "null (PM-blind: the queue's noise)", {"placement": "null"}, {})]
         everything = reference + noise + candidates
         results: dict[tuple[int, int], dict[str, float]] = {}
+        summaries: dict[int, list[dict]] = {}
         try:
             total = seeds * len(everything)
             with stdout_kept_clean(as_json), progress_bar("paired runs", total) as advance:
@@ -330,6 +337,7 @@ def tune(
                         results[(index, seed)] = {
                             k: float(summary[k]) for k in ("avg_jct", "p99_jct", "makespan")
                         }
+                        summaries.setdefault(index, []).append(summary)
         except ValueError as exc:
             fail(str(exc))
 
@@ -383,6 +391,18 @@ def tune(
         },
         "recommended": recommended,
         "candidates": rows,
+        "notes": [
+            note
+            for note in (
+                limits_note(draws[0][0]),
+                *(
+                    waiting_note(c.label, summaries[i], per_run[c.label])
+                    for i, c in enumerate(everything)
+                    if i > 0 and c.label in per_run
+                ),
+            )
+            if note is not None
+        ],
     }
     written = None
     if plot is not None:
@@ -431,5 +451,7 @@ def tune(
         console.print(
             f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
         )
+    for note in report["notes"]:
+        console.print(f"note: {note}", markup=False, highlight=False)
     if written is not None:
         console.print(f"wrote {written}", markup=False, highlight=False)

@@ -203,6 +203,7 @@ class _Job:
     __slots__ = (
         "alloc",
         "attained",
+        "bound",
         "end",
         "first_wait",
         "held_until",
@@ -232,6 +233,8 @@ class _Job:
         """When the policy first held it back although it could have started."""
         self.held_until: float | None = None
         """Its begin time while held: Slurm neither starts it nor reserves for it before."""
+        self.bound: float | None = None
+        """The latest it could be held to (kept after it starts, for the metrics)."""
         self.alloc: Allocation | None = None
         self.rate = 0.0
         self.start: float | None = None
@@ -355,6 +358,10 @@ class _Simulation:
                 preemptions=job.preemptions,
                 migrations=job.migrations,
                 max_nodes=job.max_nodes,
+                held_s=_held_s(job),
+                held_to_bound=job.bound is not None
+                and job.start is not None
+                and job.start >= job.bound - _EPSILON,
             )
             for job in self.jobs
         ]
@@ -553,7 +560,7 @@ class _Simulation:
             if result.waits and job.first_wait is None:
                 job.first_wait = now
                 until = result.wait_until if result.wait_until is not None else now
-                job.held_until = until
+                job.held_until = job.bound = until
                 heapq.heappush(self.deadlines, until)
             return result
 
@@ -590,6 +597,14 @@ class _Simulation:
             if free >= needed:
                 return end, free - needed
         return math.inf, 0
+
+
+def _held_s(job: _Job) -> float:
+    """How long the advisor held ``job`` back (0: never)."""
+    if job.first_wait is None:
+        return 0.0
+    end = job.start if job.start is not None else job.first_wait
+    return max(0.0, end - job.first_wait)
 
 
 class _EasyBackfill:

@@ -15,7 +15,15 @@ from slurm_pal.sim.engine import SimConfig, simulate
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus
 
-__all__ = ["BASELINE", "PairedRatios", "geomean_gain", "improvement", "run_grid"]
+__all__ = [
+    "BASELINE",
+    "PairedRatios",
+    "geomean_gain",
+    "improvement",
+    "limits_note",
+    "run_grid",
+    "waiting_note",
+]
 
 BASELINE = "packed-sticky"
 
@@ -123,3 +131,47 @@ class PairedRatios:
             "worst_ratio": self.worst,
             "best_ratio": self.best,
         }
+
+
+def limits_note(jobs: Sequence[SimJob]) -> str | None:
+    """What a history's time limits mean for waiting: the advisor never waits for GPUs held by
+    jobs without a limit (nothing says when they end). None when the trace carries no limits
+    (Sia-Philly: the scheduler knows run times exactly)."""
+    limited = [job for job in jobs if job.time_limit is not None]
+    if not limited:
+        return None
+    unlimited = sum(1 for job in limited if math.isinf(job.time_limit or 0.0))
+    share = unlimited / len(jobs)
+    text = f"{share:.0%} of the history's jobs have no time limit (UNLIMITED)"
+    if share >= 0.5:
+        return (
+            f"{text}: the advisor waits for no GPU they hold, so on such a site it keeps jobs "
+            "off outliers only where other GPUs are free"
+        )
+    return f"{text}: the advisor never waits for GPUs they hold" if unlimited else None
+
+
+def waiting_note(label: str, summaries: Sequence[dict], ratios: Sequence[float]) -> str | None:
+    """One line on how ``label`` held jobs back over its runs (``summaries``: each run's
+    ``SimResult.summary()``) and where it lost to the reference (``ratios``: per-run average-JCT
+    ratios), so an admin sees why waiting paid or did not. None when it never held a job."""
+    held = [float(s.get("held_jobs", 0)) for s in summaries]
+    if not any(held):
+        return None
+    jobs = float(np.mean([float(s["jobs"]) for s in summaries]))
+    mean_s = [float(s["held_avg_s"]) for s in summaries if s.get("held_jobs")]
+    longest = max(float(s.get("held_max_s", 0.0)) for s in summaries)
+    at_bound = sum(float(s.get("held_to_bound", 0)) for s in summaries) / len(summaries)
+    text = (
+        f"{label}: held {np.mean(held):.0f} of {jobs:.0f} jobs per run for other GPUs, "
+        f"{np.mean(mean_s) / 60:.1f} min on average (longest {longest / 60:.0f} min), "
+        f"{at_bound:.0f} per run until the bound (advisor.max_wait_s)"
+    )
+    lost = [r for r in ratios if r > 1.03]
+    if lost:
+        text += (
+            f"; lost to packing by more than 3 % in {len(lost)} of {len(ratios)} runs "
+            f"(worst {max(lost):.2f}x): waiting is risky on this history, lower "
+            'advisor.max_wait_s or set advisor.outliers = "last-resort"'
+        )
+    return text

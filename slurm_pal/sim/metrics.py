@@ -65,6 +65,10 @@ class JobOutcome:
     preemptions: int
     migrations: int
     max_nodes: int = 0
+    held_s: float = 0.0
+    """Seconds the advisor held it back for GPUs that are not outliers for it (Slurm mode)."""
+    held_to_bound: bool = False
+    """It was held until its bound (``advisor.max_wait_s``), not routed before."""
 
     @property
     def jct(self) -> float | None:
@@ -190,6 +194,10 @@ class SimResult:
             "ftf_over_1": (sum(1 for v in ftf if v > 1.0) / len(ftf)) if ftf else math.nan,
             "preemptions": sum(job.preemptions for job in self.jobs),
             "migrations": sum(job.migrations for job in self.jobs),
+            "held_jobs": sum(1 for job in tracked if job.held_s > 0),
+            "held_avg_s": _mean([job.held_s for job in tracked if job.held_s > 0]),
+            "held_max_s": max((job.held_s for job in tracked), default=0.0),
+            "held_to_bound": sum(1 for job in tracked if job.held_to_bound),
             "spread_jobs": sum(
                 1 for job in tracked if job.gpus <= self.gpus_per_node and job.max_nodes > 1
             ),
