@@ -17,7 +17,8 @@ def test_license_is_an_spdx_string_with_its_file_and_a_setuptools_that_reads_it(
     assert project["license"] == "MIT"
     for pattern in project["license-files"]:
         assert list(REPO.glob(pattern)), f"license-files entry {pattern!r} matches no file"
-    setuptools_pins = [r for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")]
+    requires = pyproject["build-system"]["requires"]
+    setuptools_pins = [r for r in requires if r.startswith("setuptools")]
     assert len(setuptools_pins) == 1
     minimum = re.fullmatch(r"setuptools>=(\d+)(?:\.\d+)*", setuptools_pins[0])
     assert minimum is not None and int(minimum.group(1)) >= 77, setuptools_pins

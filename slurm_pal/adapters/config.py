@@ -14,14 +14,16 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
 ENV_DB = "SLURM_PAL_DB"
 SYSTEM_DB = Path("/var/lib/slurm-pal/slurm-pal.db")
+
+if TYPE_CHECKING:
+    from slurm_pal.core.binning import PMBinner
 
 
 class ConfigError(ValueError):
@@ -58,6 +60,10 @@ class BinningConfig:
     """Reproduce PAL's public code (K always 2 plus one cluster per outlier)."""
 
     def binner(self, *, pal_artifact: bool | None = None) -> PMBinner:
+        # scikit-learn loads here, not with the config: every command reads the config, and
+        # `serve health` or `version` must start in well under a second.
+        from slurm_pal.core.binning import PMBinner
+
         return PMBinner(
             k_min=self.k_min,
             k_max=self.k_max,
