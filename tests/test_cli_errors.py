@@ -81,6 +81,12 @@ def test_zero_poisson_load_is_one_line(db: Path, args: tuple[str, ...]) -> None:
         (("tune", "--poisson", "9", "--avoid-above", "inf"), "--avoid-above"),
         (("tune", "--poisson", "9", "--workers", "0"), "--workers must be >= 1"),
         (("profile", "ingest", "x.csv", "--campaign", ""), "--campaign: campaign id ''"),
+        # A what-if typed on the command line is blamed on the option, not on the config.
+        (
+            ("advise", "lxv", "-c", "A", "--locality-penalty", "-2"),
+            "error: --locality-penalty -2: locality penalties must be finite and > 0",
+        ),
+        (("advise", "lxv", "-c", "A", "--locality-penalty", "0.5"), "--locality-penalty 0.5: "),
     ],
 )
 def test_other_bad_options_are_one_line(
