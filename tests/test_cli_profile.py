@@ -19,6 +19,13 @@ def test_demo_runs_on_embedded_defaults(run_cli) -> None:
     assert "class A: K=" in out and "PM signatures" in out
 
 
+def test_the_demo_keeps_its_campaign_in_the_store_slurm_pal_db_names(run_cli) -> None:
+    # run_cli sets SLURM_PAL_DB; like --db, it replaces the demo's throw-away store.
+    run_cli("demo", "--nodes", "4", "--offline")
+    campaigns = json.loads(run_cli("profile", "campaigns", "--json").output)
+    assert [c["id"] for c in campaigns] == ["example"]
+
+
 def test_ingest_bins_show_labels_on_the_example(run_cli, example_csv: Path) -> None:
     out = run_cli("profile", "ingest", example_csv, "--campaign", "ex").output
     assert "created campaign ex" in out and "(now active)" in out

@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from slurm_pal import __version__
+from slurm_pal.adapters.config import ENV_CONFIG, ENV_DB
 from slurm_pal.cli.common import AppState, console, one_line_usage_errors, reported_errors
 
 SUBCOMMANDS = {  # command name -> module in slurm_pal.cli that defines its typer `app`
@@ -78,9 +79,13 @@ app = typer.Typer(
 @app.callback()
 def main(
     ctx: typer.Context,
+    # Each option and its environment variable are one parameter, so every command (the demo's
+    # throw-away store, the store path `site render` writes into the unit) sees the same value.
     db: Path | None = typer.Option(
         None,
         "--db",
+        envvar=ENV_DB,
+        show_envvar=False,
         help="SQLite store (env SLURM_PAL_DB; default /var/lib/slurm-pal for root, "
         "else ~/.local/share/slurm-pal).",
         show_default=False,
@@ -88,6 +93,8 @@ def main(
     config: Path | None = typer.Option(
         None,
         "--config",
+        envvar=ENV_CONFIG,
+        show_envvar=False,
         help="Site configuration TOML (env SLURM_PAL_CONFIG; default: built-in defaults).",
         show_default=False,
     ),
