@@ -91,6 +91,7 @@ def test_sklearn_conventions() -> None:
         "class_names": ["hot", "cold"],
         "n_init": 10,
         "too_few": "raise",
+        "noise_tolerance": 1.0,
     }
     with pytest.raises(NotFittedError):
         model.predict(CATALOGUE_X)
@@ -151,6 +152,42 @@ def test_too_few_reduce_warns_and_records() -> None:
         model = JobClassifier(n_classes=3, too_few="reduce").fit(duplicated)
     assert model.n_classes_ == 2
     assert list(model.labels_) == ["A", "A", "B"]
+
+
+NOISY_TWO_KERNELS = np.array([[24.2, 93.0], [24.3, 93.0], [87.6, 9.0], [87.7, 9.0]])
+"""GEMM and STREAM measured twice each: the pairs differ only by measurement noise."""
+
+
+def test_measurements_within_the_noise_are_one_behaviour_and_one_class() -> None:
+    with pytest.warns(TooFewApplicationsWarning, match="got 2 distinct among 4 given"):
+        model = JobClassifier(n_classes=4, too_few="reduce").fit(NOISY_TWO_KERNELS)
+    assert (model.n_classes_, model.n_behaviours_) == (2, 2)
+    assert list(model.labels_) == ["A", "A", "B", "B"]
+    np.testing.assert_allclose(model.cluster_centers_, [[24.25, 93.0], [87.65, 9.0]])
+    with pytest.raises(TooFewApplicationsError, match="within 1 points counted as one"):
+        JobClassifier(n_classes=3).fit(NOISY_TWO_KERNELS)
+    # Without a tolerance each measurement is its own behaviour: the split this prevents.
+    exact = JobClassifier(n_classes=4, noise_tolerance=0).fit(NOISY_TWO_KERNELS)
+    assert len(set(exact.labels_[:2])) == 2
+
+
+def test_a_chain_of_small_steps_does_not_merge_far_apart_measurements() -> None:
+    # Complete linkage: 10.0 and 11.6 are 1.6 points apart, more than the tolerance, so the
+    # three points are two behaviours even though each step is within it.
+    chain = np.array([[10.0, 90.0], [10.8, 90.0], [11.6, 90.0], [80.0, 5.0]])
+    model = JobClassifier(n_classes=3).fit(chain)
+    assert model.n_behaviours_ == 3
+
+
+def test_noise_merging_does_not_depend_on_the_order_of_the_measurements() -> None:
+    rng = np.random.default_rng(3)
+    points = np.vstack([NOISY_TWO_KERNELS, CATALOGUE_X, CATALOGUE_X + 0.4])
+    reference = JobClassifier(n_classes=3).fit(points)
+    for _ in range(5):
+        order = rng.permutation(len(points))
+        shuffled = JobClassifier(n_classes=3).fit(points[order])
+        np.testing.assert_array_equal(shuffled.cluster_centers_, reference.cluster_centers_)
+        assert list(shuffled.labels_) == list(reference.labels_[order])
 
 
 def test_duplicates_with_enough_distinct_points_fit_without_warning() -> None:

@@ -104,6 +104,9 @@ class ClassificationConfig:
     """Telemetry format `apps classify` reads without --source: auto, ncu, nvml or dcgm."""
     seed: int = 0
     n_init: int = 10
+    noise_tolerance: float = 1.0
+    """Percentage points (DRAM and FU) within which measurements are one behaviour: `apps
+    fit` never splits them into different classes."""
     history_min_runs: int = 1
     """Measured earlier runs of a (user, job name, script) needed before they outrank a name."""
     history_window: int = 20
@@ -428,6 +431,11 @@ def _validate_classification(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'classification.default_source' is {c.default_source!r}; valid values: "
             f"{', '.join(CLASSIFY_SOURCES)}"
+        )
+    if not 0 <= c.noise_tolerance < 100:
+        raise ConfigError(
+            f"{src}: 'classification.noise_tolerance' must be within 0..100 percentage points, "
+            f"got {c.noise_tolerance}"
         )
     for key in ("n_init", "history_min_runs", "history_window"):
         if getattr(c, key) < 1:
