@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,9 +25,9 @@ from slurm_pal.core.features import (
     time_weighted_mean,
     weighted_mean_skipping_missing,
 )
+from tests.helpers.data import NCU, need_shared
 
-_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+SHARED_NCU = NCU
 
 # A small catalogue spread over the plane: (dram_util, fu_util) in percent.
 CATALOGUE = {
@@ -65,8 +63,8 @@ def test_catalogue_classes_are_ordered_compute_to_memory() -> None:
 
 
 def test_real_ncu_samples_go_to_the_nearest_class() -> None:
-    if not SHARED_NCU.is_dir():
-        pytest.skip(f"real ncu samples not found under {SHARED_NCU} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(SHARED_NCU / "dropout-162-launches.csv")
+    need_shared(SHARED_NCU / "llm-kernel-rtx5090.details.csv")
     dropout = application_features([read_ncu_csv(SHARED_NCU / "dropout-162-launches.csv")])
     llm = application_features([read_ncu_csv(SHARED_NCU / "llm-kernel-rtx5090.details.csv")])
     model = JobClassifier().fit(CATALOGUE_X)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.store import Store
 from slurm_pal.cli.apps import detect_source, short_fu_source
 from slurm_pal.core.resolve import JobRecord
+from tests.helpers.data import NCU, need_shared
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
-_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+SHARED_NCU = NCU
 
 DETAILS15 = FIXTURES / "details15-two-processes.csv"
 DETAILS21 = FIXTURES / "details21-rules-smsp.csv"
@@ -38,11 +37,7 @@ DCGM_FI_PROF_PIPE_FP32_ACTIVE{gpu="0",UUID="GPU-aaaa",Hostname="node01"} 0.1
 
 def shared_sample(name: str) -> Path:
     path = SHARED_NCU / name
-    if not path.exists():
-        pytest.skip(
-            f"real ncu sample {name} not found under {SHARED_NCU} "
-            "(set SLURM_PAL_SHARED_DATA; the folder exists only in the project workspace)"
-        )
+    need_shared(path)
     return path
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from slurm_pal.cli.main import app
-from tests.helpers.data import LONGHORN, LONGHORN_FILES
+from tests.helpers.data import LONGHORN, LONGHORN_FILES, need_shared
 
 
 def test_demo_runs_on_embedded_defaults(run_cli) -> None:
@@ -77,8 +77,7 @@ def test_errors_are_one_clear_line_and_exit_2(run_cli, tmp_path: Path, example_c
 @pytest.fixture(scope="module")
 def longhorn_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The four Longhorn files ingested once through the CLI; returns the env to reach them."""
-    if not all((LONGHORN / f).is_file() for f in LONGHORN_FILES.values()):
-        pytest.skip(f"shared reference data not found at {LONGHORN} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(*(LONGHORN / f for f in LONGHORN_FILES.values()))
     tmp = tmp_path_factory.mktemp("longhorn")
     config = tmp / "longhorn.toml"
     config.write_text('[classes]\nnames = ["A", "B", "C", "D", "S"]\n')

@@ -16,7 +16,7 @@ from fakes.fake_pynvml import FakeClock, FakeGpu, FakePynvml
 
 from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.nvml import NvmlSampler
-from tests.helpers.data import SHARED_DATA
+from tests.helpers.data import SHARED_DATA, need_shared
 
 H100 = SHARED_DATA / "gpu-h100"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points
@@ -24,8 +24,7 @@ NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in perc
 
 @pytest.fixture(scope="module")
 def h100() -> Path:
-    if not (H100 / "README.md").is_file():
-        pytest.skip(f"recorded H100 data not found at {H100} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(H100 / "README.md")
     return H100
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.data import LONGHORN
+from tests.helpers.data import LONGHORN, need_shared
 
 TRACE = """job_id,num_gpus,submit_time,duration,model
 0,1,0,1000,vgg19
@@ -100,8 +100,7 @@ def test_same_seed_same_json(run_cli: Callable[..., object], trace: Path) -> Non
 
 
 def test_poisson_trace_and_longhorn_profiles(run_cli: Callable[..., object]) -> None:
-    if not LONGHORN.is_dir():
-        pytest.skip(f"shared reference data not found at {LONGHORN}")
+    need_shared(LONGHORN)
     profiles = [
         arg
         for cls, name in (("A", "resnet"), ("B", "bert"), ("D", "pagerank"))

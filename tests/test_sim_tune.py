@@ -6,9 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from slurm_pal.cli.tune import merged_classes
+from tests.helpers.data import need_shared
 
 
 def test_merged_classes_keep_the_most_sensitive() -> None:
@@ -66,8 +65,7 @@ def test_tune_recommends_only_a_clear_gain(run_cli: Callable[..., object], longh
     advisor's gain is clear of the noise over the seeds, and tune says so; a recommended
     candidate never lost (its interval's lower bound is above zero)."""
     sia = longhorn.parent.parent / "traces" / "sia-philly" / "workload-2.csv"
-    if not sia.is_file():
-        pytest.skip(f"Sia-Philly traces not found at {sia.parent}")
+    need_shared(sia)
     files = {"A": "resnet", "B": "bert", "C": "bert", "D": "pagerank"}
     profiles = [
         f"--profile={c}={longhorn / f'{name}-longhorn-agg.csv'}" for c, name in files.items()
