@@ -175,6 +175,17 @@ def test_config_advisor_is_the_engine_as_configured(
     # The config's locality penalty applies to every placement unless --locality-penalty says.
     assert rows["advisor"]["avg_jct"] == rows["pal"]["avg_jct"]
 
+    # The table says what its short columns mean, and why the advisor equals packing here
+    # (uniform GPUs: nothing is above avoid_above, so packed-pm changes no job).
+    path = tmp_path / "default.toml"
+    path.write_text("")
+    args = ["--trace", trace, "--cluster", "4x4", "--mode", "slurm", "--config", path]
+    text = run_cli("sim", "run", *args).output
+    assert "FTF: finish-time fairness" in text and "mig: running jobs moved" in text
+    assert "note: the advisor changes no job here: no GPU's PM-score is above" in text
+    text = run_cli("sim", "run", *args, "--placement", "packed-sticky,pal").output
+    assert "the advisor changes no job" not in text  # no advisor row, nothing to explain
+
     broken = tmp_path / "broken.toml"
     broken.write_text('[advisor]\npolicy = "best"\n')
     bad = run_cli("sim", "run", "--trace", trace, "--config", broken, ok=False)
