@@ -71,6 +71,7 @@ def default_longhorn_dir() -> Path:
     shared = os.environ.get(SHARED_DATA_ENV) or Path(__file__).resolve().parents[3] / "shared/data"
     return Path(shared) / "variability" / "longhorn"
 
+
 BASE_SECONDS = {name: shape.base_seconds for name, shape in DEFAULT_SHAPES.items()}
 """Benchmark seconds on the median GPU, per class, for the emulated campaign's rows."""
 
