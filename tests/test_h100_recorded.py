@@ -275,15 +275,19 @@ def test_two_site_classes_gemm_a_stream_b_and_other_files_follow(
     assert epilog["class"] == gemm_sampler["class"] == "A"
 
 
-def test_fit_refuses_more_classes_than_distinct_measurements(run_cli, h100, two_classes) -> None:
-    # the same GEMM profile stored under two names is one measurement, not two
+def test_fit_makes_one_class_of_one_measurement_stored_twice_and_says_so(
+    run_cli, h100, two_classes
+) -> None:
+    # the same GEMM profile stored under two names is one behaviour, not two
     classify(run_cli, h100 / "ncu" / "ncu-gemm-h100.details.csv", "gemm")
     classify(run_cli, h100 / "ncu" / "ncu-gemm-h100.details.csv", "gemm-again")
-    result = run_cli("apps", "fit", ok=False)
-    assert result.exit_code == 2
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert "2 classes need at least 2 distinct" in lines[0]
+    result = run_cli("apps", "fit", "--json")
+    fitted = json.loads(result.stdout)
+    assert [c["class"] for c in fitted["classes"]] == ["A"]
+    assert fitted["classes"][0]["apps"] == ["gemm", "gemm-again"]
+    assert "2 classes asked, but the 2 application(s) show 1 distinct behaviour(s)" in (
+        result.stderr
+    )
 
 
 # --------------------------------------------------------------------------------------------
