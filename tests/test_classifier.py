@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,9 +25,9 @@ from slurm_pal.core.features import (
     time_weighted_mean,
     weighted_mean_skipping_missing,
 )
+from tests.helpers.data import NCU, need_shared
 
-_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+SHARED_NCU = NCU
 
 # A small catalogue spread over the plane: (dram_util, fu_util) in percent.
 CATALOGUE = {
@@ -65,8 +63,8 @@ def test_catalogue_classes_are_ordered_compute_to_memory() -> None:
 
 
 def test_real_ncu_samples_go_to_the_nearest_class() -> None:
-    if not SHARED_NCU.is_dir():
-        pytest.skip(f"real ncu samples not found under {SHARED_NCU} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(SHARED_NCU / "dropout-162-launches.csv")
+    need_shared(SHARED_NCU / "llm-kernel-rtx5090.details.csv")
     dropout = application_features([read_ncu_csv(SHARED_NCU / "dropout-162-launches.csv")])
     llm = application_features([read_ncu_csv(SHARED_NCU / "llm-kernel-rtx5090.details.csv")])
     model = JobClassifier().fit(CATALOGUE_X)
@@ -91,6 +89,7 @@ def test_sklearn_conventions() -> None:
         "class_names": ["hot", "cold"],
         "n_init": 10,
         "too_few": "raise",
+        "noise_tolerance": 1.0,
     }
     with pytest.raises(NotFittedError):
         model.predict(CATALOGUE_X)
@@ -151,6 +150,42 @@ def test_too_few_reduce_warns_and_records() -> None:
         model = JobClassifier(n_classes=3, too_few="reduce").fit(duplicated)
     assert model.n_classes_ == 2
     assert list(model.labels_) == ["A", "A", "B"]
+
+
+NOISY_TWO_KERNELS = np.array([[24.2, 93.0], [24.3, 93.0], [87.6, 9.0], [87.7, 9.0]])
+"""GEMM and STREAM measured twice each: the pairs differ only by measurement noise."""
+
+
+def test_measurements_within_the_noise_are_one_behaviour_and_one_class() -> None:
+    with pytest.warns(TooFewApplicationsWarning, match="got 2 distinct among 4 given"):
+        model = JobClassifier(n_classes=4, too_few="reduce").fit(NOISY_TWO_KERNELS)
+    assert (model.n_classes_, model.n_behaviours_) == (2, 2)
+    assert list(model.labels_) == ["A", "A", "B", "B"]
+    np.testing.assert_allclose(model.cluster_centers_, [[24.25, 93.0], [87.65, 9.0]])
+    with pytest.raises(TooFewApplicationsError, match="within 1 points counted as one"):
+        JobClassifier(n_classes=3).fit(NOISY_TWO_KERNELS)
+    # Without a tolerance each measurement is its own behaviour: the split this prevents.
+    exact = JobClassifier(n_classes=4, noise_tolerance=0).fit(NOISY_TWO_KERNELS)
+    assert len(set(exact.labels_[:2])) == 2
+
+
+def test_a_chain_of_small_steps_does_not_merge_far_apart_measurements() -> None:
+    # Complete linkage: 10.0 and 11.6 are 1.6 points apart, more than the tolerance, so the
+    # three points are two behaviours even though each step is within it.
+    chain = np.array([[10.0, 90.0], [10.8, 90.0], [11.6, 90.0], [80.0, 5.0]])
+    model = JobClassifier(n_classes=3).fit(chain)
+    assert model.n_behaviours_ == 3
+
+
+def test_noise_merging_does_not_depend_on_the_order_of_the_measurements() -> None:
+    rng = np.random.default_rng(3)
+    points = np.vstack([NOISY_TWO_KERNELS, CATALOGUE_X, CATALOGUE_X + 0.4])
+    reference = JobClassifier(n_classes=3).fit(points)
+    for _ in range(5):
+        order = rng.permutation(len(points))
+        shuffled = JobClassifier(n_classes=3).fit(points[order])
+        np.testing.assert_array_equal(shuffled.cluster_centers_, reference.cluster_centers_)
+        assert list(shuffled.labels_) == list(reference.labels_[order])
 
 
 def test_duplicates_with_enough_distinct_points_fit_without_warning() -> None:
@@ -246,17 +281,27 @@ def test_utilization_features_validate_and_round_trip_through_json() -> None:
 def test_refit_on_shuffled_input_gives_the_same_classes(points, data) -> None:
     X = np.array(points)
     permutation = data.draw(st.permutations(range(len(X))))
-    first = JobClassifier(n_classes=3).fit(X)
-    second = JobClassifier(n_classes=3).fit(X[permutation])
+    # Exact measurements (no noise merging): each training point is its centroid's nearest.
+    first = JobClassifier(n_classes=3, noise_tolerance=0).fit(X)
+    second = JobClassifier(n_classes=3, noise_tolerance=0).fit(X[permutation])
     np.testing.assert_array_equal(first.cluster_centers_, second.cluster_centers_)
     assert list(second.labels_) == list(first.labels_[permutation])
     assert list(second.predict(X)) == list(first.labels_)
+    # With the default noise merging, as apps fit runs it: the same classes in any order.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TooFewApplicationsWarning)
+        merged = JobClassifier(n_classes=3, too_few="reduce").fit(X)
+        shuffled = JobClassifier(n_classes=3, too_few="reduce").fit(X[permutation])
+    np.testing.assert_array_equal(merged.cluster_centers_, shuffled.cluster_centers_)
+    assert list(shuffled.labels_) == list(merged.labels_[permutation])
 
 
 @settings(max_examples=60, deadline=None)
 @given(points=points_strategy, k=st.integers(min_value=1, max_value=3))
 def test_classes_are_ordered_by_compute_boundness(points, k) -> None:
-    model = JobClassifier(n_classes=k).fit(np.array(points))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TooFewApplicationsWarning)
+        model = JobClassifier(n_classes=k, too_few="reduce").fit(np.array(points))
     centers = model.cluster_centers_
     scores = centers[:, 1] - centers[:, 0]
     np.testing.assert_allclose(model.compute_scores_, scores)

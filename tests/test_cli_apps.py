@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.store import Store
 from slurm_pal.cli.apps import detect_source, short_fu_source
 from slurm_pal.core.resolve import JobRecord
+from tests.helpers.data import NCU, need_shared
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
-_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+SHARED_NCU = NCU
 
 DETAILS15 = FIXTURES / "details15-two-processes.csv"
 DETAILS21 = FIXTURES / "details21-rules-smsp.csv"
@@ -38,11 +37,7 @@ DCGM_FI_PROF_PIPE_FP32_ACTIVE{gpu="0",UUID="GPU-aaaa",Hostname="node01"} 0.1
 
 def shared_sample(name: str) -> Path:
     path = SHARED_NCU / name
-    if not path.exists():
-        pytest.skip(
-            f"real ncu sample {name} not found under {SHARED_NCU} "
-            "(set SLURM_PAL_SHARED_DATA; the folder exists only in the project workspace)"
-        )
+    need_shared(path)
     return path
 
 
@@ -107,19 +102,61 @@ def test_classify_real_samples_then_fit_then_classify_with_the_model(run_cli) ->
     assert "raw-gemm" in table and "pipe:fma,tensor" in table and "classifier model" in table
 
 
-def test_fit_with_too_few_applications_says_how_many(run_cli) -> None:
+def test_fit_with_fewer_behaviours_than_classes_fits_fewer_and_says_so(run_cli) -> None:
     classify(run_cli, DETAILS15, "a")
     classify(run_cli, DETAILS21, "b")
-    result = run_cli("apps", "fit", ok=False)
-    assert result.exit_code == 2
-    assert "4 classes need at least 4 distinct applications" in result.output
-    assert "profiled applications: a, b" in result.output
-    # The hint names what the CLI has, not the library's too_few='reduce'.
-    assert "--n-classes" in result.output and "too_few" not in result.output
+    result = run_cli("apps", "fit", "--json")
+    fitted = json.loads(result.stdout)
+    assert (fitted["n_classes_asked"], fitted["n_behaviours"]) == (4, 2)
+    assert [c["class"] for c in fitted["classes"]] == ["A", "B"]
+    assert "note: 4 classes asked, but the 2 application(s) show 2 distinct behaviour(s)" in (
+        result.stderr
+    )
+    assert "fitted 2 classes (A, B)" in result.stderr
     result = run_cli("apps", "fit", "-k", "9", ok=False)
     assert "--n-classes must be within 1..4" in result.output
     fitted = json.loads(run_cli("apps", "fit", "-k", "2", "--json").output)
     assert fitted["n_apps"] == 2
+
+
+def dcgm_dmon(tmp_path: Path, name: str, dram: float, fp32: float) -> Path:
+    """A one-sample `dcgmi dmon` file: DRAM and FP32 pipe activity as fractions."""
+    path = tmp_path / f"{name}.txt"
+    path.write_text(
+        "#Entity   TENSO  DRAMA  FP64A  FP32A  FP16A\nID\n"
+        f"GPU 0     0.000  {dram:.3f}  0.000  {fp32:.3f}  0.000\n"
+    )
+    return path
+
+
+def test_two_kernels_measured_twice_are_not_split_on_noise(run_cli, tmp_path: Path) -> None:
+    """GEMM and STREAM measured twice each, the site's four classes: each kernel's two
+    measurements land in one class, and the model has the two classes the data supports."""
+    kernels = {
+        "gemm-1": (0.242, 0.930),
+        "gemm-2": (0.243, 0.930),
+        "stream-1": (0.876, 0.090),
+        "stream-2": (0.877, 0.090),
+    }
+    for name, (dram, fp32) in kernels.items():
+        run_cli(
+            "apps",
+            "classify",
+            "--app",
+            name,
+            "--source",
+            "dcgm",
+            dcgm_dmon(tmp_path, name, dram, fp32),
+        )
+    result = run_cli("apps", "fit", "--json")
+    fitted = json.loads(result.stdout)
+    assert {c["class"]: c["apps"] for c in fitted["classes"]} == {
+        "A": ["gemm-1", "gemm-2"],
+        "B": ["stream-1", "stream-2"],
+    }
+    assert "4 classes asked" in result.stderr and "fitted 2 classes (A, B)" in result.stderr
+    classes = {a["app"]: a["class"] for a in stored(run_cli)}
+    assert classes == {"gemm-1": "A", "gemm-2": "A", "stream-1": "B", "stream-2": "B"}
 
 
 def test_several_files_of_one_application_are_pooled(run_cli) -> None:

@@ -3,6 +3,7 @@ stderr naming the file, line or option, no traceback, nothing on stdout, nothing
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,12 @@ def test_zero_poisson_load_is_one_line(db: Path, args: tuple[str, ...]) -> None:
         (("tune", "--poisson", "9", "--avoid-above", "inf"), "--avoid-above"),
         (("tune", "--poisson", "9", "--workers", "0"), "--workers must be >= 1"),
         (("profile", "ingest", "x.csv", "--campaign", ""), "--campaign: campaign id ''"),
+        # A what-if typed on the command line is blamed on the option, not on the config.
+        (
+            ("advise", "lxv", "-c", "A", "--locality-penalty", "-2"),
+            "error: --locality-penalty -2: locality penalties must be finite and > 0",
+        ),
+        (("advise", "lxv", "-c", "A", "--locality-penalty", "0.5"), "--locality-penalty 0.5: "),
     ],
 )
 def test_other_bad_options_are_one_line(
@@ -172,8 +179,15 @@ def test_read_commands_create_no_store_and_no_folder(tmp_path: Path) -> None:
     result = slurm_pal("--db", db, "profile", "campaigns", db=tmp_path / "unused.db")
     assert result.returncode == 0 and "Traceback" not in result.stderr
     assert f"no store at {db} yet" in result.stderr
+    for view in ("bins", "gpus", "labels"):
+        # An empty view and a note, as for every read command: no error, no exit 2.
+        result = slurm_pal("--db", db, "profile", view, "--json", db=tmp_path / "unused.db")
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "no campaign yet: ingest one with 'slurm-pal profile ingest" in result.stderr
+        assert f"no store at {db} yet" in result.stderr
+    assert json.loads(result.stdout) == {"campaign": None, "labels": []}
     result = slurm_pal("--db", db, "profile", "bins", db=tmp_path / "unused.db")
-    assert_one_line_error(result, "no active campaign")
+    assert result.returncode == 0 and result.stdout == ""
     result = slurm_pal("--db", db, "apps", "list", "--json", db=tmp_path / "unused.db")
     assert result.returncode == 0 and result.stdout.strip() == "[]"
     assert not (tmp_path / "nonexistent").exists()
@@ -186,3 +200,29 @@ def test_empty_ncu_file_says_empty(tmp_path: Path, db: Path) -> None:
     line = assert_one_line_error(result, f"{empty}: the file is empty")
     assert "1 lines" not in line
     assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("campaign", "plan", "--repeats", "-1"),
+            "slurm-pal campaign plan: Invalid value for '--repeats'",
+        ),
+        (("profile", "bins", "--class", "C"), "slurm-pal profile bins: No such option: --class"),
+        (("profile", "show"), "slurm-pal profile show: Missing argument 'gpu'"),
+        (("--bogus", "version"), "slurm-pal: No such option: --bogus"),
+        (("simm", "run"), "slurm-pal: no such command 'simm'; did you mean 'sim'?"),
+        (("tune", "--seeds", "many"), "slurm-pal tune: Invalid value for '--seeds'"),
+    ],
+)
+def test_option_parsing_errors_are_one_line(db: Path, args: tuple[str, ...], expected: str) -> None:
+    """typer's own three lines (Usage:, Try ..., Error:) become the project's one line."""
+    assert_one_line_error(slurm_pal(*args, db=db), expected)
+    assert not db.parent.exists()
+
+
+def test_a_group_without_its_command_still_prints_its_help(db: Path) -> None:
+    result = slurm_pal("campaign", db=db)
+    assert "campaign [OPTIONS] COMMAND" in result.stdout + result.stderr
+    assert "plan" in result.stdout + result.stderr

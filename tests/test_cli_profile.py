@@ -10,13 +10,20 @@ import pytest
 from typer.testing import CliRunner
 
 from slurm_pal.cli.main import app
-from tests.helpers.data import LONGHORN, LONGHORN_FILES
+from tests.helpers.data import LONGHORN, LONGHORN_FILES, need_shared
 
 
 def test_demo_runs_on_embedded_defaults(run_cli) -> None:
     # The live part runs in tests/slurm/test_demo_live.py.
     out = run_cli("demo", "--nodes", "4", "--offline").output
     assert "class A: K=" in out and "PM signatures" in out
+
+
+def test_the_demo_keeps_its_campaign_in_the_store_slurm_pal_db_names(run_cli) -> None:
+    # run_cli sets SLURM_PAL_DB; like --db, it replaces the demo's throw-away store.
+    run_cli("demo", "--nodes", "4", "--offline")
+    campaigns = json.loads(run_cli("profile", "campaigns", "--json").output)
+    assert [c["id"] for c in campaigns] == ["example"]
 
 
 def test_ingest_bins_show_labels_on_the_example(run_cli, example_csv: Path) -> None:
@@ -56,8 +63,8 @@ def test_errors_are_one_clear_line_and_exit_2(run_cli, tmp_path: Path, example_c
     assert result.exit_code == 2 and "no duration column" in result.output
     result = run_cli("profile", "ingest", example_csv, "--class", "Q", ok=False)
     assert result.exit_code == 2 and "valid classes: A, B, C, D" in result.output
-    result = run_cli("profile", "bins", ok=False)
-    assert result.exit_code == 2 and "no active campaign" in result.output
+    result = run_cli("profile", "bins", "--campaign", "c0", ok=False)
+    assert result.exit_code == 2 and "no campaign 'c0'" in result.output
     run_cli("profile", "ingest", example_csv, "--campaign", "c1")
     result = run_cli("profile", "ingest", example_csv, "--campaign", "c1", ok=False)
     assert result.exit_code == 2 and "already in campaign 'c1'" in result.output
@@ -70,8 +77,7 @@ def test_errors_are_one_clear_line_and_exit_2(run_cli, tmp_path: Path, example_c
 @pytest.fixture(scope="module")
 def longhorn_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The four Longhorn files ingested once through the CLI; returns the env to reach them."""
-    if not all((LONGHORN / f).is_file() for f in LONGHORN_FILES.values()):
-        pytest.skip(f"shared reference data not found at {LONGHORN} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(*(LONGHORN / f for f in LONGHORN_FILES.values()))
     tmp = tmp_path_factory.mktemp("longhorn")
     config = tmp / "longhorn.toml"
     config.write_text('[classes]\nnames = ["A", "B", "C", "D", "S"]\n')
@@ -133,3 +139,32 @@ def test_longhorn_pal_artifact_mode(longhorn_store: dict, tmp_path: Path) -> Non
         assert sum(x["gpus"] for x in b["bins"]) == b["measured_gpus"]
         if b["k"] % 2:
             assert any(abs(x["score"] - 1.0) < 1e-12 for x in b["bins"])
+
+
+@pytest.mark.parametrize("terminal_columns", [None, 100])
+def test_bins_summary_is_one_line_and_gpus_are_counts(
+    run_cli, example_csv: Path, monkeypatch: pytest.MonkeyPatch, terminal_columns: int | None
+) -> None:
+    """In a log and on a 100-column terminal each class's summary stays on one line (it was
+    a table title, wrapped to the table's width), and the GPUs column holds only counts: an
+    outlier's GPU id has its own column."""
+    from rich.console import Console
+
+    from slurm_pal.cli import profile
+
+    run_cli("profile", "ingest", example_csv, "--campaign", "ex")
+    if terminal_columns is None:
+        out = run_cli("profile", "bins").output
+    else:
+        terminal = Console(width=terminal_columns, force_terminal=True, record=True)
+        monkeypatch.setattr(profile, "console", terminal)
+        run_cli("profile", "bins")
+        out = terminal.export_text()
+    summaries = [line for line in out.splitlines() if line.startswith("class ")]
+    assert [s.split(":")[0] for s in summaries] == ["class A", "class B", "class C", "class D"]
+    assert all("GPUs measured" in s for s in summaries)
+    assert "64 GPUs measured, 2 outlier(s)" in summaries[0]
+    rows = [line.split("│")[1:-1] for line in out.splitlines() if line.startswith("│")]
+    assert rows and all(cells[2].strip().isdigit() for cells in rows)
+    outlier_rows = [cells for cells in rows if cells[0].strip() == "outlier"]
+    assert len(outlier_rows) >= 2 and all(c[3].strip().startswith("GPU-") for c in outlier_rows)

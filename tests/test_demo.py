@@ -81,3 +81,52 @@ def test_without_matplotlib_the_png_is_skipped_with_a_message(
     _write_png(console, _report(5), tmp_path / "arms.png")
     assert "PNG skipped: matplotlib is not installed" in console.export_text()
     assert not (tmp_path / "arms.png").exists()
+
+
+def test_the_advisor_column_keeps_the_whole_reason_and_marks_re_planned_jobs() -> None:
+    from slurm_pal.advisor.decide import format_admin_comment, parse_admin_comment
+    from slurm_pal.testbed.demo import advisor_why
+
+    reason = (
+        "Packed-PM: packing's nodes and counts, GPUs above 1.5 left out for class A (n02:3 at "
+        "2.31x); class A: from the application the job named"
+    )
+    at_submit = format_admin_comment(version="t", action="route", why=reason, lv=1.0)
+    text = advisor_why(parse_admin_comment(at_submit))
+    # The policy's part is whole: it was cut at 60 characters, mid-word.
+    assert text == (
+        "route lv=1.0000: Packed-PM: packing's nodes and counts, GPUs above 1.5 left out for "
+        "class A (n02:3 at 2.31x)"
+    )
+    replanned = format_admin_comment(
+        version="t", action="route", why=f"{reason}; class A: re-planned; class A at submit"
+    )
+    assert advisor_why(parse_admin_comment(replanned)).endswith("[re-planned at a job end]")
+    assert advisor_why(None) == "(no advisor comment)"
+
+
+def test_the_demo_says_what_re_planning_at_job_ends_did() -> None:
+    from slurm_pal.advisor.decide import format_admin_comment
+    from slurm_pal.testbed.demo import replanning_summary
+
+    records = [_record("c0", "A", 0, 0, 10), _record("c1", "D", 1, 1, 6)]
+    comments = {
+        "c0": format_admin_comment(version="t", action="route", why="Packed-PM: x"),
+        "c1": format_admin_comment(
+            version="t", action="route", why="Packed-PM: y; class D: re-planned; class D at submit"
+        ),
+    }
+    slurm_jobs = {job: {"admin_comment": text} for job, text in comments.items()}
+    stats = {"replans_at_job_end": 3, "replans": 4, "replan_updates": 2, "replan_failed": 1}
+    result = ArmResult(
+        "advisor",
+        records,
+        slurm_jobs,
+        arm_metrics("advisor", records, 4),
+        [],
+        {"advisor_stats": stats},
+    )
+    assert replanning_summary(result) == (
+        "re-planning at job ends: 3 round(s) started by a job's end (4 in all); 2 update(s) of "
+        "queued jobs sent to Slurm, 1 refused; 1 of 2 job(s) ran where a round put them"
+    )

@@ -16,7 +16,7 @@ from fakes.fake_pynvml import FakeClock, FakeGpu, FakePynvml
 
 from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.nvml import NvmlSampler
-from tests.helpers.data import SHARED_DATA
+from tests.helpers.data import SHARED_DATA, need_shared
 
 H100 = SHARED_DATA / "gpu-h100"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points
@@ -24,8 +24,7 @@ NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in perc
 
 @pytest.fixture(scope="module")
 def h100() -> Path:
-    if not (H100 / "README.md").is_file():
-        pytest.skip(f"recorded H100 data not found at {H100} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(H100 / "README.md")
     return H100
 
 
@@ -276,15 +275,19 @@ def test_two_site_classes_gemm_a_stream_b_and_other_files_follow(
     assert epilog["class"] == gemm_sampler["class"] == "A"
 
 
-def test_fit_refuses_more_classes_than_distinct_measurements(run_cli, h100, two_classes) -> None:
-    # the same GEMM profile stored under two names is one measurement, not two
+def test_fit_makes_one_class_of_one_measurement_stored_twice_and_says_so(
+    run_cli, h100, two_classes
+) -> None:
+    # the same GEMM profile stored under two names is one behaviour, not two
     classify(run_cli, h100 / "ncu" / "ncu-gemm-h100.details.csv", "gemm")
     classify(run_cli, h100 / "ncu" / "ncu-gemm-h100.details.csv", "gemm-again")
-    result = run_cli("apps", "fit", ok=False)
-    assert result.exit_code == 2
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert "2 classes need at least 2 distinct" in lines[0]
+    result = run_cli("apps", "fit", "--json")
+    fitted = json.loads(result.stdout)
+    assert [c["class"] for c in fitted["classes"]] == ["A"]
+    assert fitted["classes"][0]["apps"] == ["gemm", "gemm-again"]
+    assert "2 classes asked, but the 2 application(s) show 1 distinct behaviour(s)" in (
+        result.stderr
+    )
 
 
 # --------------------------------------------------------------------------------------------

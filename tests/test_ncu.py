@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import pickle
 from collections import defaultdict
 from pathlib import Path
@@ -23,10 +22,10 @@ from slurm_pal.adapters.ncu import (
     parse_ncu_number,
     read_ncu_csv,
 )
+from tests.helpers.data import NCU, need_shared
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
-_DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHARED_NCU = Path(os.environ.get("SLURM_PAL_SHARED_DATA", _DEFAULT_SHARED_DATA)) / "ncu"
+SHARED_NCU = NCU
 
 DETAILS15 = FIXTURES / "details15-two-processes.csv"
 DETAILS21 = FIXTURES / "details21-rules-smsp.csv"
@@ -37,11 +36,7 @@ NO_TABLE = FIXTURES / "no-table-error.csv"
 
 def shared_sample(name: str) -> Path:
     path = SHARED_NCU / name
-    if not path.exists():
-        pytest.skip(
-            f"real ncu sample {name} not found under {SHARED_NCU} "
-            "(set SLURM_PAL_SHARED_DATA; the folder exists only in the project workspace)"
-        )
+    need_shared(path)
     return path
 
 

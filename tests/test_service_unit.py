@@ -144,3 +144,26 @@ def test_the_rendered_flush_command_runs(tmp_path: Path) -> None:
         line.split("=", 1)[1].split(), capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0 and json.loads(proc.stdout)["left"] == 0, proc.stderr
+
+
+def test_paths_the_sandboxed_unit_cannot_reach_are_named_with_what_to_pass() -> None:
+    service = ServiceSettings(
+        python="/home/alice/slurm-pal/.venv/bin/python",
+        db_path="/tmp/try/slurm-pal.db",
+        config_path="/root/site.toml",
+    )
+    problems = service.hidden_paths()
+    assert len(problems) == 3
+    python, store, config = problems
+    assert "Python /home/alice/slurm-pal/.venv/bin/python" in python
+    assert "ProtectHome=yes" in python and "--python /opt/slurm-pal/bin/python" in python
+    assert "store /tmp/try/slurm-pal.db" in store and "PrivateTmp=yes" in store
+    assert "--db /var/lib/slurm-pal/slurm-pal.db" in store
+    assert "config /root/site.toml" in config and "--config /etc/slurm-pal" in config
+    # What the unit can see raises nothing ("/tmpfs" is not under /tmp).
+    reachable = ServiceSettings(
+        python="/opt/slurm-pal/bin/python",
+        db_path="/var/lib/slurm-pal/slurm-pal.db",
+        config_path="/tmpfs/site.toml",
+    )
+    assert reachable.hidden_paths() == []

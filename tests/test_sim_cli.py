@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.data import LONGHORN
+from tests.helpers.data import LONGHORN, need_shared
 
 TRACE = """job_id,num_gpus,submit_time,duration,model
 0,1,0,1000,vgg19
@@ -100,8 +100,7 @@ def test_same_seed_same_json(run_cli: Callable[..., object], trace: Path) -> Non
 
 
 def test_poisson_trace_and_longhorn_profiles(run_cli: Callable[..., object]) -> None:
-    if not LONGHORN.is_dir():
-        pytest.skip(f"shared reference data not found at {LONGHORN}")
+    need_shared(LONGHORN)
     profiles = [
         arg
         for cls, name in (("A", "resnet"), ("B", "bert"), ("D", "pagerank"))
@@ -175,6 +174,17 @@ def test_config_advisor_is_the_engine_as_configured(
     )
     # The config's locality penalty applies to every placement unless --locality-penalty says.
     assert rows["advisor"]["avg_jct"] == rows["pal"]["avg_jct"]
+
+    # The table says what its short columns mean, and why the advisor equals packing here
+    # (uniform GPUs: nothing is above avoid_above, so packed-pm changes no job).
+    path = tmp_path / "default.toml"
+    path.write_text("")
+    args = ["--trace", trace, "--cluster", "4x4", "--mode", "slurm", "--config", path]
+    text = run_cli("sim", "run", *args).output
+    assert "FTF: finish-time fairness" in text and "mig: running jobs moved" in text
+    assert "note: the advisor changes no job here: no GPU's PM-score is above" in text
+    text = run_cli("sim", "run", *args, "--placement", "packed-sticky,pal").output
+    assert "the advisor changes no job" not in text  # no advisor row, nothing to explain
 
     broken = tmp_path / "broken.toml"
     broken.write_text('[advisor]\npolicy = "best"\n')

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
+from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.cli.tune import merged_classes
+from slurm_pal.sim.advisor import advisor_changes_no_job
+from tests.helpers.data import need_shared
 
 
 def test_merged_classes_keep_the_most_sensitive() -> None:
@@ -59,6 +61,10 @@ def test_tune_judges_paired_runs_and_recommends_packing_without_variability(
     assert report["recommended"]["settings"] == {"policy": "packed"}
     assert report["baseline"]["placement"] == "packed-sticky"
     assert len(report["baseline"]["avg_jct"]) == 3
+    # ... and it says why the configured advisor equals packing here: nothing to avoid.
+    assert report["advisor_changes_no_job"].startswith(
+        "the advisor changes no job here: no GPU's PM-score is above advisor.avoid_above = 1.5"
+    )
 
 
 def test_tune_recommends_only_a_clear_gain(run_cli: Callable[..., object], longhorn: Path) -> None:
@@ -66,8 +72,7 @@ def test_tune_recommends_only_a_clear_gain(run_cli: Callable[..., object], longh
     advisor's gain is clear of the noise over the seeds, and tune says so; a recommended
     candidate never lost (its interval's lower bound is above zero)."""
     sia = longhorn.parent.parent / "traces" / "sia-philly" / "workload-2.csv"
-    if not sia.is_file():
-        pytest.skip(f"Sia-Philly traces not found at {sia.parent}")
+    need_shared(sia)
     files = {"A": "resnet", "B": "bert", "C": "bert", "D": "pagerank"}
     profiles = [
         f"--profile={c}={longhorn / f'{name}-longhorn-agg.csv'}" for c, name in files.items()
@@ -91,6 +96,7 @@ def test_tune_recommends_only_a_clear_gain(run_cli: Callable[..., object], longh
     assert recommended["advisor"] == "on", recommended
     assert recommended["gain_ci95"][0] > 0
     assert recommended["candidate"].startswith("advisor (packed-pm")
+    assert report["advisor_changes_no_job"] is None  # the artifact draws have outliers
 
 
 def test_tune_table(run_cli: Callable[..., object]) -> None:
@@ -113,6 +119,7 @@ def test_tune_table(run_cli: Callable[..., object]) -> None:
     )
     assert "recommended: packing, the advisor in pass-through" in result.output
     assert "null" in result.output
+    assert "note: the advisor changes no job here" not in result.output  # no advisor candidate
     bad = run_cli("tune", "--poisson", "5", "--seeds", "1", ok=False)
     assert bad.exit_code == 2 and "--seeds must be >= 2" in bad.output
 
@@ -145,3 +152,16 @@ def test_tune_sweeps_the_default_class_of_unidentified_jobs(
     assert sorted(c["default_class"] for c in judged) == ["A", "D"]
     bad = run_cli("tune", "--poisson", "5", "--default-classes", "Z", ok=False)
     assert bad.exit_code == 2 and "unknown default class" in bad.output
+
+
+def test_the_advisor_changes_no_job_only_where_no_gpu_is_above_avoid_above() -> None:
+    site = SiteConfig()  # packed-pm, avoid_above 1.5
+    calm = [{"A": [1.0, 1.2, 1.49], "D": [1.0, 1.0, 1.0]}, {"A": [0.9, 1.1, 1.3], "D": [1.5]}]
+    note = advisor_changes_no_job(site, calm)
+    assert note is not None and "(highest: A 1.490, D 1.500)" in note
+    # One GPU above the threshold for one class, in one draw: the advisor may steer jobs.
+    assert advisor_changes_no_job(site, [*calm, {"A": [1.0], "D": [1.51]}]) is None
+    pal = dataclasses.replace(site, advisor=dataclasses.replace(site.advisor, policy="pal"))
+    assert advisor_changes_no_job(pal, calm) is None  # PAL uses every score, not a threshold
+    packed = dataclasses.replace(site, advisor=dataclasses.replace(site.advisor, policy="packed"))
+    assert "leaves every job to Slurm's packing" in str(advisor_changes_no_job(packed, calm))

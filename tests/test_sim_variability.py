@@ -86,11 +86,10 @@ def test_artifact_mode_matches_pal_simulators_own_numbers(longhorn: Path) -> Non
     # workload 1 and Packed-Non-Sticky 0.7 % better (w3: 9.1 % worse, w4: 5.2 % better).
     from slurm_pal.adapters.traces import read_sia_trace
     from slurm_pal.sim import SimConfig, simulate
-    from tests.helpers.data import SHARED_DATA
+    from tests.helpers.data import SHARED_DATA, need_shared
 
     sia = SHARED_DATA / "traces" / "sia-philly"
-    if not sia.is_dir():
-        pytest.skip(f"Sia traces not found at {sia}")
+    need_shared(*(sia / f"workload-{w}.csv" for w in (1, 3, 4)))
     files = {"A": "resnet", "B": "bert", "C": "bert", "D": "pagerank"}
     raw = {c: pd.read_csv(longhorn / f"{f}-longhorn-agg.csv")["perf"] for c, f in files.items()}
     gpus = artifact_gpus(raw, 16, 4, seed=42)

@@ -239,6 +239,36 @@ def test_cli_render_writes_job_submit_lua_and_hooks_from_the_config(
         subprocess.run(["sh", "-n", str(out / f"{kind}.sh")], check=True)
 
 
+def test_the_unit_serves_the_store_chosen_by_env_or_option_and_warns_what_it_cannot_see(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM_PAL_DB and --db mean the same store; the unit gets it as an absolute path, and a
+    venv the unit's sandbox hides is said on stderr with what to pass."""
+    csv = tmp_path / "example.csv"
+    generate_example_campaign(nodes=2, gpus_per_node=2, node_prefix="n").to_csv(csv, index=False)
+    env_store = tmp_path / "env-store.db"
+    monkeypatch.setenv("SLURM_PAL_DB", str(env_store))
+    run_cli("profile", "ingest", csv, "--campaign", "ex")
+    result = run_cli(
+        "site", "render", "--out", tmp_path / "a", "--python", "/home/alice/venv/bin/python"
+    )
+    exec_start = _exec_start(tmp_path / "a")
+    assert f" --db {env_store} serve " in exec_start
+    note = next(line for line in result.stderr.splitlines() if "Python /home/alice" in line)
+    assert note.startswith("note: slurm-pal.service cannot reach")
+    assert "ProtectHome=yes" in note and "--python /opt/slurm-pal/bin/python" in note
+    # The option wins over the variable, and a relative path is made absolute for systemd.
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(env_store, tmp_path / "opt-store.db")
+    run_cli("--db", "opt-store.db", "site", "render", "--out", tmp_path / "b")
+    assert f" --db {tmp_path / 'opt-store.db'} serve " in _exec_start(tmp_path / "b")
+
+
+def _exec_start(site: Path) -> str:
+    lines = (site / "slurm-pal.service").read_text().splitlines()
+    return next(line for line in lines if line.startswith("ExecStart="))
+
+
 def test_lua_string_escapes_every_unsafe_byte() -> None:
     assert lua_string('a"b\\c') == '"a\\"b\\\\c"'
     assert lua_string("x\ny\x00é") == '"x\\010y\\000\\195\\169"'

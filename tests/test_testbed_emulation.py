@@ -38,7 +38,9 @@ from slurm_pal.testbed.emulate import (
     score_table,
     source_profile,
 )
+from slurm_pal.testbed.emulate import LONGHORN_FILES as EMULATED_LONGHORN_FILES
 from slurm_pal.testbed.run import RunSettings, sbatch_args
+from tests.helpers.data import LONGHORN, need_shared
 
 NODES = ["n01", "n02", "n03", "n04"]
 
@@ -69,11 +71,17 @@ def test_longhorn_absent_is_a_clear_error(tmp_path: Path) -> None:
         source_profile("summit")
 
 
+def test_the_longhorn_folder_follows_slurm_pal_shared_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_PAL_SHARED_DATA", str(tmp_path / "elsewhere"))
+    with pytest.raises(EmulationError, match=str(tmp_path / "elsewhere" / "variability")):
+        source_profile("longhorn")
+
+
 def test_longhorn_draw_when_present() -> None:
-    try:
-        profile = source_profile("longhorn")
-    except EmulationError as exc:
-        pytest.skip(str(exc))
+    need_shared(*(LONGHORN / f for f in set(EMULATED_LONGHORN_FILES.values())))
+    profile = source_profile("longhorn")
     gpus = emulated_gpus(profile, NODES, 4, seed=0)
     assert len({g.uuid for g in gpus}) == 16
     assert all(0.5 < f < 3 for g in gpus for f in g.factors.values())

@@ -15,7 +15,7 @@ from slurm_pal.adapters.traces import (
     sacct_gpus,
 )
 from slurm_pal.core.workload import PAL_ITERATION_TIME
-from tests.helpers.data import SHARED_DATA
+from tests.helpers.data import SHARED_DATA, need_shared
 
 SIA = SHARED_DATA / "traces" / "sia-philly"
 
@@ -60,8 +60,7 @@ def test_sia_missing_column(tmp_path: Path) -> None:
 
 
 def test_real_sia_workloads() -> None:
-    if not SIA.is_dir():
-        pytest.skip(f"shared reference data not found at {SIA} (set SLURM_PAL_SHARED_DATA)")
+    need_shared(SIA / "workload-1.csv")
     jobs = read_sia_trace(SIA / "workload-1.csv")
     assert len(jobs) == 160
     assert max(j.gpus for j in jobs) == 24
@@ -143,6 +142,7 @@ def test_sacct_rows_left_out_are_counted_by_reason(tmp_path: Path) -> None:
         + ", ".join(f"{n} {why}" for why, n in trace.left_out.items())
     )
     assert trace.left_out.get("still running (no end time)") == 1
+    need_shared(SIA / "workload-1.csv")
     assert load_trace(SIA / "workload-1.csv").left_out == {}
 
 

@@ -15,14 +15,16 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
 ENV_DB = "SLURM_PAL_DB"
 SYSTEM_DB = Path("/var/lib/slurm-pal/slurm-pal.db")
+
+if TYPE_CHECKING:
+    from slurm_pal.core.binning import PMBinner
 
 
 class ConfigError(ValueError):
@@ -59,6 +61,10 @@ class BinningConfig:
     """Reproduce PAL's public code (K always 2 plus one cluster per outlier)."""
 
     def binner(self, *, pal_artifact: bool | None = None) -> PMBinner:
+        # scikit-learn loads here, not with the config: every command reads the config, and
+        # `serve health` or `version` must start in well under a second.
+        from slurm_pal.core.binning import PMBinner
+
         return PMBinner(
             k_min=self.k_min,
             k_max=self.k_max,
@@ -99,6 +105,9 @@ class ClassificationConfig:
     """Telemetry format `apps classify` reads without --source: auto, ncu, nvml or dcgm."""
     seed: int = 0
     n_init: int = 10
+    noise_tolerance: float = 1.0
+    """Percentage points (DRAM and FU) within which measurements are one behaviour: `apps
+    fit` never splits them into different classes."""
     history_min_runs: int = 1
     """Measured earlier runs of a (user, job name, script) needed before they outrank a name."""
     history_window: int = 20
@@ -432,6 +441,11 @@ def _validate_classification(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'classification.default_source' is {c.default_source!r}; valid values: "
             f"{', '.join(CLASSIFY_SOURCES)}"
+        )
+    if not 0 <= c.noise_tolerance < 100:
+        raise ConfigError(
+            f"{src}: 'classification.noise_tolerance' must be within 0..100 percentage points, "
+            f"got {c.noise_tolerance}"
         )
     for key in ("n_init", "history_min_runs", "history_window"):
         if getattr(c, key) < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from slurm_pal.adapters.config import ConfigError
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.cli.common import console, fail, print_json, reported_errors, state
 from slurm_pal.core.lxv import LxVMatrix
@@ -29,9 +30,14 @@ def lxv(
     """PAL's L x V matrix for one class, in the order PAL walks it (smallest LV product first)."""
     st = state(ctx)
     with reported_errors():
-        topology = topology_from_config(
-            st.config.locality, source=st.config.source, across_override=across
-        )
+        # The site's own topology first: its errors name the config file; then the what-if,
+        # whose errors name the option that was typed.
+        topology = topology_from_config(st.config.locality, source=st.config.source)
+        if across is not None:
+            try:
+                topology = topology_from_config(st.config.locality, across_override=across)
+            except ConfigError as exc:
+                fail(f"--locality-penalty {across:g}: {exc.__cause__ or exc}")
         with st.store(create=False) as store:
             campaign_id = store.resolve_campaign(campaign)
             per_class = store.class_bins(campaign_id)

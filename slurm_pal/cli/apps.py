@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,8 +36,8 @@ from slurm_pal.adapters.dcgm import (
 )
 from slurm_pal.adapters.ncu import NcuParseError, application_features, read_ncu_csv
 from slurm_pal.adapters.store import Application, ClassifierModel
-from slurm_pal.cli.common import console, fail, print_json, reported_errors, state
-from slurm_pal.core.classifier import JobClassifier, TooFewApplicationsError
+from slurm_pal.cli.common import console, fail, print_json, reported_errors, state, warn
+from slurm_pal.core.classifier import JobClassifier, TooFewApplicationsWarning
 from slurm_pal.core.features import UtilizationFeatures
 from slurm_pal.core.resolve import JobRequest, check_app_name, resolve
 
@@ -570,22 +571,16 @@ def fit(
                 class_names=list(names[:k]),
                 random_state=cfg.classification.seed,
                 n_init=cfg.classification.n_init,
+                too_few="reduce",
+                noise_tolerance=cfg.classification.noise_tolerance,
             )
             features = [a.features for a in apps if a.features is not None]
-            try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TooFewApplicationsWarning)
                 classifier.fit(features)
-            except TooFewApplicationsError:
-                # The library's hint (too_few='reduce') is not a CLI option: name what is.
-                distinct = len({(f.dram_util, f.fu_util) for f in features})
-                fail(
-                    f"{k} classes need at least {k} distinct applications (distinct (DRAM, FU) "
-                    f"measurements), got {distinct}: classify more with 'slurm-pal apps "
-                    f"classify', or fit fewer classes with --n-classes (profiled applications: "
-                    f"{', '.join(a.name for a in apps)})"
-                )
-            predicted = dict(
-                zip([a.name for a in apps], map(str, classifier.predict(features)), strict=True)
-            )
+            predicted = dict(zip([a.name for a in apps], map(str, classifier.labels_), strict=True))
+            if classifier.n_classes_ < k:
+                warn(_fewer_classes_note(k, classifier, len(apps)))
             labels = {n: c for n, c in predicted.items() if _origin(apps, n) != "admin"}
             model_id = store.save_classifier(classifier.to_dict(), labels, n_apps=len(apps))
             stored = store.applications()
@@ -603,13 +598,16 @@ def fit(
             {
                 "model_id": model_id,
                 "n_apps": len(apps),
+                "n_classes_asked": k,
+                "n_behaviours": classifier.n_behaviours_,
                 "classes": summary,
                 "applications": [_app_dict(a) for a in stored],
             }
         )
         return
     table = Table(
-        title=f"classifier model {model_id}: {k} classes from {len(apps)} application(s)",
+        title=f"classifier model {model_id}: {classifier.n_classes_} classes from "
+        f"{len(apps)} application(s)",
         title_justify="left",
     )
     for column in ("class", "DRAM %", "FU %", "applications (model's grouping)"):
@@ -620,6 +618,18 @@ def fit(
         )
     console.print(table)
     console.print(_apps_table(stored, title="applications now"))
+
+
+def _fewer_classes_note(asked: int, classifier: JobClassifier, n_apps: int) -> str:
+    """Why the model has fewer classes than the site asked for, and what would change it."""
+    fitted = ", ".join(map(str, classifier.classes_))
+    return (
+        f"{asked} classes asked, but the {n_apps} application(s) show "
+        f"{classifier.n_behaviours_} distinct behaviour(s) (measurements within "
+        f"{classifier.noise_tolerance:g} percentage points of each other are one, "
+        f"classification.noise_tolerance): fitted {classifier.n_classes_} classes ({fitted}); "
+        "classify applications that behave differently to get more"
+    )
 
 
 def _origin(apps: Sequence[Application], name: str) -> str | None:

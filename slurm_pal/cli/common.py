@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console, ConsoleDimensions
@@ -22,9 +22,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.rule import Rule
 from rich.text import Text
 
-from slurm_pal.adapters.campaign_csv import CampaignFormatError
 from slurm_pal.adapters.config import ConfigError, SiteConfig, load_config, resolve_db_path
-from slurm_pal.adapters.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from slurm_pal.adapters.store import Store
 
 PIPE_WIDTH = 100_000
 """Line width when the output is not a terminal: wide enough that no value is ever cut."""
@@ -76,7 +77,17 @@ console = FullWidthConsole()
 err_console = FullWidthConsole(stderr=True)
 
 EXIT_USAGE = 2
-KNOWN_ERRORS = (ConfigError, StoreError, CampaignFormatError)
+
+
+def known_errors() -> tuple[type[Exception], ...]:
+    """The project's own errors, which :func:`reported_errors` turns into one line. The store
+    and the campaign reader bring pandas and scikit-learn: they are imported only once an error
+    is being reported, so a command that never opens them starts fast."""
+    from slurm_pal.adapters.campaign_csv import CampaignFormatError
+    from slurm_pal.adapters.store import StoreError
+
+    return (ConfigError, StoreError, CampaignFormatError)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,6 +116,8 @@ class AppState:
         yet reads as an empty one (in memory; its messages name the real path) and nothing is
         created on disk, neither the database nor its folders. A note on stderr says so when
         the command succeeds (a failing one has its own line)."""
+        from slurm_pal.adapters.store import Store
+
         path = self.db_path
         if create or path.exists():
             store = Store(path, create=create)
@@ -151,8 +164,39 @@ def reported_errors() -> Iterator[None]:
     """Turn the project's own errors into one clear line on stderr and exit code 2."""
     try:
         yield
-    except KNOWN_ERRORS as exc:
-        fail(str(exc))
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if isinstance(exc, known_errors()):
+            fail(str(exc))
+        raise
+
+
+# Typer exports BadParameter but not its base class, the one every option-parsing error
+# (bad value, unknown option, missing argument) derives from.
+UsageError: type[Exception] = typer.BadParameter.__mro__[1]
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """Option-parsing errors as one ``error:`` line naming the command, like every other error
+    (typer prints usage, a hint and the error on three lines). A group run without a
+    command still prints its help."""
+    try:
+        yield
+    except UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        fail(f"{_command_named(getattr(exc, 'ctx', None))}: {exc.format_message()}")  # type: ignore[attr-defined]
+
+
+def _command_named(context: typer.Context | None) -> str:
+    """``slurm-pal campaign plan``, however the program was started (``python -m ...``)."""
+    names = []
+    while context is not None and context.parent is not None:
+        names.append(context.info_name or "")
+        context = context.parent
+    return " ".join(["slurm-pal", *reversed(names)])
 
 
 def print_json(data: Any) -> None:

@@ -1,17 +1,73 @@
-"""Entry point of the `slurm-pal` command: one typer app with a sub-app per area."""
+"""Entry point of the `slurm-pal` command: one typer app with a sub-app per area.
+
+The sub-apps are imported only when their command runs: each brings what its work needs
+(numpy, pandas, scikit-learn, the simulator), and a probe such as `serve health` or a hook
+must not pay for all of them at every start.
+"""
 
 from __future__ import annotations
 
+import importlib
 import tempfile
+from difflib import get_close_matches
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from slurm_pal import __version__
-from slurm_pal.cli import advise, apps, campaign, hook, profile, serve, sim, site, testbed, tune
-from slurm_pal.cli.common import AppState, console, reported_errors
+from slurm_pal.adapters.config import ENV_CONFIG, ENV_DB
+from slurm_pal.cli.common import AppState, console, one_line_usage_errors, reported_errors
+
+SUBCOMMANDS = {  # command name -> module in slurm_pal.cli that defines its typer `app`
+    "advise": "advise",
+    "apps": "apps",
+    "campaign": "campaign",
+    "hook": "hook",
+    "profile": "profile",
+    "serve": "serve",
+    "sim": "sim",
+    "site": "site",
+    "testbed": "testbed",
+    "tune": "tune",
+}
+
+
+class SlurmPalGroup(TyperGroup):
+    """The root command: loads a sub-app when it is named, and turns every option-parsing
+    error anywhere below it into the one ``error:`` line the project's own errors use."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return sorted(set(self.commands) | set(SUBCOMMANDS))
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
+            module = importlib.import_module(f"slurm_pal.cli.{SUBCOMMANDS[cmd_name]}")
+            group = typer.main.get_group(module.app)
+            group.name = cmd_name
+            self.commands[cmd_name] = group
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = get_close_matches(name, self.list_commands(ctx))
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            ctx.fail(f"no such command {name!r}{hint}")
+        return super().resolve_command(ctx, args)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        with one_line_usage_errors():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
+    cls=SlurmPalGroup,
     rich_markup_mode=None,
     name="slurm-pal",
     help="Variability- and locality-aware GPU placement advisor for Slurm (PM-First / PAL).",
@@ -19,26 +75,17 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# --- sub-apps (one line each; keep this block sorted) ---
-app.add_typer(advise.app, name="advise")
-app.add_typer(apps.app, name="apps")
-app.add_typer(campaign.app, name="campaign")
-app.add_typer(hook.app, name="hook")
-app.add_typer(profile.app, name="profile")
-app.add_typer(serve.app, name="serve")
-app.add_typer(sim.app, name="sim")
-app.add_typer(site.app, name="site")
-app.add_typer(testbed.app, name="testbed")
-app.add_typer(tune.app, name="tune")
-# --- end of sub-apps ---
-
 
 @app.callback()
 def main(
     ctx: typer.Context,
+    # Each option and its environment variable are one parameter, so every command (the demo's
+    # throw-away store, the store path `site render` writes into the unit) sees the same value.
     db: Path | None = typer.Option(
         None,
         "--db",
+        envvar=ENV_DB,
+        show_envvar=False,
         help="SQLite store (env SLURM_PAL_DB; default /var/lib/slurm-pal for root, "
         "else ~/.local/share/slurm-pal).",
         show_default=False,
@@ -46,6 +93,8 @@ def main(
     config: Path | None = typer.Option(
         None,
         "--config",
+        envvar=ENV_CONFIG,
+        show_envvar=False,
         help="Site configuration TOML (env SLURM_PAL_CONFIG; default: built-in defaults).",
         show_default=False,
     ),
@@ -113,7 +162,9 @@ def demo(
                     description="bundled example campaign",
                 )
                 console.print(f"ingested {result.rows} runs into campaign 'example'\n")
-                profile.print_bins(store, result.campaign_id)
+                from slurm_pal.cli.profile import print_bins
+
+                print_bins(store, result.campaign_id)
                 labels = store.labels(result.campaign_id)
         console.print(
             f"\n{len(labels)} PM signatures (future gres.conf Type= labels), e.g. "

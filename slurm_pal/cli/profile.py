@@ -20,6 +20,7 @@ from slurm_pal.cli.common import (
     state,
     step,
     steps,
+    warn,
 )
 from slurm_pal.core.variability import ClassBins
 
@@ -122,11 +123,11 @@ def bins(
         pyplot()  # a missing matplotlib is said before anything else
         plot_directory(plot)
     with reported_errors(), st.store(create=False) as store:
-        campaign_id = store.resolve_campaign(campaign)
-        per_class = store.class_bins(campaign_id)
-        scores = store.gpu_scores(campaign_id) if plot is not None else None
+        campaign_id = _campaign_to_show(store, campaign)
+        per_class = store.class_bins(campaign_id) if campaign_id else {}
+        scores = store.gpu_scores(campaign_id) if plot is not None and campaign_id else None
     written = None
-    if plot is not None and scores is not None:
+    if plot is not None and campaign_id is not None and scores is not None:
         from slurm_pal.cli.plots import bins_plot
 
         target = plot / f"bins-{campaign_id}.png"
@@ -135,29 +136,59 @@ def bins(
     if as_json:
         print_json({c: b.to_dict() for c, b in per_class.items()})
         return
+    if campaign_id is None:
+        return
     console.print(f"campaign [bold]{escape(campaign_id)}[/]")
     for b in per_class.values():
-        console.print(_bins_table(b))
+        _print_class_bins(b)
     if written is not None:
         console.print(f"wrote {written}", markup=False, highlight=False)
 
 
-def _bins_table(b: ClassBins) -> Table:
+NO_CAMPAIGN_YET = "no campaign yet: ingest one with 'slurm-pal profile ingest PATH --class CLASS'"
+
+
+def _campaign_to_show(store: Store, campaign: str | None) -> str | None:
+    """The campaign a read command shows: the one named (which must exist), else the active
+    one; None, with a note, when the store holds no campaign yet (a new or missing store
+    reads as an empty view, not as an error)."""
+    if campaign is None and store.active_campaign_id() is None:
+        warn(NO_CAMPAIGN_YET)
+        return None
+    return store.resolve_campaign(campaign)
+
+
+def _class_summary(b: ClassBins) -> str:
     sil = fmt_score(b.silhouette)
-    title = (
+    outliers = f", {len(b.outliers)} outlier(s)" if b.outliers else ""
+    return (
         f"class {b.job_class}: K={b.k}, silhouette {sil}, {b.measured_gpus} GPUs measured"
         + (f", {b.unmeasured_gpus} unmeasured (median bin)" if b.unmeasured_gpus else "")
+        + outliers
         + (" [pal-artifact]" if b.mode == "pal-artifact" else "")
     )
-    table = Table(title=title, title_justify="left")
+
+
+def _bins_table(b: ClassBins) -> Table:
+    """Bins and outliers of one class. GPUs is always a count; an outlier's GPU id has a
+    column of its own (shown only when the class has outliers)."""
+    table = Table(title_justify="left")
     table.add_column("bin", justify="right")
     table.add_column("PM-score", justify="right")
     table.add_column("GPUs", justify="right")
+    if b.outliers:
+        table.add_column("outlier GPU")
     for i, item in enumerate(b.bins):
-        table.add_row(str(i), f"{item.score:.4f}", str(item.gpus))
+        table.add_row(str(i), f"{item.score:.4f}", str(item.gpus), *([""] if b.outliers else []))
     for uuid, score in b.outliers:
-        table.add_row("outlier", f"{score:.4f}", escape(uuid))
+        table.add_row("outlier", f"{score:.4f}", "1", escape(uuid))
     return table
+
+
+def _print_class_bins(b: ClassBins) -> None:
+    # The summary is a line of its own: as a table title rich wraps it to the table's width.
+    console.print(_class_summary(b), markup=False, highlight=False)
+    console.print(_bins_table(b))
 
 
 @app.command()
@@ -235,7 +266,11 @@ def gpus(
     """A campaign's GPUs: node, index, model, label, and whether each class measured it."""
     st = state(ctx)
     with reported_errors(), st.store(create=False) as store:
-        campaign_id = store.resolve_campaign(campaign)
+        campaign_id = _campaign_to_show(store, campaign)
+        if campaign_id is None:
+            if as_json:
+                print_json({"campaign": None, "gpus": []})
+            return
         frame = store.gpu_scores(campaign_id)
         labels_of = store.gpu_labels(campaign_id)
     if node:
@@ -291,8 +326,12 @@ def labels(
     """The PM signature labels (future gres.conf Type= values): bins and scores per class."""
     st = state(ctx)
     with reported_errors(), st.store(create=False) as store:
-        campaign_id = store.resolve_campaign(campaign)
-        rows = store.labels(campaign_id)
+        campaign_id = _campaign_to_show(store, campaign)
+        rows = store.labels(campaign_id) if campaign_id else []
+    if campaign_id is None:
+        if as_json:
+            print_json({"campaign": None, "labels": []})
+        return
     if as_json:
         print_json({"campaign": campaign_id, "labels": rows})
         return
@@ -395,4 +434,4 @@ def example(
 def print_bins(store: Store, campaign_id: str) -> None:
     """Shared by the demo: the bins tables of one campaign."""
     for b in store.class_bins(campaign_id).values():
-        console.print(_bins_table(b))
+        _print_class_bins(b)

@@ -37,7 +37,7 @@ from slurm_pal.core.workload import (
     SimJob,
     poisson_workload,
 )
-from slurm_pal.sim.advisor import advisor_sim_options
+from slurm_pal.sim.advisor import advisor_changes_no_job, advisor_sim_options
 from slurm_pal.sim.engine import (
     ALL_PLACEMENTS,
     MODES,
@@ -198,6 +198,16 @@ def simulated_gpus(
 
 def hours(seconds: float) -> str:
     return "-" if not math.isfinite(seconds) else f"{seconds / 3600:.2f}"
+
+
+COLUMNS_LEGEND = (
+    "JCT: average job completion time; gain: lower average JCT than packed-sticky under the "
+    "same scheduler; p99: 99th percentile JCT; mksp: makespan; wait: average queue wait; "
+    "FTF: finish-time fairness, a job's JCT over its time on a fair 1/N share of the cluster "
+    "(1 = fair, lower is better); util: GPU utilization; pre: jobs preempted; mig: running "
+    "jobs moved to other GPUs (round mode only; Slurm never moves one)"
+)
+"""Printed under `sim run`'s table: the column names are short so the table fits a terminal."""
 
 
 def results_table(summaries: list[dict], title: str) -> Table:
@@ -449,6 +459,11 @@ def run(
         + f", L={locality_penalty:g}, {source}"
     )
     console.print(results_table(summaries, title))
+    console.print(COLUMNS_LEGEND, markup=False, highlight=False)
+    if "advisor" in placements:
+        note = advisor_changes_no_job(site, [gpus.placement_scores])
+        if note:
+            console.print(f"note: {note}", markup=False, highlight=False)
     unplaceable = sorted({j for r in results for j in r.unplaceable})
     if unplaceable:
         console.print(

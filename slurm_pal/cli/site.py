@@ -8,9 +8,16 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from slurm_pal.adapters.config import ENV_CONFIG
 from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
-from slurm_pal.cli.common import console, err_console, fail, print_json, reported_errors, state
+from slurm_pal.cli.common import (
+    console,
+    err_console,
+    fail,
+    print_json,
+    reported_errors,
+    state,
+    warn,
+)
 from slurm_pal.core.hostlist import expand
 from slurm_pal.site.render import (
     DEFAULT_DEVICE_PATTERN,
@@ -92,11 +99,10 @@ def render(
                 labels_path=labels_path or str(out.resolve() / "labels.json"),
                 python=python,
             )
-            config_file = st.config_path or os.environ.get(ENV_CONFIG) or None
             service = ServiceSettings.from_config(
                 st.config,
-                config_path=str(Path(config_file).resolve()) if config_file else None,
-                db_path=str(st.db) if st.db else None,
+                config_path=os.path.abspath(st.config_path) if st.config_path else None,
+                db_path=os.path.abspath(st.db.expanduser()) if st.db else None,
                 python=python,
             )
             files = render_files(plan, prolog=prolog, epilog=epilog, hooks=hooks, service=service)
@@ -116,6 +122,8 @@ def render(
             table.add_row(s.uuid, s.node or "-", s.label or "-", s.reason)
         err_console.print(table)
     _print_merge(plan, st.config.site.max_labels)
+    for problem in service.hidden_paths():
+        warn(problem)
     console.print(f"note: {RESTART_HINT}")
 
 

@@ -47,7 +47,7 @@ from slurm_pal.cli.sim import (
     split_names,
 )
 from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
-from slurm_pal.sim.advisor import advisor_sim_options
+from slurm_pal.sim.advisor import advisor_changes_no_job, advisor_sim_options
 from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
 from slurm_pal.sim.experiments import (
     BASELINE,
@@ -380,6 +380,11 @@ def tune(
             "settings": {"policy": PASS_THROUGH},
             "why": "no candidate's gain is clear of the noise (95 % interval lower bound > 0)",
         }
+    unchanged = (
+        advisor_changes_no_job(site, (gpus.placement_scores for _, gpus in draws))
+        if "advisor" in policies
+        else None
+    )
     report = {
         "site_penalty": site_penalty,
         "mode": mode,
@@ -390,6 +395,7 @@ def tune(
             "avg_jct": [results[(0, seed)]["avg_jct"] for seed in range(seeds)],
         },
         "recommended": recommended,
+        "advisor_changes_no_job": unchanged,
         "candidates": rows,
         "notes": [
             note
@@ -451,6 +457,8 @@ def tune(
         console.print(
             f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
         )
+    if unchanged:
+        console.print(f"note: {unchanged}", markup=False, highlight=False)
     for note in report["notes"]:
         console.print(f"note: {note}", markup=False, highlight=False)
     if written is not None:

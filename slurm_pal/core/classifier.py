@@ -11,17 +11,21 @@ compute-bound class, the last class the most memory-bound. Ties (equal score) go
 FU, then to the lower DRAM. The order is a property of the centroids only, so a refit on the
 same applications gives the same names.
 
-**Duplicates.** K-Means sees each distinct (DRAM, FU) point once: identical measurements
-are one workload, get one class, and do not outweigh the others.
+**Duplicates and noise.** K-Means sees each distinct *behaviour* once. Measurements within
+``noise_tolerance`` percentage points of each other on both axes (complete linkage: every two
+points of a group are that close) are one behaviour: two profiles of one kernel that differ
+by measurement noise (GEMM at DRAM 24.2 / FU 93.0 and 24.3 / 93.0) get one class and do not
+outweigh the others; 0 merges only identical measurements.
 
 **Determinism.** The rows are put in a canonical (sorted) order before K-Means runs with a
 fixed ``random_state`` on one thread, so a refit on the same applications in any order, on
 any machine, gives the same centroids and the same labels.
 
-**Too few applications.** With fewer *distinct* points than K, K-Means cannot make K classes.
+**Too few applications.** With fewer distinct behaviours than K, K-Means cannot make K classes.
 By default that is an error (:class:`TooFewApplicationsError`) that says how many are needed:
 the classes feed per-class PM-scores, so silently making fewer would change what the names
-mean. ``too_few="reduce"`` instead fits as many classes as there are distinct points, warns
+mean. ``too_few="reduce"`` (what `apps fit` uses, with a note) instead fits as many classes as
+there are distinct behaviours, warns
 (:class:`TooFewApplicationsWarning`) and records it in ``n_classes_``; the classes are then the
 first ``n_classes_`` names (A, B, ...), still ordered by the score.
 
@@ -61,11 +65,13 @@ ORDERING = (
     "(A = most compute-bound); ties: higher fu_util, then lower dram_util"
 )
 _PERCENT_TOLERANCE = 1e-6
+DEFAULT_NOISE_TOLERANCE = 1.0
+"""Percentage points two measurements of one application may differ by (DRAM and FU)."""
 _TOO_FEW_CHOICES = ("raise", "reduce")
 
 
 class TooFewApplicationsError(ValueError):
-    """Fewer distinct applications than classes were asked for."""
+    """Fewer distinct behaviours (applications beyond measurement noise) than classes."""
 
 
 class TooFewApplicationsWarning(UserWarning):
@@ -116,6 +122,25 @@ def _as_points(X: Any) -> np.ndarray:
     return points
 
 
+def _behaviours(points: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+    """Group measurements that differ by at most ``tolerance`` points on each axis (complete
+    linkage, so no chain of small steps joins far-apart points). Returns each point's group
+    and the groups' mean points, sorted, so the result depends only on the set of points."""
+    distinct, inverse = np.unique(points, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if tolerance <= 0 or len(distinct) < 2:
+        return inverse, distinct
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    tree = linkage(distinct, method="complete", metric="chebyshev")
+    group_of_distinct = fcluster(tree, t=tolerance, criterion="distance") - 1
+    means = np.array(
+        [distinct[group_of_distinct == g].mean(axis=0) for g in range(group_of_distinct.max() + 1)]
+    )
+    means, group_to_sorted = np.unique(means, axis=0, return_inverse=True)
+    return group_to_sorted.reshape(-1)[group_of_distinct][inverse], means
+
+
 class JobClassifier(ClusterMixin, BaseEstimator):
     """K-Means job classes in the (DRAM util, FU util) plane, ordered compute -> memory bound.
 
@@ -124,8 +149,9 @@ class JobClassifier(ClusterMixin, BaseEstimator):
         random_state: seed of K-Means' initialisation.
         class_names: names from most compute-bound to most memory-bound; default A, B, C, ...
         n_init: K-Means restarts (the best inertia wins).
-        too_few: "raise" (default) or "reduce" when there are fewer distinct applications
+        too_few: "raise" (default) or "reduce" when there are fewer distinct behaviours
             than ``n_classes``; see the module docstring.
+        noise_tolerance: percentage points within which measurements are one behaviour.
 
     Fitted attributes:
         cluster_centers_: (n_classes_, 2) centroids in class order (A first).
@@ -133,6 +159,7 @@ class JobClassifier(ClusterMixin, BaseEstimator):
         classes_: class names in the same order.
         labels_: class name of each training application.
         n_classes_: classes actually fitted (< n_classes only with too_few="reduce").
+        n_behaviours_: distinct behaviours K-Means saw (measurements merged within the noise).
         inertia_: K-Means' sum of squared distances.
         n_features_in_, n_samples_fit_.
     """
@@ -144,12 +171,14 @@ class JobClassifier(ClusterMixin, BaseEstimator):
         class_names: Sequence[str] | None = None,
         n_init: int = 10,
         too_few: Literal["raise", "reduce"] = "raise",
+        noise_tolerance: float = DEFAULT_NOISE_TOLERANCE,
     ) -> None:
         self.n_classes = n_classes
         self.random_state = random_state
         self.class_names = class_names
         self.n_init = n_init
         self.too_few = too_few
+        self.noise_tolerance = noise_tolerance
 
     # -- validation --------------------------------------------------------------------------
 
@@ -160,6 +189,9 @@ class JobClassifier(ClusterMixin, BaseEstimator):
             raise ValueError(f"n_init must be an integer >= 1, got {self.n_init!r}")
         if self.too_few not in _TOO_FEW_CHOICES:
             raise ValueError(f"too_few must be one of {_TOO_FEW_CHOICES}, got {self.too_few!r}")
+        tolerance = self.noise_tolerance
+        if not isinstance(tolerance, int | float) or not 0 <= tolerance < 100:
+            raise ValueError(f"noise_tolerance must be within 0..100 points, got {tolerance!r}")
         if self.class_names is None:
             return default_class_names(int(self.n_classes))
         names = [str(name) for name in self.class_names]
@@ -178,13 +210,14 @@ class JobClassifier(ClusterMixin, BaseEstimator):
         """Fit the K classes on the applications' (DRAM, FU) points (``y`` is ignored)."""
         names = self._validated_names()
         points = _as_points(X)
-        n_distinct = len(np.unique(points, axis=0))
+        behaviour_of, behaviours = _behaviours(points, float(self.noise_tolerance))
+        n_distinct = len(behaviours)
         k = int(self.n_classes)
         if n_distinct < k:
             message = (
-                f"{k} classes need at least {k} distinct applications (distinct "
-                f"(dram_util, fu_util) points), got {n_distinct} distinct among "
-                f"{len(points)} given"
+                f"{k} classes need at least {k} distinct applications (distinct (dram_util, "
+                f"fu_util) behaviours, measurements within {self.noise_tolerance:g} points "
+                f"counted as one), got {n_distinct} distinct among {len(points)} given"
             )
             if self.too_few == "raise":
                 raise TooFewApplicationsError(
@@ -197,26 +230,30 @@ class JobClassifier(ClusterMixin, BaseEstimator):
                 stacklevel=2,
             )
             k = n_distinct
-        # One point per distinct measurement, sorted (order-independent fit): an application
-        # profiled twice, or two with the same figures, must not pull a centroid twice as
-        # hard, and identical points can never end up in different classes.
-        canonical = np.unique(points, axis=0)
+        # One point per behaviour, in a canonical order (order-independent fit): an application
+        # profiled twice, or two within measurement noise of each other, must not pull a
+        # centroid twice as hard, and can never end up in different classes.
         kmeans = KMeans(n_clusters=k, n_init=int(self.n_init), random_state=self.random_state)
         # Application catalogues are small: one thread is ~10x faster than spinning up the
         # OpenMP pool, and the result cannot depend on the machine's thread count.
         with threadpool_limits(limits=1, user_api="openmp"):
-            kmeans.fit(canonical)
+            kmeans.fit(behaviours)
         centers = kmeans.cluster_centers_
         scores = centers[:, 1] - centers[:, 0]
         order = np.lexsort((centers[:, 0], -centers[:, 1], -scores))
+        rank_of_cluster = np.empty(k, dtype=int)
+        rank_of_cluster[order] = np.arange(k)
         self.cluster_centers_ = centers[order]
         self.compute_scores_ = scores[order]
         self.classes_ = np.array(names[:k], dtype=object)
         self.n_classes_ = k
+        self.n_behaviours_ = n_distinct
         self.inertia_ = float(kmeans.inertia_)
         self.n_features_in_ = 2
         self.n_samples_fit_ = len(points)
-        self.labels_ = self.classes_[self._nearest(points)]
+        # Each measurement takes its behaviour's class (not its own nearest centroid, which
+        # could differ for two noisy points near a border).
+        self.labels_ = self.classes_[rank_of_cluster[kmeans.labels_[behaviour_of]]]
         return self
 
     # -- prediction --------------------------------------------------------------------------
@@ -251,6 +288,7 @@ class JobClassifier(ClusterMixin, BaseEstimator):
             params["class_names"] = [str(n) for n in params["class_names"]]
         params["n_classes"] = int(params["n_classes"])
         params["n_init"] = int(params["n_init"])
+        params["noise_tolerance"] = float(params["noise_tolerance"])
         params["random_state"] = (
             None if params["random_state"] is None else int(params["random_state"])
         )
@@ -264,6 +302,7 @@ class JobClassifier(ClusterMixin, BaseEstimator):
             "centroids": self.cluster_centers_.tolist(),
             "compute_scores": self.compute_scores_.tolist(),
             "n_classes_fitted": int(self.n_classes_),
+            "n_behaviours": int(self.n_behaviours_),
             "n_samples_fit": int(self.n_samples_fit_),
             "inertia": float(self.inertia_),
         }
@@ -300,6 +339,7 @@ class JobClassifier(ClusterMixin, BaseEstimator):
         model.compute_scores_ = scores
         model.classes_ = np.array(classes, dtype=object)
         model.n_classes_ = k
+        model.n_behaviours_ = int(data.get("n_behaviours", k))
         model.inertia_ = float(data.get("inertia", float("nan")))
         model.n_features_in_ = 2
         model.n_samples_fit_ = int(data.get("n_samples_fit", 0))

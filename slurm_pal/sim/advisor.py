@@ -9,10 +9,15 @@ the simulator's verdict says nothing about the service a site deploys. Every ``[
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from numpy.typing import ArrayLike
+
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.core.placement import SETTINGS
 
-__all__ = ["advisor_sim_options"]
+__all__ = ["advisor_changes_no_job", "advisor_sim_options"]
 
 
 def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
@@ -35,3 +40,30 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         # where Slurm puts it (the periodic replan_s round usually comes too late: testbed).
         "decisions": "every-event" if advisor.replan_on_epilog else "at-submit",
     }
+
+
+def advisor_changes_no_job(
+    site: SiteConfig, placement_scores: Iterable[Mapping[str, ArrayLike]]
+) -> str | None:
+    """Why the advisor as ``site`` sets it up places every job exactly as packing does on these
+    GPUs (one per simulated cluster), or None when it may change some. A report that shows the
+    advisor equal to packing, and recommends packing, must say that nothing was there to
+    change, not leave it to be read as a loss of the policy."""
+    policy = site.advisor.policy
+    if policy == "packed":
+        return "advisor.policy is 'packed': the advisor leaves every job to Slurm's packing"
+    if policy != "packed-pm":
+        return None
+    highest: dict[str, float] = {}
+    for scores in placement_scores:
+        for job_class, values in scores.items():
+            highest[job_class] = max(highest.get(job_class, 0.0), float(np.max(values)))
+    limit = site.advisor.avoid_above
+    if not highest or any(value > limit for value in highest.values()):
+        return None
+    worst = ", ".join(f"{job_class} {value:.3f}" for job_class, value in highest.items())
+    return (
+        f"the advisor changes no job here: no GPU's PM-score is above advisor.avoid_above = "
+        f"{limit:g} for any class (highest: {worst}), so packed-pm places every job as packing "
+        "does and the two give the same result"
+    )

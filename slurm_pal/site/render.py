@@ -32,6 +32,7 @@ device ``index``; whoever maps a job's GPU indices back to physical GPUs must us
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import re
 import shlex
@@ -146,6 +147,25 @@ class ServiceSettings:
             listen=config.advisor.listen,
         )
 
+    def hidden_paths(self) -> list[str]:
+        """What the unit could not reach, one sentence each with what to pass instead. The unit
+        runs with ``PrivateTmp=yes`` (its own empty /tmp and /var/tmp) and ``ProtectHome=yes``
+        (no /home, /root or /run/user): a venv, store or config there fails only when systemd
+        starts the service, far from the `site render` that chose it."""
+        problems = []
+        for what, path, instead in (
+            ("Python", self.python, "--python /opt/slurm-pal/bin/python (a venv made there)"),
+            ("store", self.db_path, "--db /var/lib/slurm-pal/slurm-pal.db (or SLURM_PAL_DB)"),
+            ("config", self.config_path, "--config /etc/slurm-pal/slurm-pal.toml"),
+        ):
+            hidden_by = _hidden_from_the_unit(path)
+            if hidden_by:
+                problems.append(
+                    f"slurm-pal.service cannot reach its {what} {path}: the unit has "
+                    f"{hidden_by}; put it elsewhere and render again with {instead}"
+                )
+        return problems
+
     @property
     def privileged_port(self) -> bool:
         return self.listen is not None and split_host_port(self.listen)[1] < 1024
@@ -155,6 +175,26 @@ class ServiceSettings:
         """systemd's RuntimeDirectory= when the socket is directly under /run/<name>/."""
         parent = Path(self.socket).parent
         return parent.name if parent.parent == Path("/run") else None
+
+
+UNIT_HIDDEN_FOLDERS = {
+    "/tmp": "PrivateTmp=yes",
+    "/var/tmp": "PrivateTmp=yes",
+    "/home": "ProtectHome=yes",
+    "/root": "ProtectHome=yes",
+    "/run/user": "ProtectHome=yes",
+}
+"""Folders the rendered unit's sandbox replaces or hides, and the setting that does it."""
+
+
+def _hidden_from_the_unit(path: str | None) -> str | None:
+    if not path:
+        return None
+    resolved = Path(os.path.abspath(path))
+    for folder, setting in UNIT_HIDDEN_FOLDERS.items():
+        if resolved.is_relative_to(folder):
+            return setting
+    return None
 
 
 @dataclass(frozen=True)

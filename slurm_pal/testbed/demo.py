@@ -129,14 +129,48 @@ def _print_jobs(console: Console, result: ArmResult, arm: str) -> None:
         if arm == "advisor":
             slurm = result.slurm_jobs.get(str(record["trace_id"]), {})
             parsed = parse_admin_comment(str(slurm.get("admin_comment") or ""))
-            if parsed is None:
-                row.append("(no advisor comment)")
-            else:
-                lv = parsed.get("lv", "-")
-                why = parsed.get("why", "").split(";")[0].split(", node")[0]  # the policy's part
-                row.append(f"{parsed['action']} lv={lv}: {why[:60]}".strip())
+            row.append(advisor_why(parsed))
         table.add_row(*row)
     console.print(table)
+    if arm == "advisor":
+        console.print(replanning_summary(result), highlight=False, markup=False)
+
+
+REPLANNED = "re-planned"
+"""What the advisor's reason says when a job end's round (not the submit) placed the job."""
+
+
+def advisor_why(parsed: Mapping[str, str] | None) -> str:
+    """The advisor's action, LV product and the policy's reason, whole (rich wraps it at word
+    boundaries on a terminal; a log gets it on one line); marked when re-planning placed it."""
+    if parsed is None:
+        return "(no advisor comment)"
+    why = parsed.get("why", "")
+    policy_part = why.split(";")[0].split(", node")[0]
+    text = f"{parsed['action']} lv={parsed.get('lv', '-')}: {policy_part}".strip()
+    return f"{text} [{REPLANNED} at a job end]" if REPLANNED in why else text
+
+
+def replanning_summary(result: ArmResult) -> str:
+    """What re-planning at job ends did in the advisor arm: its rounds, the queued jobs it
+    updated in Slurm (and refused updates), and how many jobs ran where a round put them."""
+    from slurm_pal.advisor.decide import parse_admin_comment
+
+    stats: Mapping[str, object] = result.extra.get("advisor_stats") or {}  # type: ignore[assignment]
+    replanned = sum(
+        1
+        for job in result.slurm_jobs.values()
+        if REPLANNED
+        in (parse_admin_comment(str(job.get("admin_comment") or "")) or {}).get("why", "")
+    )
+    if not stats:
+        return f"re-planning at job ends: no advisor statistics; {replanned} job(s) re-planned"
+    return (
+        f"re-planning at job ends: {stats.get('replans_at_job_end', 0)} round(s) started by a "
+        f"job's end ({stats.get('replans', 0)} in all); {stats.get('replan_updates', 0)} "
+        f"update(s) of queued jobs sent to Slurm, {stats.get('replan_failed', 0)} refused; "
+        f"{replanned} of {len(result.records)} job(s) ran where a round put them"
+    )
 
 
 def _print_gain(console: Console, report: dict[str, object]) -> None:

@@ -20,6 +20,7 @@ Traces are seeded and time-compressed (seconds instead of hours) so a run takes 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,17 @@ LONGHORN_FILES: Mapping[str, str] = {
     "D": "pagerank-longhorn-agg.csv",
 }
 """PAL's profiles.json: class -> Longhorn file (B and C share BERT's)."""
-DEFAULT_LONGHORN_DIR = Path(__file__).resolve().parents[3] / "shared/data/variability/longhorn"
+SHARED_DATA_ENV = "SLURM_PAL_SHARED_DATA"
+"""Where the project's reference data lives when it is not ``../shared/data`` of the clone."""
+
+
+def default_longhorn_dir() -> Path:
+    """Longhorn's files under ``$SLURM_PAL_SHARED_DATA``, else ``../shared/data`` beside the
+    clone (read at each call, so the variable the tests and benchmarks honour counts here too)."""
+    shared = os.environ.get(SHARED_DATA_ENV) or Path(__file__).resolve().parents[3] / "shared/data"
+    return Path(shared) / "variability" / "longhorn"
+
+
 BASE_SECONDS = {name: shape.base_seconds for name, shape in DEFAULT_SHAPES.items()}
 """Benchmark seconds on the median GPU, per class, for the emulated campaign's rows."""
 
@@ -125,12 +136,12 @@ def source_profile(
         rows = rows.assign(source_line=np.arange(len(rows)) + 2)
         return build_profile(rows, order, PMBinner())
     if name == "longhorn":
-        folder = Path(longhorn_dir) if longhorn_dir is not None else DEFAULT_LONGHORN_DIR
+        folder = Path(longhorn_dir) if longhorn_dir is not None else default_longhorn_dir()
         missing = [f for f in set(LONGHORN_FILES.values()) if not (folder / f).is_file()]
         if missing:
             raise EmulationError(
                 f"Longhorn profile files not found in {folder} ({', '.join(sorted(missing))}); "
-                "use --profile example, or --longhorn-dir DIR"
+                f"use --profile example, --longhorn-dir DIR or {SHARED_DATA_ENV}"
             )
         frames = [
             read_campaign_csv(folder / LONGHORN_FILES[c], job_class=c).rows
