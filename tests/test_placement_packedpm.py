@@ -200,3 +200,30 @@ def test_a_pick_is_left_to_slurm_only_when_packing_would_choose_it_and_nothing_i
     same = cluster_of({"n0": [2.8, 1.0, 1.0]}, busy=("n0-2",))
     assert uuids(PackedPMPolicy(), same, 1, "D") == ["n0-0"]
     assert as_packing(PackedPMPolicy(), same, 1, "D")
+
+
+def test_the_expected_wait_is_for_gpus_on_as_few_nodes_as_packing_uses() -> None:
+    from slurm_pal.core.waiting import expected_wait_s
+
+    # 2-GPU nodes. One good GPU free on each of n1 and n2; n3's two GPUs end at 100 and 300.
+    cluster = cluster_of(
+        {"n0": [2.8, 1.0], "n1": [1.0, 1.0], "n2": [1.0, 1.0], "n3": [1.0, 1.0]},
+        busy=("n0-1", "n1-1", "n2-1", "n3-0", "n3-1"),
+    )
+    cluster.clock = 0.0
+    index = cluster.uuid_index
+    cluster.expect_free_at([index["n1-1"]], 500.0)
+    cluster.expect_free_at([index["n2-1"]], 900.0)
+    cluster.expect_free_at([index["n3-0"]], 100.0)
+    cluster.expect_free_at([index["n3-1"]], 300.0)
+    good = cluster.classes["A"].scores <= 1.5
+    # Two good GPUs are free now, but on two nodes: a 2-GPU job fits one node at 300 (n3).
+    assert expected_wait_s(cluster, good, 2, None) == 300.0
+    # A 4-GPU job needs two whole nodes: n3 at 300, then n1 at 500.
+    assert expected_wait_s(cluster, good, 4, None) == 500.0
+    assert expected_wait_s(cluster, good, 4, 2) == 500.0
+    # A 1-GPU job: a good GPU is free now.
+    assert expected_wait_s(cluster, good, 1, None) == 0.0
+    # More nodes than the cluster has, or more GPUs per node than a node has: never.
+    assert expected_wait_s(cluster, good, 10, None) == float("inf")
+    assert expected_wait_s(cluster, good, 3, 3) == float("inf")

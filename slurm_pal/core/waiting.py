@@ -16,9 +16,10 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 
 Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
 neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
-the GPUs the held job takes first once they free, which the estimate counts as the demand of
-the jobs ahead of it. Idle GPUs it could use without an outlier are never left idle for its
-sake: the policy waits only when no such placement exists now.
+the GPUs the held job takes first once they free (the estimate does not count the jobs ahead
+of it in the queue, which may take the freed GPUs first: the bound covers that). Idle GPUs it
+could use without an outlier are never left idle for its sake: the policy waits only when no
+such placement exists now.
 """
 
 from __future__ import annotations
@@ -43,34 +44,29 @@ class WaitVerdict:
     why: str
 
 
-def expected_wait_s(
-    cluster: Cluster, good: np.ndarray, gpus: int, per_node: int | None, ahead: int = 0
-) -> float:
-    """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the job
-    and not outliers for it) are expected free: on one node when the job fits on one node (or
-    ``per_node`` of them on each node), else anywhere. ``ahead``: GPUs that jobs ahead of it in
-    the queue will take first. ``inf`` when the GPUs' holders never end in the estimate."""
+def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int | None) -> float:
+    """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the
+    job and not outliers for it) are expected free on as few nodes as packing would use: one
+    node when the job fits on one, else whole nodes (``per_node`` of them on each node when the
+    job says so). Counting good GPUs anywhere would call a scattered set a short wait that the
+    job, which never takes more nodes to dodge an outlier, cannot use. ``inf`` when their
+    holders never end in the estimate."""
     now = cluster.clock
     frees = np.where(cluster.free, now, cluster.busy_until)
     frees = np.where(good, frees, np.inf)
-    need = gpus + ahead
-    fits_one_node = per_node is None and gpus <= cluster.max_gpus_per_node
-    if fits_one_node or per_node is not None:
-        on_node = per_node if per_node is not None else gpus
-        slots = cluster.node_gpus
-        times = np.where(slots >= 0, frees[np.maximum(slots, 0)], np.inf)
-        if on_node > times.shape[1]:
-            return math.inf
-        nth = np.partition(times, on_node - 1, axis=1)[:, on_node - 1]
-        nodes = 1 if per_node is None else max(1, gpus // per_node)
-        nodes += math.ceil(ahead / on_node) if ahead else 0
-        if nodes > nth.size:
-            return math.inf
-        when = float(np.partition(nth, nodes - 1)[nodes - 1])
+    if per_node is not None:
+        on_node, nodes = per_node, max(1, gpus // per_node)
+    elif gpus <= cluster.max_gpus_per_node:
+        on_node, nodes = gpus, 1
     else:
-        if need > frees.size:
-            return math.inf
-        when = float(np.partition(frees, need - 1)[need - 1])
+        on_node = cluster.max_gpus_per_node
+        nodes = math.ceil(gpus / on_node)
+    slots = cluster.node_gpus
+    if on_node < 1 or on_node > slots.shape[1] or nodes > slots.shape[0]:
+        return math.inf
+    times = np.where(slots >= 0, frees[np.maximum(slots, 0)], np.inf)
+    nth = np.partition(times, on_node - 1, axis=1)[:, on_node - 1]
+    when = float(np.partition(nth, nodes - 1)[nodes - 1])
     return max(0.0, when - now)
 
 
