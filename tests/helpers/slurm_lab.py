@@ -239,6 +239,18 @@ class AdvisorLab:
                 shutil.rmtree(self.root, ignore_errors=True)
 
     # -- Slurm and the store -----------------------------------------------------------------
+    def cancel_all(self, users: Sequence[str] = ("root",)) -> None:
+        """Cancel every job of ``users``; wait until no job is alive and every node is idle."""
+        for user in users:
+            subprocess.run(["scancel", "--full", "-u", user], env=self.tb.env, check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = [j for j in self.jobs().values() if j.state in ("PENDING", "RUNNING")]
+            if not live and set(self.tb.node_states().values()) <= {"idle"}:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
+
     def sbatch(self, *args: str, user: str | None = None) -> int:
         """Submit as ``user`` (default ``submit_user``), output in root/out; the job id."""
         user = user or self.submit_user

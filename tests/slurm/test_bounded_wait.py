@@ -85,16 +85,6 @@ class WaitLab(AdvisorLab):
         ((node, (index,)),) = job.allocated_gpu_indices().items()
         return next(g["uuid"] for g in self.labels["nodes"][node] if g["slurm_index"] == index)
 
-    def cancel_all(self) -> None:
-        self.tb.run(["scancel", "--full", "-u", "root"], check=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            live = [j for j in self.jobs().values() if j.state in ("PENDING", "RUNNING")]
-            if not live and set(self.tb.node_states().values()) == {"idle"}:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
-
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[WaitLab]:

@@ -18,7 +18,7 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,16 +149,8 @@ class Lab(AdvisorLab):
             time.sleep(0.1)
         raise AssertionError(f"job {job_id} printed no GPUS= line")
 
-    def cancel_all(self) -> None:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=self.tb.env, check=False)
-        subprocess.run(["scancel", "--full", "-u", "nobody"], env=self.tb.env, check=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            live = [j for j in self.jobs().values() if j.state in ("PENDING", "RUNNING")]
-            if not live and all(s in ("idle",) for s in self.tb.node_states().values()):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"jobs still alive: {self.tb.node_states()}")
+    def cancel_all(self, users: Sequence[str] = ("root", "nobody")) -> None:
+        super().cancel_all(users)
 
     def score(self, node: str, slurm_index: int, job_class: str) -> float:
         return self.label_scores[self.slurm_labels[node][slurm_index]][job_class]
