@@ -265,7 +265,8 @@ def test_a_job_that_fits_only_on_outliers_is_held_and_routed_when_gpus_free(
     tb.run(["scontrol", "reconfigure"])  # a scheduling pass: the two free GPUs stay unused
     time.sleep(2)
     assert svc.jobs()[job_id].state == "PENDING"
-    assert svc.jobs()[job_id].reason == "BeginTime"
+    held = parse_key_values(tb.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip())
+    assert datetime.fromisoformat(held["EligibleTime"]).timestamp() >= begin - 1
     tb.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"])
     try:
         # One good GPU frees on n02.
