@@ -104,9 +104,13 @@ def test_wait_holds_a_job_only_while_the_expected_wait_is_shorter_than_the_outli
     # Its holder has no end (an UNLIMITED job): nothing justifies waiting for it.
     cluster.expect_free_at([cluster.uuid_index["n0-1"]], float("inf"))
     assert _held(cluster, runtime_s=86400).allocation is not None
-    # An unknown runtime counts as the bound: a short expected wait is still worth it.
+    # A job without a time limit is weighed as running assumed_runtime_s (an hour): a minute of
+    # waiting is worth it, two hours are not (it would lose 1.8 h on the 2.8x GPU).
     cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1060.0)
     assert _held(cluster, runtime_s=None).allocation is None
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1000.0 + 7200)
+    assert _held(cluster, runtime_s=None, max_wait_s=86400).allocation is not None
+    assert _held(cluster, runtime_s=86400, max_wait_s=86400).allocation is None
     # max_wait_s = 0 never waits.
     assert _held(cluster, runtime_s=86400, max_wait_s=0).allocation is not None
 

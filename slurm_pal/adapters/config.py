@@ -152,10 +152,13 @@ class AdvisorConfig:
     """packed-pm, when a job can leave its outliers out only on more nodes, or not at all: wait
     (hold it back while the wait it can expect is shorter than what the outlier would cost it,
     at most max_wait_s) or last-resort (take them)."""
-    max_wait_s: float = 3600.0
+    max_wait_s: float = 86400.0
     """packed-pm with outliers = wait: the longest a job is held back for other GPUs, from when
     it could first have started; Slurm gets it as the job's begin time, so the bound holds even
     when the advisor is gone."""
+    assumed_runtime_s: float = 3600.0
+    """packed-pm with outliers = wait: what a job without a time limit is weighed as running
+    (UNLIMITED, or the partition's default): a wait must cost it less than this x the slowdown."""
     pin: str = "steered"
     """Which jobs get their GPUs pinned (GRES type and node list): steered (only those the
     policy places other than packing would, or that could get a GPU it avoids for them; the
@@ -526,6 +529,10 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.avoid_above' must be a PM-score >= 1.0 (1.0 = the median GPU), "
             f"got {a.avoid_above}"
+        )
+    if not (math.isfinite(a.assumed_runtime_s) and a.assumed_runtime_s > 0):
+        raise ConfigError(
+            f"{src}: 'advisor.assumed_runtime_s' must be > 0 seconds, got {a.assumed_runtime_s}"
         )
     if not (math.isfinite(a.max_wait_s) and 0 <= a.max_wait_s <= 7 * 86400):
         raise ConfigError(

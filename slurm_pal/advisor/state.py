@@ -94,6 +94,7 @@ def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
         avoid_above=advisor.avoid_above,
         wait=advisor.outliers == "wait",
         max_wait_s=advisor.max_wait_s,
+        assumed_runtime_s=advisor.assumed_runtime_s,
     )
 
 

@@ -9,8 +9,8 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
   limits, or runtimes learned from the site's history). A holder whose end is unknown (an
   unlimited limit) never frees in this estimate, so it never justifies a wait;
 - **what the outlier costs it**: its expected runtime times the slowdown there minus one
-  (``runtime_s``; unknown runtimes count as the bound, so they can justify at most a wait the
-  bound allows);
+  (``runtime_s``: its time limit; a job without one is weighed as if it ran the policy's
+  ``assumed_runtime_s``, an hour by default, so an unknown runtime never buys a long wait);
 - **the bound**: no job is held longer than ``max_wait_s`` from when it could first have
   started (``waited_s``), whatever the estimates say; they are estimates.
 
@@ -95,6 +95,7 @@ def weigh_wait(
             False, until, f"expected wait {wait_s:.0f} s exceeds what is left of the bound"
         )
     runtime = runtime_s if runtime_s is not None and math.isfinite(runtime_s) else max_wait_s
+    # (callers pass an assumed runtime for a job without a limit; the bound is the last guard)
     cost = runtime * (slowdown - 1.0)
     if wait_s >= cost:
         return WaitVerdict(

@@ -28,6 +28,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         "avoid_above": float(advisor.avoid_above),
         "wait": advisor.outliers == "wait",
         "max_wait_s": float(advisor.max_wait_s),
+        "assumed_runtime_s": float(advisor.assumed_runtime_s),
     }
     used = SETTINGS.get(advisor.policy, ())  # only what the policy takes: reports read clearly
     return {

@@ -62,13 +62,17 @@ class PackedPMPolicy:
     ``avoid_above``: a PM-score (1.0 = the median GPU) above which a GPU is an outlier for the
     job's class; ``inf`` never avoids (plain packing). ``wait``: a job that cannot leave the
     outliers out now may be held back for other GPUs, while that pays and for ``max_wait_s``
-    at most.
+    at most; a job without a time limit is weighed as if it ran ``assumed_runtime_s``.
     """
 
     name = "packed-pm"
 
     def __init__(
-        self, avoid_above: float = 1.5, wait: bool = False, max_wait_s: float = 3600.0
+        self,
+        avoid_above: float = 1.5,
+        wait: bool = False,
+        max_wait_s: float = 86400.0,
+        assumed_runtime_s: float = 3600.0,
     ) -> None:
         if not avoid_above >= 1.0:
             raise ValueError(f"avoid_above must be a PM-score >= 1.0, got {avoid_above}")
@@ -78,7 +82,10 @@ class PackedPMPolicy:
             )
         self.avoid_above = float(avoid_above)
         self.wait = bool(wait)
+        if not (math.isfinite(assumed_runtime_s) and assumed_runtime_s > 0):
+            raise ValueError(f"assumed_runtime_s must be > 0 seconds, got {assumed_runtime_s}")
         self.max_wait_s = float(max_wait_s)
+        self.assumed_runtime_s = float(assumed_runtime_s)
         # (scores array kept alive, so its id is not reused) -> mask
         self._outlying: dict[
             tuple[int, str], tuple[np.ndarray, tuple[np.ndarray, list[bool]] | None]
@@ -125,7 +132,9 @@ class PackedPMPolicy:
         wait = expected_wait_s(cluster, good, request.gpus, view.shape.per_node)
         return weigh_wait(
             slowdown=float(view.klass.scores[picked].max()),
-            runtime_s=request.runtime_s,
+            runtime_s=request.runtime_s
+            if request.runtime_s is not None
+            else min(self.assumed_runtime_s, self.max_wait_s),
             waited_s=request.waited_s,
             wait_s=wait,
             max_wait_s=self.max_wait_s,
@@ -202,7 +211,7 @@ class PackedPMPolicy:
     def __repr__(self) -> str:
         return (
             f"PackedPMPolicy(avoid_above={self.avoid_above:g}, wait={self.wait}, "
-            f"max_wait_s={self.max_wait_s:g})"
+            f"max_wait_s={self.max_wait_s:g}, assumed_runtime_s={self.assumed_runtime_s:g})"
         )
 
 
