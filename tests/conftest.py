@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +18,17 @@ from typer.testing import CliRunner
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from tests.helpers.data import LONGHORN, LONGHORN_FILES, in_ci, need_shared
-from tests.helpers.processes import describe, wait_until_none, with_env
+from tests.helpers.processes import describe, step_daemons_under, wait_until_none, with_env
 
 # Every process the suite starts inherits this (the testbed's daemons keep every variable but
 # SLURM_*/SBATCH_*, jobs get sbatch's environment): what still carries it once the suite is
 # over was left behind. Not SLURM_-prefixed, so the testbed does not drop it.
 LEAK_MARK = "SPAL_TEST_RUN"
 os.environ[LEAK_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+# 24.11's step daemons carry no marker (they clear their environment): they are known by the
+# testbed folder they run in (tests/helpers/slurm_lab.fresh_testbed_dir) and their start.
+TESTBED_PREFIX = "/tmp/spal-tb-"
+SUITE_STARTED = time.time()
 # Teardowns signal and go on: what they stopped may take a moment to end.
 LEFT_GRACE_S = float(os.environ.get("SPAL_TEST_LEFT_GRACE_S", "15"))
 
@@ -35,7 +40,8 @@ def _left_behind() -> list[int]:
 
     own_tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
     exclude = {os.getpid(), *([own_tracker] if own_tracker else [])}
-    return with_env(LEAK_MARK, os.environ[LEAK_MARK], exclude)
+    marked = with_env(LEAK_MARK, os.environ[LEAK_MARK], exclude)
+    return sorted({*marked, *step_daemons_under(TESTBED_PREFIX, SUITE_STARTED)})
 
 
 @pytest.hookimpl(trylast=True)

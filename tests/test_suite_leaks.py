@@ -51,3 +51,42 @@ def test_a_run_that_stops_what_it_starts_passes(tmp_path: Path) -> None:
     result = _run(tmp_path, CLEAN, "clean")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "left" not in result.stdout
+
+
+def test_a_step_daemon_without_marker_is_found_by_its_testbed_folder() -> None:
+    """24.11's slurmstepd clears its environment and renames its command line
+    ("slurmstepd: [1.batch]"): the suite's check and the testbed's stop find it by the testbed
+    folder it runs in, deleted or not."""
+    import shutil
+    import tempfile
+    import time
+
+    from slurm_pal.testbed import LocalSlurm, NodeSpec
+    from tests.helpers.processes import step_daemons_under
+
+    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
+    (root / "log").mkdir()
+    since = time.time() - 1
+    stepd = subprocess.Popen(
+        ["bash", "-c", 'exec -a "slurmstepd: [1.batch]" sleep 60'],
+        cwd=root / "log",
+        env={"PATH": os.environ["PATH"]},
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while b"slurmstepd" not in Path(f"/proc/{stepd.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert stepd.pid in step_daemons_under("/tmp/spal-tb-", since)
+        assert stepd.pid not in step_daemons_under("/tmp/spal-tb-", time.time() + 60)
+        testbed = LocalSlurm(root, [NodeSpec("n01", ("a",))])
+        assert stepd.pid in testbed._stray_pids()
+        other = LocalSlurm(
+            Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp")), [NodeSpec("n01", ("a",))]
+        )
+        assert stepd.pid not in other._stray_pids()
+        shutil.rmtree(other.root, ignore_errors=True)
+    finally:
+        stepd.kill()
+        stepd.wait()
+        shutil.rmtree(root, ignore_errors=True)

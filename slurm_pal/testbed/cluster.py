@@ -683,6 +683,11 @@ class LocalSlurm:
                 slurm or any(v.startswith(b"SLURM_JOB_ID=") for v in env)
             ):
                 strays.append(pid)
+                continue
+            # 24.11's slurmstepd clears its environment and renames its command line
+            # ("slurmstepd: [1.batch]"); its working folder is still ours.
+            if args[0].startswith(b"slurmstepd") and _cwd_under(pid, self.root):
+                strays.append(pid)
         return strays
 
     def _cancel_all_jobs(self, timeout_s: float) -> None:
@@ -718,6 +723,15 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _cwd_under(pid: int, root: Path) -> bool:
+    """Is the process's working folder (deleted or not) inside ``root``?"""
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd").removesuffix(" (deleted)")
+    except OSError:
+        return False
+    return cwd == str(root) or cwd.startswith(f"{root}/")
 
 
 def _read_proc(pid: int, name: str) -> bytes:

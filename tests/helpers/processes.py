@@ -76,3 +76,35 @@ def wait_until_none(find: Callable[[], list[int]], timeout_s: float) -> list[int
         time.sleep(0.1)
         found = find()
     return found
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def started_at(pid: int) -> float | None:
+    """When the process started (epoch seconds), from /proc."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def step_daemons_under(prefix: str, since: float) -> list[int]:
+    """slurmstepd processes started after ``since`` whose working folder (deleted or not)
+    starts with ``prefix``: 24.11's step daemons clear their environment and rename their
+    command line, so no marker finds them, but they stay in the testbed's folder."""
+    found = []
+    for pid in live_pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        when = started_at(pid)
+        if cmd.startswith(b"slurmstepd") and cwd.startswith(prefix) and (when or 0) >= since:
+            found.append(pid)
+    return found
