@@ -893,18 +893,8 @@ class AdvisorServer:
             return
         reader = LineReader(conn)
         while not self._stop.is_set():
-            line = self.read_request(conn, reader)
-            if not line or not slots.answering(conn):
-                return
-            conn.settimeout(self.io_timeout_s)
-            if not line.endswith(b"\n"):
-                self.counters.add("bad_requests")
-                if len(line) > protocol.MAX_LINE:
-                    message = f"request line longer than {protocol.MAX_LINE} bytes"
-                    if self._send(conn, protocol.error_answer(message)):
-                        reader.drain()
-                else:
-                    log.info("connection closed mid-request (%d bytes)", len(line))
+            line = self.next_line(conn, reader, slots)
+            if line is None:
                 return
             after: list[Callable[[], object]] = []
             answer = self.answer(line, after)
@@ -916,6 +906,27 @@ class AdvisorServer:
             if not sent:
                 return
             slots.waiting(conn)
+
+    def next_line(
+        self, conn: socket.socket, reader: LineReader, slots: ConnectionSlots
+    ) -> bytes | None:
+        """The next whole request line of a connection (Unix socket or TCP), or None when the
+        connection is done: closed, given up for room, or a line cut short or over
+        ``protocol.MAX_LINE`` (answered with an error first)."""
+        line = self.read_request(conn, reader)
+        if not line or not slots.answering(conn):
+            return None
+        conn.settimeout(self.io_timeout_s)
+        if line.endswith(b"\n"):
+            return line
+        self.counters.add("bad_requests")
+        if len(line) > protocol.MAX_LINE:
+            message = f"request line longer than {protocol.MAX_LINE} bytes"
+            if self._send(conn, protocol.error_answer(message)):
+                reader.drain()
+        else:
+            log.info("connection closed mid-request (%d bytes)", len(line))
+        return None
 
     def read_request(self, conn: socket.socket, reader: LineReader) -> bytes | None:
         """The next request line (b"" at the peer's end; an over-long or cut line as it came),

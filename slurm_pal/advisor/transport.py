@@ -231,16 +231,8 @@ class RecordListener:
         advisor = self.advisor
         reader = LineReader(conn)
         while True:
-            line = advisor.read_request(conn, reader)
-            if not line or not slots.answering(conn):
-                return
-            conn.settimeout(advisor.io_timeout_s)
-            if not line.endswith(b"\n"):
-                advisor.counters.add("bad_requests")
-                if len(line) > protocol.MAX_LINE:
-                    message = f"request line longer than {protocol.MAX_LINE} bytes"
-                    with contextlib.suppress(OSError):
-                        conn.sendall(protocol.encode(protocol.error_answer(message)))
+            line = advisor.next_line(conn, reader, slots)
+            if line is None:
                 return
             try:
                 conn.sendall(protocol.encode(self.answer(line)))

@@ -73,7 +73,7 @@ def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int
 def weigh_wait(
     *,
     slowdown: float,
-    runtime_s: float | None,
+    runtime_s: float,
     waited_s: float,
     wait_s: float,
     max_wait_s: float,
@@ -94,9 +94,7 @@ def weigh_wait(
         return WaitVerdict(
             False, until, f"expected wait {wait_s:.0f} s exceeds what is left of the bound"
         )
-    runtime = runtime_s if runtime_s is not None and math.isfinite(runtime_s) else max_wait_s
-    # (callers pass an assumed runtime for a job without a limit; the bound is the last guard)
-    cost = runtime * (slowdown - 1.0)
+    cost = runtime_s * (slowdown - 1.0)
     if wait_s >= cost:
         return WaitVerdict(
             False, until, f"expected wait {wait_s:.0f} s >= {cost:.0f} s lost on the outlier"
