@@ -206,28 +206,64 @@ def test_a_pick_is_left_to_slurm_only_when_packing_would_choose_it_and_nothing_i
     assert as_packing(PackedPMPolicy(), same, 1, "D")
 
 
-def test_the_expected_wait_is_for_gpus_on_as_few_nodes_as_packing_uses() -> None:
+def test_the_expected_wait_is_for_what_one_moment_frees_on_as_few_nodes_as_packing_uses() -> None:
     from slurm_pal.core.waiting import expected_wait_s
 
-    # 2-GPU nodes. One good GPU free on each of n1 and n2; n3's two GPUs end at 100 and 300.
+    # 2-GPU nodes. n1: one good GPU free, the other ends at 500; n3's two GPUs end at 100 and
+    # 300 (two jobs); n4's and n5's both end at 700 (one job each, or one 4-GPU job).
     cluster = cluster_of(
-        {"n0": [2.8, 1.0], "n1": [1.0, 1.0], "n2": [1.0, 1.0], "n3": [1.0, 1.0]},
-        busy=("n0-1", "n1-1", "n2-1", "n3-0", "n3-1"),
+        {
+            "n0": [2.8, 1.0],
+            "n1": [1.0, 1.0],
+            "n3": [1.0, 1.0],
+            "n4": [1.0, 1.0],
+            "n5": [1.0, 1.0],
+            "n6": [1.0, 1.0],
+        },
+        busy=("n0-1", "n1-1", "n3-0", "n3-1", "n4-0", "n4-1", "n5-0", "n5-1", "n6-0", "n6-1"),
     )
-    cluster.clock = 0.0
+    cluster.clock = 50.0
     index = cluster.uuid_index
-    cluster.expect_free_at([index["n1-1"]], 500.0)
-    cluster.expect_free_at([index["n2-1"]], 900.0)
-    cluster.expect_free_at([index["n3-0"]], 100.0)
-    cluster.expect_free_at([index["n3-1"]], 300.0)
+    for uuid, end in (("n1-1", 500.0), ("n3-0", 100.0), ("n3-1", 300.0)):
+        cluster.expect_free_at([index[uuid]], end)
+    cluster.expect_free_at([index["n4-0"], index["n4-1"], index["n5-0"], index["n5-1"]], 700.0)
     good = cluster.classes["A"].scores <= 1.5
-    # Two good GPUs are free now, but on two nodes: a 2-GPU job fits one node at 300 (n3).
-    assert expected_wait_s(cluster, good, 2, None) == 300.0
-    # A 4-GPU job needs two whole nodes: n3 at 300, then n1 at 500.
-    assert expected_wait_s(cluster, good, 4, None) == 500.0
-    assert expected_wait_s(cluster, good, 4, 2) == 500.0
-    # A 1-GPU job: a good GPU is free now.
-    assert expected_wait_s(cluster, good, 1, None) == 0.0
+    # A held job holds nothing: n1's free GPU and n3's first freed one go to the jobs behind
+    # it, so a 2-GPU job counts on what one moment frees on one node: n4 at 700.
+    assert expected_wait_s(cluster, good, 2, None) == 650.0
+    # A 4-GPU job needs two whole nodes freed at one moment: n4 and n5 at 700.
+    assert expected_wait_s(cluster, good, 4, None) == 650.0
+    assert expected_wait_s(cluster, good, 4, 2) == 650.0
+    # A 1-GPU job: the first good GPU to free (n3 at 100).
+    assert expected_wait_s(cluster, good, 1, None) == 50.0
+    # Three whole nodes never free at one moment; n6 has no planned end (UNLIMITED): never.
+    assert expected_wait_s(cluster, good, 6, None) == float("inf")
+    # A holder past its planned end is due any moment.
+    cluster.clock = 800.0
+    assert expected_wait_s(cluster, good, 2, None) == 0.0
     # More nodes than the cluster has, or more GPUs per node than a node has: never.
-    assert expected_wait_s(cluster, good, 10, None) == float("inf")
+    assert expected_wait_s(cluster, good, 20, None) == float("inf")
     assert expected_wait_s(cluster, good, 3, 3) == float("inf")
+
+
+
+
+def test_among_nodes_packing_finds_equal_a_job_keeps_outliers_busy_or_fills_in_around_them() -> (
+    None
+):
+    # Two 2-GPU nodes, both free; n1-0 is an outlier for class A only.
+    cluster = cluster_of({"n0": [1.0, 1.0], "n1": [2.8, 1.0]})
+    # Packing would take n0 (node order). A class-D job takes the GPU class A must not get.
+    assert uuids(PackedPMPolicy(), cluster, 1, "D") == ["n1-0"]
+    # A class-A job fills in beside the outlier, so n1 is not left whole with it for a
+    # whole-node job later.
+    assert uuids(PackedPMPolicy(), cluster, 1, "A") == ["n1-1"]
+    # A whole-node job goes where no outlier is.
+    assert uuids(PackedPMPolicy(), cluster, 2, "A") == ["n0-0", "n0-1"]
+    # Best fit still comes first: a node with one free GPU beats the outlier's emptier node.
+    fuller = cluster_of({"n0": [1.0, 1.0], "n1": [2.8, 1.0]}, busy=("n0-0",))
+    assert uuids(PackedPMPolicy(), fuller, 1, "A") == ["n0-1"]
+    # No outlier for any class: exactly packing.
+    plain = cluster_of({"n0": [1.0, 1.0], "n1": [1.2, 1.0]})
+    assert uuids(PackedPMPolicy(), plain, 1, "A") == ["n0-0"]
+    assert uuids(PackedPMPolicy(), plain, 1, "D") == ["n0-0"]

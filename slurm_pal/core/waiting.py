@@ -4,10 +4,11 @@ A job kept off a far slower GPU waits. Unbounded, that wait stalled a cluster: o
 jobs run for hours with unlimited time limits, single-GPU jobs waited for weeks behind long
 neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 
-- **what waiting costs the job**: the time until enough GPUs it may use without an outlier free
-  up, from when the jobs holding them are expected to end (``Cluster.busy_until``: their time
-  limits, or runtimes learned from the site's history). A holder whose end is unknown (an
-  unlimited limit) never frees in this estimate, so it never justifies a wait;
+- **what waiting costs the job**: the time until the jobs ending at one moment free enough GPUs
+  it may use without an outlier, on as few nodes as packing uses, from when they are expected
+  to end (``Cluster.busy_until``: their time limits). GPUs free now, or freed one at a time, do
+  not count: the held job holds nothing, and the jobs behind it take them. A holder whose end
+  is unknown (an unlimited limit) never frees in this estimate, so it never justifies a wait;
 - **what the outlier costs it**: its expected runtime times the slowdown there minus one
   (``runtime_s``: its time limit; a job without one is weighed as if it ran the policy's
   ``assumed_runtime_s``, an hour by default, so an unknown runtime never buys a long wait);
@@ -16,10 +17,8 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 
 Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
 neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
-the GPUs the held job takes first once they free (the estimate does not count the jobs ahead
-of it in the queue, which may take the freed GPUs first: the bound covers that). Idle GPUs it
-could use without an outlier are never left idle for its sake: the policy waits only when no
-such placement exists now.
+the GPUs the held job takes first once they free. Idle GPUs it could use without an outlier are
+never left idle for its sake: the policy waits only when no such placement exists now.
 """
 
 from __future__ import annotations
@@ -45,15 +44,18 @@ class WaitVerdict:
 
 
 def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int | None) -> float:
-    """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the
-    job and not outliers for it) are expected free on as few nodes as packing would use: one
-    node when the job fits on one, else whole nodes (``per_node`` of them on each node when the
-    job says so). Counting good GPUs anywhere would call a scattered set a short wait that the
-    job, which never takes more nodes to dodge an outlier, cannot use. ``inf`` when their
-    holders never end in the estimate."""
+    """Seconds from ``cluster.clock`` until one ending frees ``gpus`` GPUs of the ``good`` mask
+    (usable by the job and not outliers for it) at once, on as few nodes as packing would use:
+    one node when the job fits on one, else whole nodes (``per_node`` of them on each node when
+    the job says so). ``inf`` when no single planned end does.
+
+    A held job holds nothing: GPUs free beside it now, or freed one by one, go to the jobs
+    queued behind it (counting them had a 16-GPU job wait 41 h for a half-day estimate and the
+    whole queue drain behind it at its bound). What reaches it whole is what the jobs ending at
+    one moment free, in the round that follows. Counting good GPUs anywhere would likewise call
+    a scattered set a short wait that the job, which never takes more nodes to dodge an
+    outlier, cannot use."""
     now = cluster.clock
-    frees = np.where(cluster.free, now, cluster.busy_until)
-    frees = np.where(good, frees, np.inf)
     if per_node is not None:
         on_node, nodes = per_node, max(1, gpus // per_node)
     elif gpus <= cluster.max_gpus_per_node:
@@ -61,13 +63,25 @@ def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int
     else:
         on_node = cluster.max_gpus_per_node
         nodes = math.ceil(gpus / on_node)
-    slots = cluster.node_gpus
-    if on_node < 1 or on_node > slots.shape[1] or nodes > slots.shape[0]:
+    if on_node < 1 or on_node > cluster.node_gpus.shape[1] or nodes > cluster.node_gpus.shape[0]:
         return math.inf
-    times = np.where(slots >= 0, frees[np.maximum(slots, 0)], np.inf)
-    nth = np.partition(times, on_node - 1, axis=1)[:, on_node - 1]
-    when = float(np.partition(nth, nodes - 1)[nodes - 1])
-    return max(0.0, when - now)
+    ends = cluster.busy_until
+    rows = np.flatnonzero(good & ~cluster.free & np.isfinite(ends))
+    if rows.size == 0:
+        return math.inf
+    node = cluster.gpu_node[rows]
+    end = np.maximum(ends[rows], now)  # past its planned end, still running: due any moment
+    order = np.lexsort((node, end))
+    node, end = node[order], end[order]
+    # Runs of one (end, node): the GPUs one moment frees on one node.
+    starts = np.flatnonzero(np.r_[True, (np.diff(end) != 0) | (np.diff(node) != 0)])
+    counts = np.diff(np.r_[starts, end.size])
+    enough = end[starts][counts >= on_node]  # sorted by end
+    if enough.size == 0:
+        return math.inf
+    moments, node_counts = np.unique(enough, return_counts=True)
+    whole = np.flatnonzero(node_counts >= nodes)
+    return math.inf if whole.size == 0 else float(moments[whole[0]]) - now
 
 
 def weigh_wait(

@@ -79,17 +79,20 @@ def pack_pick(
     by_score: bool = False,
     rng: np.random.Generator | None = None,
     node_take: NodeTake | None = None,
+    node_rank: np.ndarray | None = None,
 ) -> tuple[np.ndarray, str] | None:
     """Packing's GPUs for the request (None: they do not fit) and how they were chosen.
 
     The nodes and per-node counts are always packing's; inside a node the GPUs go by local index,
     by score for the job's class (``by_score``), in ``rng``'s random order, or as ``node_take``
-    chooses. Only GPUs of bins up to ``view.top`` are used.
+    chooses. Only GPUs of bins up to ``view.top`` are used. ``node_rank`` (lower first) breaks
+    ties between nodes packing finds equal (as many usable free GPUs) before node order does.
     """
     shape = view.shape
     top = view.top
     free = view.usable_counts()
     nodes = np.arange(free.size)
+    rank = np.zeros(free.size, dtype=np.int64) if node_rank is None else node_rank
 
     def take(chosen: np.ndarray, counts: np.ndarray) -> np.ndarray:
         if node_take is not None:
@@ -108,7 +111,7 @@ def pack_pick(
         if (free[required] < shape.per_node).any():
             return None
         fits = np.flatnonzero((free >= shape.per_node) & ~required)
-        fits = fits[np.lexsort((fits, free[fits]))]
+        fits = fits[np.lexsort((fits, rank[fits], free[fits]))]
         wanted = shape.node_count - shape.required.size
         if fits.size < wanted:
             return None
@@ -118,12 +121,14 @@ def pack_pick(
     if shape.simple:
         exact = np.flatnonzero(free == shape.n)
         if exact.size:
-            return take(exact[:1], np.array([shape.n])), "exact-fit node"
+            node = int(exact[np.argmin(rank[exact])])
+            return take(np.array([node]), np.array([shape.n])), "exact-fit node"
         fits = np.flatnonzero(free > shape.n)
         if fits.size:
-            node = int(fits[np.argmin(free[fits])])
+            fits = fits[free[fits] == free[fits].min()]
+            node = int(fits[np.argmin(rank[fits])])
             return take(np.array([node]), np.array([shape.n])), "smallest node that fits"
-        order = nodes[np.lexsort((nodes, -free))]
+        order = nodes[np.lexsort((nodes, rank, -free))]
         taken = np.cumsum(free[order])
         last = int(np.searchsorted(taken, shape.n))
         chosen = order[: last + 1]
@@ -133,7 +138,7 @@ def pack_pick(
     if (free[shape.required] < 1).any():
         return None
     others = np.flatnonzero((free > 0) & ~np.isin(nodes, shape.required))
-    others = others[np.lexsort((others, -free[others]))]
+    others = others[np.lexsort((others, rank[others], -free[others]))]
     chosen_list = list(shape.required)
     total = int(free[shape.required].sum())
     for node in others:

@@ -96,10 +96,11 @@ class PackedPMPolicy:
         view = prepare(request, cluster)
         if isinstance(view, str):
             return unplaced(request, f"Packed-PM: {view}")
-        picked = pack_pick(view, node_take=self._node_take)
+        slow = self._first_slow_bin(view)
+        rank = self._node_rank(view, slow)
+        picked = pack_pick(view, node_take=self._node_take, node_rank=rank)
         if picked is None:
             return unplaced(request, f"Packed-PM: no free GPUs satisfy {constraint_text(request)}")
-        slow = self._first_slow_bin(view)
         if slow >= view.n_bins or view.klass.bin_of[picked[0]].max() < slow:
             return placed(
                 _describe(view, *picked),
@@ -107,7 +108,11 @@ class PackedPMPolicy:
                 as_packing=self._as_packing(view, picked[0], slow),
             )
         capped = _without_bins_from(view, slow, self._slow_nodes(view, slow))
-        alternative = None if capped is None else pack_pick(capped, node_take=self._node_take)
+        alternative = (
+            None
+            if capped is None
+            else pack_pick(capped, node_take=self._node_take, node_rank=rank)
+        )
         if alternative is not None and _no_wider_and_faster(view, picked[0], alternative[0]):
             how = f"{alternative[1]}, GPUs above {self.avoid_above:g} left out"
             return placed(_describe(view, alternative[0], how), request)
@@ -167,6 +172,35 @@ class PackedPMPolicy:
             usable.sort(key=lambda gpu: not prefer[gpu])
             picked.extend(usable[:count])
         return np.array(picked, dtype=np.intp)
+
+    def _node_rank(self, view: RequestView, slow: int) -> np.ndarray | None:
+        """Per node, a tie-break among nodes packing finds equal (lower first): nodes with free
+        GPUs that are outliers for another class but not for this job first (it keeps them
+        busy), then, for a job smaller than a node, nodes with free GPUs that are outliers for
+        it (it fills in around them). None: no such GPU is free.
+
+        Left idle, a GPU the sensitive jobs avoid ends up under whoever comes when nothing else
+        is free, and its node, emptied by the jobs that dodged it, under a whole-node job: in
+        the worst replays a long 8- or 16-GPU job, slowed as a whole (a gang runs at its
+        slowest GPU) for days."""
+        if slow >= view.n_bins and self._others_outlying(view) is None:
+            return None
+        cluster = view.cluster
+        mine = view.klass.bin_of >= slow
+        outlying = self._others_outlying(view)
+        soak = cluster.free & ~mine
+        soak &= outlying[0] if outlying is not None else False
+        around = cluster.free & mine
+        if view.request.gpus >= cluster.max_gpus_per_node:
+            around[:] = False
+        if not (soak.any() or around.any()):
+            return None
+        nodes = cluster.n_nodes
+        weight = cluster.max_gpus_per_node + 1
+        return -(
+            np.bincount(cluster.gpu_node[soak], minlength=nodes) * weight
+            + np.bincount(cluster.gpu_node[around], minlength=nodes)
+        )
 
     def _as_packing(self, view: RequestView, gpus: np.ndarray, slow: int) -> bool:
         """Is ``gpus`` plain packing's pick, with no free GPU the job could get an outlier for
