@@ -246,8 +246,6 @@ def test_the_expected_wait_is_for_what_one_moment_frees_on_as_few_nodes_as_packi
     assert expected_wait_s(cluster, good, 3, 3) == float("inf")
 
 
-
-
 def test_among_nodes_packing_finds_equal_a_job_keeps_outliers_busy_or_fills_in_around_them() -> (
     None
 ):

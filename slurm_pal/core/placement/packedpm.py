@@ -109,9 +109,7 @@ class PackedPMPolicy:
             )
         capped = _without_bins_from(view, slow, self._slow_nodes(view, slow))
         alternative = (
-            None
-            if capped is None
-            else pack_pick(capped, node_take=self._node_take, node_rank=rank)
+            None if capped is None else pack_pick(capped, node_take=self._node_take, node_rank=rank)
         )
         if alternative is not None and _no_wider_and_faster(view, picked[0], alternative[0]):
             how = f"{alternative[1]}, GPUs above {self.avoid_above:g} left out"
