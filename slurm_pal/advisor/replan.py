@@ -10,13 +10,14 @@ GPUs) and the user did not pin get PAL's queue cut and class order against the f
 The round is the core's one queue loop (:func:`slurm_pal.core.queue.queue_round`, PAL's rule:
 it stops at the first job that gets no GPUs): each job is placed by ``decide`` (the policy, plus
 the encoding submit-time routing uses), and a job whose new request Slurm 22.05 would refuse or
-mishandle (:func:`slurm_pal.adapters.slurm.update.transition_problem`) is kept as it is; the
-updates go out through ``adapters/slurm/update.py``. A job the policy holds off outlier GPUs
-(``wait``) keeps its request with its begin time at the wait's bound (``since``/``until`` in
-its admin comment); routed before then, its begin time is lifted in the same update. Slurm
-does not see a held job as eligible, so it neither ends the round nor holds the jobs behind
-it. (An older advisor kept waiting jobs off nodes through ``exc_nodes``; routed now, that
-exclusion is lifted.)
+mishandle (:func:`slurm_pal.core.jobchange.transition_problem`) is kept as it is; the updates
+go out through ``adapters/slurm/update.py`` (the caller's applier: this module does no I/O and
+imports no adapter; a Slurm job is read through :class:`SlurmJob`). A job the policy holds off
+outlier GPUs (``wait``) keeps its request with its begin time at the wait's bound
+(``since``/``until`` in its admin comment); routed before then, its begin time is lifted in the
+same update. Slurm does not see a held job as eligible, so it neither ends the round nor holds
+the jobs behind it. (An older advisor kept waiting jobs off nodes through ``exc_nodes``; routed
+now, that exclusion is lifted.)
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ import logging
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from slurm_pal.adapters.slurm.release import SlurmRelease
-from slurm_pal.adapters.slurm.state import JobState
-from slurm_pal.adapters.slurm.update import JobChange, transition_problem
 from slurm_pal.advisor.decide import (
     Decision,
     LabelTable,
@@ -39,6 +38,7 @@ from slurm_pal.advisor.decide import (
 from slurm_pal.advisor.jobdesc import JobDescription, node_set
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
+from slurm_pal.core.jobchange import JobChange, ReleaseRules, transition_problem
 from slurm_pal.core.placement import PlacementPolicy, PlacementResult
 from slurm_pal.core.queue import Outcome, StopAtMisfit, queue_round
 from slurm_pal.core.request import PlacementRequest
@@ -48,6 +48,7 @@ __all__ = [
     "PendingJob",
     "ReplanResult",
     "RequestKey",
+    "SlurmJob",
     "Update",
     "kept_off",
     "plan_replan",
@@ -194,12 +195,28 @@ def _chosen(decision: Decision, labels: LabelTable) -> dict[str, tuple[str, ...]
     return {n: tuple(sorted(v)) for n, v in out.items()}
 
 
+class SlurmJob(Protocol):
+    """What :func:`steered_job` reads of a pending job as Slurm shows it
+    (:class:`slurm_pal.adapters.slurm.state.JobState` is one)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def tres_per_node(self) -> Sequence[object]: ...
+    @property
+    def tres_per_job(self) -> Sequence[object]: ...
+    @property
+    def time_limit_s(self) -> float | None: ...
+
+
 #: A pending job's request is cached under (token, job id, class): what it is computed from.
 RequestKey = tuple[str, int, str]
 
 
 def steered_job(
-    job: JobState, comment: Mapping[str, str], original: JobDescription, job_class: str
+    job: SlurmJob, comment: Mapping[str, str], original: JobDescription, job_class: str
 ) -> PendingJob:
     """A pending job the advisor steered, as Slurm shows it (``comment``: its admin comment,
     parsed; ``original``: the request as the user submitted it; its time limit as Slurm holds
@@ -276,7 +293,7 @@ def plan_replan(
     partition_nodes: Mapping[str, Sequence[str]] | None = None,
     default_partition: str | None = None,
     known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
-    release: SlurmRelease | None = None,
+    release: ReleaseRules | None = None,
     leave_packing: bool = False,
     now: float | None = None,
 ) -> ReplanResult:
