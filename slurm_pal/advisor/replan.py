@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Container, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from slurm_pal.advisor.decide import (
     Decision,
     LabelTable,
     decide,
+    parse_admin_comment,
     parse_gpus_field,
     plannable_request,
 )
@@ -50,10 +51,13 @@ __all__ = [
     "RequestKey",
     "SlurmJob",
     "Update",
+    "due_holds",
     "kept_off",
+    "pending_as_written",
     "plan_replan",
     "replannable",
     "requests_of",
+    "round_cluster",
     "steered_job",
     "with_written",
 ]
@@ -407,3 +411,51 @@ def plan_replan(
         elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
             result.not_placed.append(p.job_id)
     return result
+
+
+def due_holds(pending: Iterable[PendingJob], now: float) -> set[int]:
+    """The held jobs among ``pending`` whose bound has come at ``now`` (epoch seconds)."""
+    return {p.job_id for p in pending if p.waiting is not None and p.waiting[1] <= now}
+
+
+def pending_as_written(
+    pending: Iterable[PendingJob],
+    written: Mapping[int, tuple[float, str, str, str]],
+    placed: Container[int],
+) -> list[PendingJob]:
+    """The pending jobs a round plans: ``pending`` (as Slurm's last read shows them) less the
+    jobs an earlier round placed (``placed``: they are starting), each as this service last
+    wrote it (``written``: job id -> (when, admin comment, tres_per_node, tres_per_job)) when
+    it did since that read."""
+    out: list[PendingJob] = []
+    for p in pending:
+        if p.job_id in placed:
+            continue
+        w = written.get(p.job_id)
+        if w is None:
+            out.append(p)
+            continue
+        updated = with_written(p, parse_admin_comment(w[1]), w[2], w[3])
+        if updated is not None:
+            out.append(updated)
+    return out
+
+
+def round_cluster(
+    base: Cluster, freed: Iterable[str], reserved: Iterable[Iterable[str]]
+) -> Cluster:
+    """The GPUs a round plans on: a copy of ``base`` (Slurm's busy GPUs marked) with ``freed``
+    (GPU UUIDs job ends gave back that the read still shows used) free and each of ``reserved``
+    (the GPUs of reservations the round does not re-plan) taken."""
+    cluster = base.copy()
+    index = cluster.uuid_index
+    cluster.release_uuids(u for u in freed if u in index and not cluster.free[index[u]])
+    for uuids in reserved:
+        ids = [
+            cluster.uuid_index[u]
+            for u in uuids
+            if u in cluster.uuid_index and cluster.free[cluster.uuid_index[u]]
+        ]
+        if ids:
+            cluster.allocate(ids)
+    return cluster
