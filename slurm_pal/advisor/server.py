@@ -5,7 +5,7 @@ job_submit.lua, which waits (with slurmctld's job-write lock held) for one answe
 the decide path must be short and never wait for Slurm or SQLite; a thread per connection
 keeps a slow or hostile peer from delaying the others. Three background threads do the slow
 work: the Slurm refresh (plus the spool sweep and reservation expiry), the re-planning round,
-and the store writer (:class:`~slurm_pal.advisor.state.StoreWriter`).
+and the store writer (:class:`~slurm_pal.advisor.writer.StoreWriter`).
 
 :class:`AdvisorServer` is the service's lifecycle and its ops; it owns its parts: the socket
 (:class:`~slurm_pal.advisor.connections.UnixTransport`), the counters
