@@ -59,10 +59,10 @@ def test_gpus_an_end_freed_stop_counting_once_slurm_shows_another_job_on_them(se
     # Job 2 ends on n02 with nothing waiting; Slurm starts a job of its own there (11, not
     # steered), and the next read, within 2 s of that end, shows it.
     _end(server, 2, "n02")
-    assert _uuids(server, "n02") <= server._freed_now(frozenset())
+    assert _uuids(server, "n02") <= server.rounds.freed_now(frozenset())
     env.slurm.jobs[1] = FakeJob(11, "RUNNING", gpus={"n02": [0, 1, 2, 3]})
     server.state.refresh()
-    assert not _uuids(server, "n02") & server._freed_now(frozenset())
+    assert not _uuids(server, "n02") & server.rounds.freed_now(frozenset())
     # A job that waits (nothing free), then job 3 ends on n03: its round sends the job there.
     answer = client.request({"op": "decide", "job": JOB})
     assert answer["action"] == "pass"
@@ -84,7 +84,7 @@ def test_an_ended_jobs_gpus_count_free_while_slurm_still_shows_that_job_on_them(
     server.state.refresh()
     _end(server, 2, "n02")
     server.state.refresh()  # job 2 still RUNNING on n02 in Slurm's eyes
-    assert _uuids(server, "n02") <= server._freed_now(frozenset())
+    assert _uuids(server, "n02") <= server.rounds.freed_now(frozenset())
 
 
 def _record(client: AdvisorClient, kind: str, job_id: int, node: str):  # type: ignore[no-untyped-def]

@@ -59,14 +59,14 @@ def test_a_held_job_gets_one_round_when_its_bound_comes_and_is_routed_with_its_h
         state.refresh()
         (pending,) = state.view.pending  # type: ignore[union-attr]
         assert pending.waiting == (since, until)  # held by us: planned despite BeginTime
-        server._round_for_due_holds()
+        server.rounds.round_for_due_holds()
         assert recorder.updates == []  # its bound has not come
         wall.now = until + 1
-        server._round_for_due_holds()
+        server.rounds.round_for_due_holds()
         (change,) = recorder.updates
         assert change.job_id == 7 and change.fields["begin_time"] == 0  # type: ignore[attr-defined]
         assert scontrol_steps(change)[-1][-1] == "StartTime=now"  # type: ignore[arg-type]
-        server._round_for_due_holds()
+        server.rounds.round_for_due_holds()
         assert len(recorder.updates) == 1  # once per job
     finally:
         server.stop()

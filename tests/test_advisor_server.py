@@ -548,7 +548,7 @@ def test_the_service_purges_what_is_older_than_the_retention_once_a_day(served) 
     db.execute("UPDATE advisor_decisions SET created = '2020-01-01T00:00:00'")
     db.commit()
     db.close()
-    server._purge_when_due()
+    server.refresher.purge_when_due()
     server.state.writer.call(lambda s: None)
     with Store(env.db) as store:
         assert store.decision("ancient") is None
@@ -557,7 +557,7 @@ def test_the_service_purges_what_is_older_than_the_retention_once_a_day(served) 
     db.execute("UPDATE advisor_decisions SET created = '2020-01-01T00:00:00'")
     db.commit()
     db.close()
-    server._purge_when_due()  # within the day: not again
+    server.refresher.purge_when_due()  # within the day: not again
     server.state.writer.call(lambda s: None)
     with Store(env.db) as store:
         assert store.decision("ancient2") is not None

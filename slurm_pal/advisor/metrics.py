@@ -1,6 +1,6 @@
 """Prometheus metrics of the running advisor (``[metrics]`` in the site config; off by default).
 
-Why a collector over :class:`~slurm_pal.advisor.server.Counters` instead of prometheus-client
+Why a collector over :class:`~slurm_pal.advisor.counters.Counters` instead of prometheus-client
 counters in the code paths: the service keeps one set of counters (``serve stats`` shows the
 same figures), the decide path stays free of a second lock, and nothing is registered in the
 client's global registry (a private ``CollectorRegistry``, so tests and embedders can run
@@ -34,7 +34,8 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from slurm_pal.adapters.config import MetricsConfig
-    from slurm_pal.advisor.server import AdvisorServer, Histogram
+    from slurm_pal.advisor.counters import Histogram
+    from slurm_pal.advisor.server import AdvisorServer
 
 __all__ = ["AdvisorCollector", "MetricsExporter", "registry_for", "spool_backlog"]
 

@@ -10,35 +10,36 @@ GPUs) and the user did not pin get PAL's queue cut and class order against the f
 The round is the core's one queue loop (:func:`slurm_pal.core.queue.queue_round`, PAL's rule:
 it stops at the first job that gets no GPUs): each job is placed by ``decide`` (the policy, plus
 the encoding submit-time routing uses), and a job whose new request Slurm 22.05 would refuse or
-mishandle (:func:`slurm_pal.adapters.slurm.update.transition_problem`) is kept as it is; the
-updates go out through ``adapters/slurm/update.py``. A job the policy holds off outlier GPUs
-(``wait``) keeps its request with its begin time at the wait's bound (``since``/``until`` in
-its admin comment); routed before then, its begin time is lifted in the same update. Slurm
-does not see a held job as eligible, so it neither ends the round nor holds the jobs behind
-it. (An older advisor kept waiting jobs off nodes through ``exc_nodes``; routed now, that
-exclusion is lifted.)
+mishandle (:func:`slurm_pal.core.jobchange.transition_problem`) is kept as it is; the updates
+go out through ``adapters/slurm/update.py`` (the caller's applier: this module does no I/O and
+imports no adapter; a Slurm job is read through :class:`SlurmJob`). A job the policy holds off
+outlier GPUs (``wait``) keeps its request with its begin time at the wait's bound
+(``since``/``until`` in its admin comment); routed before then, its begin time is lifted in the
+same update. Slurm does not see a held job as eligible, so it neither ends the round nor holds
+the jobs behind it. (An older advisor kept waiting jobs off nodes through ``exc_nodes``; routed
+now, that exclusion is lifted.)
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Container, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from slurm_pal.adapters.slurm.release import SlurmRelease
-from slurm_pal.adapters.slurm.state import JobState
-from slurm_pal.adapters.slurm.update import JobChange, transition_problem
 from slurm_pal.advisor.decide import (
     Decision,
     LabelTable,
     decide,
+    parse_admin_comment,
     parse_gpus_field,
     plannable_request,
 )
 from slurm_pal.advisor.jobdesc import JobDescription, node_set
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
+from slurm_pal.core.jobchange import JobChange, ReleaseRules, transition_problem
 from slurm_pal.core.placement import PlacementPolicy, PlacementResult
 from slurm_pal.core.queue import Outcome, StopAtMisfit, queue_round
 from slurm_pal.core.request import PlacementRequest
@@ -48,11 +49,15 @@ __all__ = [
     "PendingJob",
     "ReplanResult",
     "RequestKey",
+    "SlurmJob",
     "Update",
+    "due_holds",
     "kept_off",
+    "pending_as_written",
     "plan_replan",
     "replannable",
     "requests_of",
+    "round_cluster",
     "steered_job",
     "with_written",
 ]
@@ -194,12 +199,28 @@ def _chosen(decision: Decision, labels: LabelTable) -> dict[str, tuple[str, ...]
     return {n: tuple(sorted(v)) for n, v in out.items()}
 
 
+class SlurmJob(Protocol):
+    """What :func:`steered_job` reads of a pending job as Slurm shows it
+    (:class:`slurm_pal.adapters.slurm.state.JobState` is one)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def tres_per_node(self) -> Sequence[object]: ...
+    @property
+    def tres_per_job(self) -> Sequence[object]: ...
+    @property
+    def time_limit_s(self) -> float | None: ...
+
+
 #: A pending job's request is cached under (token, job id, class): what it is computed from.
 RequestKey = tuple[str, int, str]
 
 
 def steered_job(
-    job: JobState, comment: Mapping[str, str], original: JobDescription, job_class: str
+    job: SlurmJob, comment: Mapping[str, str], original: JobDescription, job_class: str
 ) -> PendingJob:
     """A pending job the advisor steered, as Slurm shows it (``comment``: its admin comment,
     parsed; ``original``: the request as the user submitted it; its time limit as Slurm holds
@@ -276,7 +297,7 @@ def plan_replan(
     partition_nodes: Mapping[str, Sequence[str]] | None = None,
     default_partition: str | None = None,
     known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
-    release: SlurmRelease | None = None,
+    release: ReleaseRules | None = None,
     leave_packing: bool = False,
     now: float | None = None,
 ) -> ReplanResult:
@@ -390,3 +411,51 @@ def plan_replan(
         elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
             result.not_placed.append(p.job_id)
     return result
+
+
+def due_holds(pending: Iterable[PendingJob], now: float) -> set[int]:
+    """The held jobs among ``pending`` whose bound has come at ``now`` (epoch seconds)."""
+    return {p.job_id for p in pending if p.waiting is not None and p.waiting[1] <= now}
+
+
+def pending_as_written(
+    pending: Iterable[PendingJob],
+    written: Mapping[int, tuple[float, str, str, str]],
+    placed: Container[int],
+) -> list[PendingJob]:
+    """The pending jobs a round plans: ``pending`` (as Slurm's last read shows them) less the
+    jobs an earlier round placed (``placed``: they are starting), each as this service last
+    wrote it (``written``: job id -> (when, admin comment, tres_per_node, tres_per_job)) when
+    it did since that read."""
+    out: list[PendingJob] = []
+    for p in pending:
+        if p.job_id in placed:
+            continue
+        w = written.get(p.job_id)
+        if w is None:
+            out.append(p)
+            continue
+        updated = with_written(p, parse_admin_comment(w[1]), w[2], w[3])
+        if updated is not None:
+            out.append(updated)
+    return out
+
+
+def round_cluster(
+    base: Cluster, freed: Iterable[str], reserved: Iterable[Iterable[str]]
+) -> Cluster:
+    """The GPUs a round plans on: a copy of ``base`` (Slurm's busy GPUs marked) with ``freed``
+    (GPU UUIDs job ends gave back that the read still shows used) free and each of ``reserved``
+    (the GPUs of reservations the round does not re-plan) taken."""
+    cluster = base.copy()
+    index = cluster.uuid_index
+    cluster.release_uuids(u for u in freed if u in index and not cluster.free[index[u]])
+    for uuids in reserved:
+        ids = [
+            cluster.uuid_index[u]
+            for u in uuids
+            if u in cluster.uuid_index and cluster.free[cluster.uuid_index[u]]
+        ]
+        if ids:
+            cluster.allocate(ids)
+    return cluster

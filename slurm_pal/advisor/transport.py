@@ -164,7 +164,7 @@ class _TcpServer(BoundedThreadingMixIn, socketserver.TCPServer):
         super().__init__(address, _Handler)
 
     def refuse(self, request: socket.socket) -> None:
-        self.listener.advisor.refuse_busy(request)
+        self.listener.advisor.connections.refuse_busy(request)
 
     def closed_for_room(self) -> None:
         self.listener.advisor.counters.add("connections_closed_for_room")
@@ -231,7 +231,7 @@ class RecordListener:
         advisor = self.advisor
         reader = LineReader(conn)
         while True:
-            line = advisor.next_line(conn, reader, slots)
+            line = advisor.connections.next_line(conn, reader, slots)
             if line is None:
                 return
             try:

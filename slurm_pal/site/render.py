@@ -48,6 +48,9 @@ from slurm_pal.adapters.config import SYSTEM_DB, SiteConfig, split_host_port
 from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.binning import LabelMerge, Signature, merge_signatures
+from slurm_pal.core.gres import NodeDiff as NodeDiff
+from slurm_pal.core.gres import compare_gres as compare_gres
+from slurm_pal.core.gres import node_key as _node_key
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
 DEFAULT_PROLOG = "/etc/slurm/slurm-pal-prolog.sh"
@@ -501,32 +504,6 @@ def load_labels(path: Path) -> dict[str, dict[int, str]]:
     return per_node
 
 
-@dataclass(frozen=True)
-class NodeDiff:
-    node: str
-    expected: dict[str, int]  # label -> count from the campaign
-    live: dict[str, int] | None  # None: Slurm does not know the node
-
-
-def compare_gres(
-    expected: Mapping[str, Mapping[str, int]], live: Mapping[str, Mapping[str | None, int]]
-) -> tuple[list[str], list[NodeDiff]]:
-    """(nodes that match, nodes that differ) between rendered and live GPU types per node."""
-    same: list[str] = []
-    diffs: list[NodeDiff] = []
-    for node in sorted(expected, key=_node_key):
-        want = dict(expected[node])
-        if node not in live:
-            diffs.append(NodeDiff(node, want, None))
-            continue
-        have = {("(untyped)" if t is None else t): n for t, n in live[node].items()}
-        if have == want:
-            same.append(node)
-        else:
-            diffs.append(NodeDiff(node, want, have))
-    return same, diffs
-
-
 def _slurm_order(gpus: list[RenderedGpu]) -> list[RenderedGpu]:
     """Per node: device order, then grouped by type as slurmd merges them; number them."""
     by_node: dict[str, list[RenderedGpu]] = {}
@@ -540,8 +517,3 @@ def _slurm_order(gpus: list[RenderedGpu]) -> list[RenderedGpu]:
         grouped = sorted(node_gpus, key=lambda g: (first_seen[g.label], g.index))
         out.extend(replace(g, slurm_index=i) for i, g in enumerate(grouped))
     return out
-
-
-def _node_key(name: str) -> tuple[str, int, str]:
-    m = re.match(r"^(.*?)(\d+)$", name)
-    return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)

@@ -1,0 +1,76 @@
+"""The advisor's layering rules (issue #28), checked on the source: no class in
+``slurm_pal/advisor/`` grows past 400 lines, the re-planner imports no adapter, and the
+advisor's state imports no site renderer. Read with ``ast`` only: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "slurm_pal"
+ADVISOR = PACKAGE / "advisor"
+MAX_CLASS_LINES = 400
+
+
+def _classes(path: Path) -> list[tuple[str, int]]:
+    """(name, lines from the class statement to the end of its body) of each class."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)  # type: ignore[operator]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    ]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (``if TYPE_CHECKING`` blocks included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _imports_under(path: Path, prefix: str) -> list[str]:
+    return sorted(m for m in _imports(path) if m == prefix or m.startswith(prefix + "."))
+
+
+@pytest.mark.parametrize("path", sorted(ADVISOR.rglob("*.py")), ids=lambda p: p.name)
+def test_no_advisor_class_is_over_400_lines(path: Path) -> None:
+    too_long = [(name, n) for name, n in _classes(path) if n > MAX_CLASS_LINES]
+    assert not too_long, f"{path.name}: classes over {MAX_CLASS_LINES} lines: {too_long}"
+
+
+def test_the_replanner_imports_no_adapter() -> None:
+    """``advisor/replan.py`` plans (pure); Slurm is read and written by its callers."""
+    assert _imports_under(ADVISOR / "replan.py", "slurm_pal.adapters") == []
+
+
+def test_the_advisor_state_imports_no_site_renderer() -> None:
+    assert _imports_under(ADVISOR / "state.py", "slurm_pal.site") == []
+
+
+def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
+    """The helpers find a long class and an adapter import (so a passing test means
+    something)."""
+    long = tmp_path / "long.py"
+    long.write_text("class Long:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    assert _classes(long) == [("Long", MAX_CLASS_LINES + 1)]
+    imports = tmp_path / "imports.py"
+    imports.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from slurm_pal.adapters.slurm.state import JobState\n"
+        "import slurm_pal.adapters.store\n"
+    )
+    assert _imports_under(imports, "slurm_pal.adapters") == [
+        "slurm_pal.adapters.slurm.state",
+        "slurm_pal.adapters.slurm.state.JobState",
+        "slurm_pal.adapters.store",
+    ]
