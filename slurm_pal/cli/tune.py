@@ -30,6 +30,7 @@ from slurm_pal.cli.common import (
 )
 from slurm_pal.cli.plots import plot_directory, tune_plot
 from slurm_pal.cli.sim import (
+    TraceChoice,
     check_run_options,
     checked_cluster,
     load_jobs,
@@ -210,27 +211,17 @@ def drawn_inputs(
     seeds: int,
     cluster: tuple[int, int],
     profiles: dict[str, str],
-    trace: tuple[Path | None, str, int, float],
-    class_map: dict[str, str],
+    jobs_from: TraceChoice,
     run: TuneRun,
-    default_class: str,
     unknown_share: float,
 ) -> list[Draw]:
-    """One trace and simulated cluster per seed (``trace``: the trace file and its format, or
-    the Poisson job count and load), every candidate's runs share them."""
-    path, trace_format, poisson, load = trace
+    """One trace and simulated cluster per seed; every candidate's runs share them."""
     draws = []
     for seed in range(seeds):
-        gpus = simulated_gpus(profiles, *cluster, run.pal_artifact, seed, default_class)
+        gpus = simulated_gpus(profiles, *cluster, run.pal_artifact, seed, jobs_from.default_class)
         jobs = load_jobs(
-            path,
-            trace_format,
-            poisson,
-            load,
+            jobs_from,
             seed,
-            class_map,
-            {},
-            default_class,
             gpus.classes,
             spanned_penalty=run.site_penalty,
             quiet=seed > 0,  # one note about left-out rows, not one per seed
@@ -279,19 +270,14 @@ def tune(
         policies, penalties, avoid_above, unknown_share, class_counts, default_classes
     )
     profiles = parse_pairs(profile, "--profile")
+    classes = parse_pairs(class_map, "--class-map")
+    jobs_from = TraceChoice(trace, trace_format, poisson, load, classes, {}, default_class)
     if plot is not None:
         plot_directory(plot)
     with reported_errors():
         with step(f"drawing {seeds} clusters and traces"):
             draws = drawn_inputs(
-                seeds,
-                (n_nodes, per_node),
-                profiles,
-                (trace, trace_format, poisson, load),
-                parse_pairs(class_map, "--class-map"),
-                run,
-                default_class,
-                unknown_share,
+                seeds, (n_nodes, per_node), profiles, jobs_from, run, unknown_share
             )
         try:
             experiment = tune_experiment(site, draws, sweep, run)
@@ -338,7 +324,7 @@ def print_tune(
     console.print(candidates_table(result.rows))
     recommended = result.recommended
     settings = (
-        ", ".join(f"{k} = {v!r}" for k, v in recommended["settings"].items())  # type: ignore[attr-defined]
+        ", ".join(f"{k} = {v!r}" for k, v in recommended["settings"].items())
         or "keep the site config as it is"
     )
     if result.clear_gain:
