@@ -14,12 +14,20 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
 import typer
 from rich.table import Table
 
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.campaigns.planning import (
+    PlanRequest,
+    SiteClasses,
+    gpus_to_measure,
+    new_plan,
+    shared_benchmark_note,
+)
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import SlurmCommands, SlurmError
 from slurm_pal.campaigns.workspace import (
@@ -32,10 +40,7 @@ from slurm_pal.campaigns.workspace import (
     campaigns_root,
     check_campaign_id,
     create_campaign,
-    default_benchmarks,
-    default_campaign_id,
     load_plan,
-    parse_commands,
     read_records,
 )
 from slurm_pal.cli.campaign_inputs import (
@@ -43,7 +48,6 @@ from slurm_pal.cli.campaign_inputs import (
     gpus_from_slurm,
     jobs_from_decisions,
     node_states,
-    parse_gpu_list,
     read_production_jsonl,
     stored_clock_events,
     stored_diff,
@@ -79,7 +83,6 @@ from slurm_pal.core.campaigns import (
     waiting_for_unavailable_nodes,
 )
 from slurm_pal.core.drift import DriftDetector, runs_from_records
-from slurm_pal.core.hostlist import expand as expand_hostlist
 from slurm_pal.site.render import plan_from_store
 
 # The restart advice is part of what this module offers its callers (tests check the text).
@@ -129,90 +132,148 @@ def _root(st: AppState, root: Path | None) -> Path:
 # -- plan ------------------------------------------------------------------------------------
 
 
-@app.command()
-def plan(
-    ctx: typer.Context,
-    nodes: str | None = typer.Option(
-        None,
+# The options of `campaign plan`, named once here so that its signature reads as a list.
+NodesOption = Annotated[
+    str | None,
+    typer.Option(
         "--nodes",
         help="Nodes to measure, as a Slurm hostlist (e.g. gpu[01-16]); default: every node "
         "with GPUs (in --partition), as Slurm reports them.",
     ),
-    gpus_per_node: int | None = typer.Option(
-        None,
+]
+GpusPerNodeOption = Annotated[
+    int | None,
+    typer.Option(
         "--gpus-per-node",
         help="GPUs per node (device minors 0..N-1 are measured); default: each node's GPU "
         "count from Slurm.",
     ),
-    exclude: str | None = typer.Option(
-        None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
-    ),
-    only: str | None = typer.Option(
-        None,
+]
+ExcludeOption = Annotated[
+    str | None,
+    typer.Option("--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."),
+]
+OnlyOption = Annotated[
+    str | None,
+    typer.Option(
         "--only",
         help="Measure only these GPUs, NODE:INDEX,... (e.g. from 'campaign suggest'); each "
         "task still holds its whole node.",
     ),
-    partition: str | None = typer.Option(
-        None, "--partition", help="Slurm partition (default: campaign.partition)."
-    ),
-    classes: str | None = typer.Option(
-        None, "--classes", help="Comma-separated job classes (default: all site classes)."
-    ),
-    repeats: int | None = typer.Option(
-        None, "--repeats", min=1, help="Runs per GPU and class (default: campaign.repeats, 3)."
-    ),
-    command: list[str] = typer.Option(
-        [],
+]
+PartitionOption = Annotated[
+    str | None,
+    typer.Option("--partition", help="Slurm partition (default: campaign.partition)."),
+]
+ClassesOption = Annotated[
+    str | None,
+    typer.Option("--classes", help="Comma-separated job classes (default: all site classes)."),
+]
+RepeatsOption = Annotated[
+    int | None,
+    typer.Option("--repeats", min=1, help="Runs per GPU and class (default: campaign.repeats, 3)."),
+]
+CommandOption = Annotated[
+    list[str],
+    typer.Option(
         "--command",
         help="CLASS=COMMAND: bring your own benchmark (prints PAL_DURATION_S=<s>). "
         "{python} and {bench_dir} are filled in. Repeatable; overrides [campaign.commands].",
     ),
-    campaign_id: str | None = typer.Option(
-        None, "--id", help="Campaign id (default: c<UTC date-time>)."
+]
+CampaignIdOption = Annotated[
+    str | None, typer.Option("--id", help="Campaign id (default: c<UTC date-time>).")
+]
+GpuModelOption = Annotated[
+    str | None,
+    typer.Option("--gpu-model", help="GPU model name for the labels (default: site config)."),
+]
+TimeLimitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--time", help="Slurm time limit per task (default: campaign.time_limit, 01:00:00)."
     ),
-    gpu_model: str | None = typer.Option(
-        None, "--gpu-model", help="GPU model name for the labels (default: site config)."
-    ),
-    time_limit: str | None = typer.Option(
-        None, "--time", help="Slurm time limit per task (default: campaign.time_limit, 01:00:00)."
-    ),
-    run_timeout: float | None = typer.Option(
-        None,
+]
+RunTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
         "--run-timeout",
         min=1,
         help="Seconds one benchmark run may take (default: campaign.run_timeout_s, 1800).",
     ),
-    warmup_s: float | None = typer.Option(
-        None,
+]
+WarmupOption = Annotated[
+    float | None,
+    typer.Option(
         "--warmup-s",
         min=0,
         help="Benchmark warm-up seconds before the timed window (default: campaign.warmup_s, "
         "10); passed to the benchmarks as PAL_WARMUP_S.",
     ),
-    measure_s: float | None = typer.Option(
-        None,
+]
+MeasureOption = Annotated[
+    float | None,
+    typer.Option(
         "--measure-s",
         min=0.001,
         help="Seconds of the timed window (default: campaign.measure_s, 20); passed as "
         "PAL_MEASURE_S.",
     ),
-    python: str | None = typer.Option(
-        None,
+]
+PythonOption = Annotated[
+    str | None,
+    typer.Option(
         "--python",
         help="Python on the compute nodes, runs runner and benchmarks (default: "
         "campaign.python, python3).",
     ),
-    sbatch_arg: list[str] = typer.Option(
-        [],
+]
+SbatchArgOption = Annotated[
+    list[str],
+    typer.Option(
         "--sbatch-arg",
         help="Extra #SBATCH line, e.g. --account=ops. Repeatable; added to campaign.sbatch_args.",
     ),
+]
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
+    exclude: ExcludeOption = None,
+    only: OnlyOption = None,
+    partition: PartitionOption = None,
+    classes: ClassesOption = None,
+    repeats: RepeatsOption = None,
+    command: CommandOption = [],  # noqa: B006 (typer only reads it)
+    campaign_id: CampaignIdOption = None,
+    gpu_model: GpuModelOption = None,
+    time_limit: TimeLimitOption = None,
+    run_timeout: RunTimeoutOption = None,
+    warmup_s: WarmupOption = None,
+    measure_s: MeasureOption = None,
+    python: PythonOption = None,
+    sbatch_arg: SbatchArgOption = [],  # noqa: B006 (typer only reads it)
     root: Path | None = ROOT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write a campaign: one job array per node, one task per GPU, batch scripts rendered."""
     st = state(ctx)
+    request = PlanRequest(
+        classes=classes,
+        repeats=repeats,
+        commands=command,
+        campaign_id=campaign_id,
+        gpu_model=gpu_model,
+        time_limit=time_limit,
+        run_timeout_s=run_timeout,
+        python=python,
+        sbatch_args=sbatch_arg,
+        warmup_s=warmup_s,
+        measure_s=measure_s,
+    )
     with _errors():
         cfg = st.config
         settings = site_campaign_settings(st)
@@ -224,67 +285,16 @@ def plan(
             gpus = gpus_from_hostlist(nodes, gpus_per_node)
         else:
             gpus, notes = gpus_from_slurm(nodes, plan_partition)
-        if exclude:
-            skip = set(expand_hostlist(exclude))
-            gpus = [g for g in gpus if g.node not in skip]
-            if not gpus:
-                fail(f"--exclude {exclude} leaves no node to measure")
-        counts: dict[str, int] = {}
-        if only:
-            wanted = parse_gpu_list(only)
-            known = {g.key for g in gpus}
-            unknown = sorted(wanted - known)
-            if unknown:
-                fail(
-                    f"--only names GPU(s) {', '.join(f'{n}:{i}' for n, i in unknown)} that "
-                    "the planned nodes do not have"
-                )
-            for g in gpus:
-                counts[g.node] = counts.get(g.node, 0) + 1
-            gpus = [g for g in gpus if g.key in wanted]
-            counts = {n: c for n, c in counts.items() if any(g.node == n for g in gpus)}
-        names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
-        unknown = [c for c in names if c not in cfg.classes.names]
-        if unknown or not names or "" in names:
-            fail(
-                f"unknown class(es) {', '.join(unknown) or '(empty)'}; valid classes: "
-                f"{', '.join(cfg.classes.names)} (classes.names in the site config, {cfg.source})"
-            )
-        if len(set(names)) != len(names):
-            fail(f"--classes names a class twice: {classes}")
-        commands = {c: cmd for c, cmd in settings.commands if c in names}
-        commands |= parse_commands(command)
-        repeats = repeats or settings.repeats
-        benchmarks = default_benchmarks(names, commands)
-        the_plan = CampaignPlan(
-            campaign=check_campaign_id(campaign_id or default_campaign_id()),
-            classes=names,
-            repeats=repeats,
-            benchmarks=benchmarks,
-            gpus=tuple(gpus),
-            gpu_model=gpu_model or cfg.profiling.gpu_model,
-            partition=plan_partition,
-            time_limit=time_limit or settings.time_limit,
-            run_timeout_s=run_timeout or settings.run_timeout_s,
-            python=python or settings.python,
-            sbatch_args=(*settings.sbatch_args, *sbatch_arg),
-            node_gpu_counts=counts,
-            warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
-            measure_s=settings.measure_s if measure_s is None else measure_s,
-        )
-        window_s = the_plan.warmup_s + the_plan.measure_s
-        if window_s >= the_plan.run_timeout_s:
-            fail(
-                f"warm-up + timed window ({window_s:g} s) do not fit in one run's timeout "
-                f"({the_plan.run_timeout_s:g} s): raise --run-timeout or shorten them"
-            )
+        gpus, counts = gpus_to_measure(gpus, exclude, only)
+        site = SiteClasses(cfg.classes.names, cfg.profiling.gpu_model, cfg.source)
+        the_plan = new_plan(request, settings, site, gpus, counts, plan_partition)
         directory = create_campaign(_root(st, root), the_plan)
-    shared = [b.name for b in benchmarks.values()]
-    if len(set(shared)) < len(shared):
-        notes.append(
-            "several classes run the same default benchmark, so they measure the same thing; "
-            "give each class its own with --command CLASS=COMMAND"
-        )
+    shared = shared_benchmark_note(the_plan)
+    print_plan(the_plan, directory, [*notes, shared] if shared else notes, as_json)
+
+
+def print_plan(the_plan: CampaignPlan, directory: Path, notes: list[str], as_json: bool) -> None:
+    """The plan as JSON, or a line, its benchmarks, the notes and the next command."""
     if as_json:
         print_json(
             {
@@ -296,14 +306,15 @@ def plan(
         )
         return
     console.print(
-        f"planned campaign [bold]{the_plan.campaign}[/] in {directory}: {len(gpus)} GPUs on "
-        f"{len(the_plan.nodes)} node(s), classes {','.join(names)}, {repeats} run(s) each"
+        f"planned campaign [bold]{the_plan.campaign}[/] in {directory}: {len(the_plan.gpus)} "
+        f"GPUs on {len(the_plan.nodes)} node(s), classes {','.join(the_plan.classes)}, "
+        f"{the_plan.repeats} run(s) each"
     )
     table = Table(title="benchmarks", title_justify="left")
     table.add_column("class")
     table.add_column("benchmark")
     table.add_column("command")
-    for job_class, bench in benchmarks.items():
+    for job_class, bench in the_plan.benchmarks.items():
         table.add_row(job_class, bench.name, bench.command)
     console.print(table)
     for note in notes:

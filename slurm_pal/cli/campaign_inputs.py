@@ -123,21 +123,6 @@ def gpus_from_slurm(nodes: str | None, partition: str | None) -> tuple[list[Plan
     return gpus, notes
 
 
-def parse_gpu_list(text: str) -> set[GpuKey]:
-    """``NODE:INDEX,NODE:INDEX`` -> {(node, index)}; the error shows the expected form."""
-    out: set[GpuKey] = set()
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        node, sep, index = item.rpartition(":")
-        if not sep or not node or not index.isdigit():
-            raise CampaignError(
-                f"--only item {item!r} must look like NODE:INDEX (device minor), e.g. gpu07:2"
-            )
-        out.add((node, int(index)))
-    if not out:
-        raise CampaignError("--only names no GPU; give NODE:INDEX,... e.g. gpu07:2,gpu11:0")
-    return out
-
-
 def stored_clock_events(store, campaign_id: str, scores: pd.DataFrame) -> ClockEventSummary:  # type: ignore[no-untyped-def]
     """The stored campaign's slowdowns, its runs named by the UUIDs its scores use."""
     rows = store.clock_events(campaign_id)
