@@ -20,7 +20,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.campaigns.collect import Collected, CollectRequest, collect_campaign
 from slurm_pal.campaigns.planning import (
     PlanRequest,
     SiteClasses,
@@ -31,17 +31,14 @@ from slurm_pal.campaigns.planning import (
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import SlurmCommands, SlurmError
 from slurm_pal.campaigns.workspace import (
-    COLLECTED_DIR,
     SBATCH_DIR,
     CampaignError,
     CampaignPlan,
     Submission,
     add_submission,
     campaigns_root,
-    check_campaign_id,
     create_campaign,
     load_plan,
-    read_records,
 )
 from slurm_pal.cli.campaign_inputs import (
     gpu_ids_from_labels,
@@ -76,9 +73,7 @@ from slurm_pal.cli.common import (
 )
 from slurm_pal.core.campaigns import (
     DEFAULT_TOLERANCE,
-    check_campaign,
     gpus_from_hostlist,
-    measurement_rows,
     progress_counts,
     waiting_for_unavailable_nodes,
 )
@@ -470,63 +465,38 @@ def collect(
     st = state(ctx)
     with _errors():
         cfg = st.config
-        if tolerance is None:
-            tolerance = site_campaign_settings(st).tolerance
-        the_plan, directory = load_plan(_root(st, root), campaign)
-        records, problems = read_records(directory, the_plan.campaign)
-        check = check_campaign(
-            the_plan.gpus, the_plan.classes, the_plan.repeats, records, tolerance=tolerance
+        request = CollectRequest(
+            tolerance=site_campaign_settings(st).tolerance if tolerance is None else tolerance,
+            allow_missing=allow_missing,
+            store_id=store_id,
+            class_order=cfg.classes.names,
+            binner=cfg.binning.binner(),
         )
-        target = check_campaign_id(store_id or the_plan.campaign)
-        blocked = not check.complete or bool(problems)
-        result = None
-        csv_path = None
-        active_before: str | None = None
-        with st.store() as store:
-            known = {c.id for c in store.campaigns()}
-            if not (blocked and not allow_missing) and check.ok_runs:
-                csv_path = directory / COLLECTED_DIR / f"{target}.csv"
-                text = measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
-                same = csv_path.is_file() and csv_path.read_text(encoding="utf-8") == text
-                if target in known and same:
-                    if as_json:
-                        print_json(check.to_dict() | {"campaign": campaign, "unchanged": True})
-                    else:
-                        console.print(
-                            f"campaign {target!r} is already in the store with exactly these "
-                            "records; nothing to do"
-                        )
-                    raise typer.Exit(0)
-                if target in known:
-                    n = 2
-                    while f"{the_plan.campaign}-v{n}" in known:
-                        n += 1
-                    fail(
-                        f"campaign {target!r} is already in the store {st.db_path}; collecting "
-                        f"again would mix old and new rows. To ingest the current records as a "
-                        f"new version: slurm-pal campaign collect {campaign} "
-                        f"--as {the_plan.campaign}-v{n}"
-                    )
-                csv_path.parent.mkdir(parents=True, exist_ok=True)
-                csv_path.write_text(text, encoding="utf-8")
-                file = read_campaign_csv(csv_path, gpu_model=the_plan.gpu_model)
-                active_before = store.active_campaign_id()
-                result = store.ingest(
-                    [file],
-                    campaign_id=target,
-                    class_order=cfg.classes.names,
-                    binner=cfg.binning.binner(),
-                    description=f"Slurm campaign {the_plan.campaign}: "
-                    f"{check.planned_gpus} GPUs planned, {len(check.ok_runs)} ok runs",
-                    clock_events=[r.clock_event_row() for r in check.ok_runs],
-                )
+        the_plan, directory = load_plan(_root(st, root), campaign)
+        collected = collect_campaign(st.store, the_plan, directory, request, campaign)
+    print_collected(collected, campaign, as_json)
+
+
+def print_collected(collected: Collected, campaign: str, as_json: bool) -> None:
+    """The check and what was ingested, as JSON or tables; a blocked or empty campaign exits
+    with the findings code, one already in the store with 0."""
+    check, problems, result = collected.check, collected.problems, collected.ingested
+    if collected.unchanged:
+        if as_json:
+            print_json(check.to_dict() | {"campaign": campaign, "unchanged": True})
+        else:
+            console.print(
+                f"campaign {collected.target!r} is already in the store with exactly these "
+                "records; nothing to do"
+            )
+        raise typer.Exit(0)
     report = check.to_dict() | {"campaign": campaign, "record_problems": problems}
     if result is not None:
         report["ingested"] = {
             "store_campaign": result.campaign_id,
             "rows": result.rows,
             "activated": result.activated,
-            "csv": str(csv_path),
+            "csv": str(collected.csv_path),
         }
     if as_json:
         print_json(report)
@@ -551,7 +521,7 @@ def collect(
             + (
                 " (now active)"
                 if result.activated
-                else f"; compare with 'slurm-pal campaign diff {active_before} "
+                else f"; compare with 'slurm-pal campaign diff {collected.active_before} "
                 f"{result.campaign_id}', then "
                 f"'slurm-pal campaign activate {result.campaign_id}'"
             )
