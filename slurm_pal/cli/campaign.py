@@ -11,16 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
 from rich.table import Table
 
 from slurm_pal.campaigns.collect import Collected, CollectRequest, collect_campaign
+from slurm_pal.campaigns.drift import DriftRequest, production_drift
 from slurm_pal.campaigns.planning import (
     PlanRequest,
     SiteClasses,
@@ -30,6 +29,7 @@ from slurm_pal.campaigns.planning import (
 )
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import SlurmCommands, SlurmError
+from slurm_pal.campaigns.stored import stored_diff
 from slurm_pal.campaigns.workspace import (
     SBATCH_DIR,
     CampaignError,
@@ -41,20 +41,13 @@ from slurm_pal.campaigns.workspace import (
     load_plan,
 )
 from slurm_pal.cli.campaign_inputs import (
-    gpu_ids_from_labels,
     gpus_from_slurm,
-    jobs_from_decisions,
     node_states,
-    read_production_jsonl,
-    stored_clock_events,
-    stored_diff,
-    targeted_plan,
     task_states,
 )
 from slurm_pal.cli.campaign_views import (
     RESTART_ADVICE,
     counts_line,
-    json_state,
     print_campaign_slowdowns,
     print_check,
     print_diff,
@@ -77,8 +70,6 @@ from slurm_pal.core.campaigns import (
     progress_counts,
     waiting_for_unavailable_nodes,
 )
-from slurm_pal.core.drift import DriftDetector, runs_from_records
-from slurm_pal.site.render import plan_from_store
 
 # The restart advice is part of what this module offers its callers (tests check the text).
 __all__ = ["RESTART_ADVICE", "app", "site_campaign_settings"]
@@ -621,82 +612,25 @@ def suggest(
     """
     st = state(ctx)
     settings = site_campaign_settings(st)
-    with _errors(), st.store(create=False) as store:
-        campaign_id = store.resolve_campaign(campaign)
-        frame = store.gpu_scores(campaign_id)
-        clock = stored_clock_events(store, campaign_id, frame)
-        scores: dict[str, dict[str, float]] = {}
-        where: dict[str, tuple[str, int | None]] = {}
-        for r in frame.itertuples(index=False):
-            scores.setdefault(str(r.uuid), {})[str(r.job_class)] = float(r.pm_score)
-            where[str(r.uuid)] = (str(r.node), None if pd.isna(r.gpu_index) else int(r.gpu_index))
-        labels_path = labels or (
-            Path(st.config.advisor.labels_file) if st.config.advisor.labels_file else None
-        )
-        if labels_path is not None:
-            gpu_ids = gpu_ids_from_labels(labels_path)
-        else:
-            gpu_ids = {
-                (g.node, g.slurm_index): g.uuid
-                for g in plan_from_store(store, campaign_id, config=st.config).gpus
-            }
-        if records is None:  # what the advisor service kept (tables job_records and
-            hook_records = store.job_records()  # advisor_decisions)
-            decisions = [d for d in store.decisions() if d.get("job_id") is not None]
-        else:
-            hook_records, decisions = read_production_jsonl(records)
-        jobs, skipped = jobs_from_decisions(decisions)
-        runs, not_paired = runs_from_records(hook_records, jobs, gpu_ids)
-        skipped |= {j: why for j, why in not_paired.items() if j not in skipped}
-        runs = [
-            replace(r, gpus=tuple(store.canonical_uuid(campaign_id, g) for g in r.gpus))
-            for r in runs
-        ]
-        detector = DriftDetector(
-            threshold=settings.drift_threshold if threshold is None else threshold,
-            min_runs=min_runs or settings.drift_min_runs,
-        ).fit(runs, scores)
-    skipped |= detector.skipped_
-    found = detector.drifting_gpus()
-    targets = sorted(
-        {where[d.gpu] for d in found if d.gpu in where and where[d.gpu][1] is not None}
+    request = DriftRequest(
+        campaign=campaign,
+        records=records,
+        labels=labels,
+        threshold=settings.drift_threshold if threshold is None else threshold,
+        min_runs=min_runs or settings.drift_min_runs,
     )
-    command = targeted_plan(targets, frame, campaign_id) if targets else None
-    hot: list[tuple[str, int | None]] = [(s.node, s.gpu_index) for s in clock.slowdowns]
-    hot_command = targeted_plan(hot, frame, campaign_id, "cooling") if hot else None
-    reasons: dict[str, int] = {}
-    for why in skipped.values():
-        reasons[why] = reasons.get(why, 0) + 1
+    with _errors(), st.store(create=False) as store:
+        findings = production_drift(store, request, st.config)
     if as_json:
-        print_json(
-            {
-                "campaign": campaign_id,
-                "threshold": detector.threshold,
-                "min_runs": detector.min_runs,
-                "jobs_used": len(runs) - len(detector.skipped_),
-                "jobs_skipped": reasons,
-                "drifting": [
-                    d.to_dict()
-                    | {
-                        "node": where.get(d.gpu, ("", None))[0],
-                        "gpu_index": where.get(d.gpu, ("", None))[1],
-                        "campaign_slowdown": json_state(clock, d.gpu),
-                    }
-                    for d in found
-                ],
-                "gpus_judged": len(detector.gpus_),
-                "suggested_plan": command,
-                "clock_events": clock.to_dict(),
-                "slowdown_plan": hot_command,
-            }
-        )
+        print_json(findings.to_dict())
         return
+    detector = findings.detector
     console.print(
-        f"campaign {campaign_id}: {len(runs) - len(detector.skipped_)} production job(s) "
+        f"campaign {findings.campaign_id}: {findings.jobs_used} production job(s) "
         f"compared, {len(detector.gpus_)} GPU(s) judged (threshold "
         f"{detector.threshold:.1%}, at least {detector.min_runs} runs)"
     )
-    for why, n in sorted(reasons.items(), key=lambda x: -x[1]):
+    for why, n in sorted(findings.reasons.items(), key=lambda x: -x[1]):
         console.print(f"  {n} job(s) left out: {why}", highlight=False)
-    print_campaign_slowdowns(clock, hot_command)
-    print_drift(found, where, clock, command)
+    print_campaign_slowdowns(findings.clock, findings.hot_command)
+    print_drift(findings.found, findings.where, findings.clock, findings.command)

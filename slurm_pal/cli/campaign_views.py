@@ -324,12 +324,6 @@ def fmt_index(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def json_state(summary: ClockEventSummary, uuid: str) -> list[str] | None:
-    """A GPU's slowdown reasons in the campaign for --json: [] clean, None unknown."""
-    events = summary.gpu_state(uuid)
-    return None if events is None else list(events)
-
-
 def print_campaign_slowdowns(summary: ClockEventSummary, command: str | None) -> None:
     console.print(
         f"thermal/hardware slowdowns while {summary.campaign} measured: "
