@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,6 @@ from slurm_pal.sim.experiments import (
     run_grid,
     waiting_note,
 )
-from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus
 
 TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
@@ -92,7 +92,7 @@ class TuneResult:
     baseline_jct: list[float]  # packing's average JCT on each draw
     rows: list[dict]
     per_run: dict[str, list[float]]  # candidate label -> its per-draw average-JCT ratios
-    recommended: dict[str, object]
+    recommended: dict[str, Any]
     clear_gain: bool  # a candidate was recommended; otherwise packing is
     advisor_changes_no_job: str | None
     notes: list[str]
@@ -212,6 +212,8 @@ class TuneExperiment:
         return len(self.draws) * len(self.candidates)
 
     def configs(self, seed: int) -> list[SimConfig]:
+        """Every candidate's run on draw ``seed``; jobs pay the site's cost of spanning nodes
+        whatever penalty a candidate's advisor assumes."""
         common = {
             "scheduler": self.run.scheduler,
             "mode": self.run.mode,
@@ -234,15 +236,15 @@ def tune_experiment(
 
 
 def run_tune(
-    experiment: TuneExperiment, workers: int, on_done: Callable[[SimResult], None]
+    experiment: TuneExperiment, workers: int, on_done: Callable[[SimConfig], None]
 ) -> TuneResult:
-    """Every candidate on every draw (``on_done`` after each run), judged against packing."""
-    runs: dict[int, list[SimResult]] = {}
+    """Every candidate on every draw (``on_done`` after each run), judged against packing.
+    Only each run's summary is kept: a run's per-job results are large."""
+    summaries: dict[int, list[dict]] = {}
     for seed, (jobs, gpus) in enumerate(experiment.draws):
         done = run_grid(jobs, gpus, experiment.configs(seed), workers=workers, on_done=on_done)
         for index, result in enumerate(done):
-            runs.setdefault(index, []).append(result)
-    summaries = {index: [r.summary() for r in results] for index, results in runs.items()}
+            summaries.setdefault(index, []).append(result.summary())
     return judged(experiment, summaries)
 
 
@@ -268,7 +270,7 @@ def candidate_row(candidate: Candidate, summaries: list[dict], baseline: list[di
     }
 
 
-def recommendation(rows: list[dict]) -> dict[str, object] | None:
+def recommendation(rows: list[dict]) -> dict[str, Any] | None:
     """The judged candidate with the largest gain clear of the noise, or None: packing."""
     winners = sorted(
         (r for r in rows if not r["noise_reference"] and r["clear_gain"]),
