@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurm_pal.adapters.config import SiteConfig
-from slurm_pal.cli.tune import merged_classes
 from slurm_pal.sim.advisor import advisor_changes_no_job
+from slurm_pal.sim.tune import merged_classes
 from tests.helpers.data import need_shared
 
 

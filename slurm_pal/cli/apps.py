@@ -412,6 +412,19 @@ def classify(
                 predicted_class=predicted,
                 model_id=None if model is None else model.id,
             )
+    _print_classified(name, stored, predicted, used, features, file_info, as_json)
+
+
+def _print_classified(
+    name: str,
+    stored: Application,
+    predicted: str | None,
+    used: str,
+    features: UtilizationFeatures,
+    file_info: list[dict[str, str]],
+    as_json: bool,
+) -> None:
+    """The application's figures, what they were taken over, and its class and why."""
     if stored.class_origin == "admin":
         message = "admin override" + (
             f"; the model says {predicted}" if predicted and predicted != stored.job_class else ""
@@ -445,7 +458,7 @@ def classify(
     console.print(
         f"application [bold]{escape(name)}[/]: DRAM {features.dram_util:.1f} %, "
         f"FU {features.fu_util:.1f} % ({short_fu_source(features.fu_source)}) from "
-        f"{len(files)} {used} file(s), {features.measurements} measurement(s)",
+        f"{len(file_info)} {used} file(s), {features.measurements} measurement(s)",
         highlight=False,
     )
     if features.busy_fraction is not None:
@@ -584,6 +597,20 @@ def fit(
             labels = {n: c for n, c in predicted.items() if _origin(apps, n) != "admin"}
             model_id = store.save_classifier(classifier.to_dict(), labels, n_apps=len(apps))
             stored = store.applications()
+    _print_fit(model_id, classifier, predicted, k, len(apps), stored, as_json)
+
+
+def _print_fit(
+    model_id: int,
+    classifier: JobClassifier,
+    predicted: dict[str, str],
+    asked: int,
+    n_apps: int,
+    stored: Sequence[Application],
+    as_json: bool,
+) -> None:
+    """The model's classes (centres and the applications it grouped there), then every
+    stored application's class now."""
     summary = [
         {
             "class": str(cls),
@@ -597,8 +624,8 @@ def fit(
         print_json(
             {
                 "model_id": model_id,
-                "n_apps": len(apps),
-                "n_classes_asked": k,
+                "n_apps": n_apps,
+                "n_classes_asked": asked,
                 "n_behaviours": classifier.n_behaviours_,
                 "classes": summary,
                 "applications": [_app_dict(a) for a in stored],
@@ -607,7 +634,7 @@ def fit(
         return
     table = Table(
         title=f"classifier model {model_id}: {classifier.n_classes_} classes from "
-        f"{len(apps)} application(s)",
+        f"{n_apps} application(s)",
         title_justify="left",
     )
     for column in ("class", "DRAM %", "FU %", "applications (model's grouping)"):

@@ -11,49 +11,43 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
-import pandas as pd
 import typer
 from rich.table import Table
 
-from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.campaigns.collect import Collected, CollectRequest, collect_campaign
+from slurm_pal.campaigns.drift import DriftRequest, production_drift
+from slurm_pal.campaigns.planning import (
+    PlanRequest,
+    SiteClasses,
+    gpus_to_measure,
+    new_plan,
+    shared_benchmark_note,
+)
 from slurm_pal.campaigns.settings import CampaignSettings
 from slurm_pal.campaigns.slurm import SlurmCommands, SlurmError
+from slurm_pal.campaigns.stored import stored_diff
 from slurm_pal.campaigns.workspace import (
-    COLLECTED_DIR,
     SBATCH_DIR,
     CampaignError,
     CampaignPlan,
     Submission,
     add_submission,
     campaigns_root,
-    check_campaign_id,
     create_campaign,
-    default_benchmarks,
-    default_campaign_id,
     load_plan,
-    parse_commands,
-    read_records,
 )
 from slurm_pal.cli.campaign_inputs import (
-    gpu_ids_from_labels,
     gpus_from_slurm,
-    jobs_from_decisions,
     node_states,
-    parse_gpu_list,
-    read_production_jsonl,
-    stored_clock_events,
-    stored_diff,
-    targeted_plan,
     task_states,
 )
 from slurm_pal.cli.campaign_views import (
     RESTART_ADVICE,
     counts_line,
-    json_state,
     print_campaign_slowdowns,
     print_check,
     print_diff,
@@ -72,15 +66,10 @@ from slurm_pal.cli.common import (
 )
 from slurm_pal.core.campaigns import (
     DEFAULT_TOLERANCE,
-    check_campaign,
     gpus_from_hostlist,
-    measurement_rows,
     progress_counts,
     waiting_for_unavailable_nodes,
 )
-from slurm_pal.core.drift import DriftDetector, runs_from_records
-from slurm_pal.core.hostlist import expand as expand_hostlist
-from slurm_pal.site.render import plan_from_store
 
 # The restart advice is part of what this module offers its callers (tests check the text).
 __all__ = ["RESTART_ADVICE", "app", "site_campaign_settings"]
@@ -129,90 +118,148 @@ def _root(st: AppState, root: Path | None) -> Path:
 # -- plan ------------------------------------------------------------------------------------
 
 
-@app.command()
-def plan(
-    ctx: typer.Context,
-    nodes: str | None = typer.Option(
-        None,
+# The options of `campaign plan`, named once here so that its signature reads as a list.
+NodesOption = Annotated[
+    str | None,
+    typer.Option(
         "--nodes",
         help="Nodes to measure, as a Slurm hostlist (e.g. gpu[01-16]); default: every node "
         "with GPUs (in --partition), as Slurm reports them.",
     ),
-    gpus_per_node: int | None = typer.Option(
-        None,
+]
+GpusPerNodeOption = Annotated[
+    int | None,
+    typer.Option(
         "--gpus-per-node",
         help="GPUs per node (device minors 0..N-1 are measured); default: each node's GPU "
         "count from Slurm.",
     ),
-    exclude: str | None = typer.Option(
-        None, "--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."
-    ),
-    only: str | None = typer.Option(
-        None,
+]
+ExcludeOption = Annotated[
+    str | None,
+    typer.Option("--exclude", help="Nodes to leave out (hostlist), e.g. drained ones."),
+]
+OnlyOption = Annotated[
+    str | None,
+    typer.Option(
         "--only",
         help="Measure only these GPUs, NODE:INDEX,... (e.g. from 'campaign suggest'); each "
         "task still holds its whole node.",
     ),
-    partition: str | None = typer.Option(
-        None, "--partition", help="Slurm partition (default: campaign.partition)."
-    ),
-    classes: str | None = typer.Option(
-        None, "--classes", help="Comma-separated job classes (default: all site classes)."
-    ),
-    repeats: int | None = typer.Option(
-        None, "--repeats", min=1, help="Runs per GPU and class (default: campaign.repeats, 3)."
-    ),
-    command: list[str] = typer.Option(
-        [],
+]
+PartitionOption = Annotated[
+    str | None,
+    typer.Option("--partition", help="Slurm partition (default: campaign.partition)."),
+]
+ClassesOption = Annotated[
+    str | None,
+    typer.Option("--classes", help="Comma-separated job classes (default: all site classes)."),
+]
+RepeatsOption = Annotated[
+    int | None,
+    typer.Option("--repeats", min=1, help="Runs per GPU and class (default: campaign.repeats, 3)."),
+]
+CommandOption = Annotated[
+    list[str],
+    typer.Option(
         "--command",
         help="CLASS=COMMAND: bring your own benchmark (prints PAL_DURATION_S=<s>). "
         "{python} and {bench_dir} are filled in. Repeatable; overrides [campaign.commands].",
     ),
-    campaign_id: str | None = typer.Option(
-        None, "--id", help="Campaign id (default: c<UTC date-time>)."
+]
+CampaignIdOption = Annotated[
+    str | None, typer.Option("--id", help="Campaign id (default: c<UTC date-time>).")
+]
+GpuModelOption = Annotated[
+    str | None,
+    typer.Option("--gpu-model", help="GPU model name for the labels (default: site config)."),
+]
+TimeLimitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--time", help="Slurm time limit per task (default: campaign.time_limit, 01:00:00)."
     ),
-    gpu_model: str | None = typer.Option(
-        None, "--gpu-model", help="GPU model name for the labels (default: site config)."
-    ),
-    time_limit: str | None = typer.Option(
-        None, "--time", help="Slurm time limit per task (default: campaign.time_limit, 01:00:00)."
-    ),
-    run_timeout: float | None = typer.Option(
-        None,
+]
+RunTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
         "--run-timeout",
         min=1,
         help="Seconds one benchmark run may take (default: campaign.run_timeout_s, 1800).",
     ),
-    warmup_s: float | None = typer.Option(
-        None,
+]
+WarmupOption = Annotated[
+    float | None,
+    typer.Option(
         "--warmup-s",
         min=0,
         help="Benchmark warm-up seconds before the timed window (default: campaign.warmup_s, "
         "10); passed to the benchmarks as PAL_WARMUP_S.",
     ),
-    measure_s: float | None = typer.Option(
-        None,
+]
+MeasureOption = Annotated[
+    float | None,
+    typer.Option(
         "--measure-s",
         min=0.001,
         help="Seconds of the timed window (default: campaign.measure_s, 20); passed as "
         "PAL_MEASURE_S.",
     ),
-    python: str | None = typer.Option(
-        None,
+]
+PythonOption = Annotated[
+    str | None,
+    typer.Option(
         "--python",
         help="Python on the compute nodes, runs runner and benchmarks (default: "
         "campaign.python, python3).",
     ),
-    sbatch_arg: list[str] = typer.Option(
-        [],
+]
+SbatchArgOption = Annotated[
+    list[str],
+    typer.Option(
         "--sbatch-arg",
         help="Extra #SBATCH line, e.g. --account=ops. Repeatable; added to campaign.sbatch_args.",
     ),
+]
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
+    exclude: ExcludeOption = None,
+    only: OnlyOption = None,
+    partition: PartitionOption = None,
+    classes: ClassesOption = None,
+    repeats: RepeatsOption = None,
+    command: CommandOption = [],  # noqa: B006 (typer only reads it)
+    campaign_id: CampaignIdOption = None,
+    gpu_model: GpuModelOption = None,
+    time_limit: TimeLimitOption = None,
+    run_timeout: RunTimeoutOption = None,
+    warmup_s: WarmupOption = None,
+    measure_s: MeasureOption = None,
+    python: PythonOption = None,
+    sbatch_arg: SbatchArgOption = [],  # noqa: B006 (typer only reads it)
     root: Path | None = ROOT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write a campaign: one job array per node, one task per GPU, batch scripts rendered."""
     st = state(ctx)
+    request = PlanRequest(
+        classes=classes,
+        repeats=repeats,
+        commands=command,
+        campaign_id=campaign_id,
+        gpu_model=gpu_model,
+        time_limit=time_limit,
+        run_timeout_s=run_timeout,
+        python=python,
+        sbatch_args=sbatch_arg,
+        warmup_s=warmup_s,
+        measure_s=measure_s,
+    )
     with _errors():
         cfg = st.config
         settings = site_campaign_settings(st)
@@ -224,67 +271,16 @@ def plan(
             gpus = gpus_from_hostlist(nodes, gpus_per_node)
         else:
             gpus, notes = gpus_from_slurm(nodes, plan_partition)
-        if exclude:
-            skip = set(expand_hostlist(exclude))
-            gpus = [g for g in gpus if g.node not in skip]
-            if not gpus:
-                fail(f"--exclude {exclude} leaves no node to measure")
-        counts: dict[str, int] = {}
-        if only:
-            wanted = parse_gpu_list(only)
-            known = {g.key for g in gpus}
-            unknown = sorted(wanted - known)
-            if unknown:
-                fail(
-                    f"--only names GPU(s) {', '.join(f'{n}:{i}' for n, i in unknown)} that "
-                    "the planned nodes do not have"
-                )
-            for g in gpus:
-                counts[g.node] = counts.get(g.node, 0) + 1
-            gpus = [g for g in gpus if g.key in wanted]
-            counts = {n: c for n, c in counts.items() if any(g.node == n for g in gpus)}
-        names = tuple(c.strip() for c in classes.split(",")) if classes else cfg.classes.names
-        unknown = [c for c in names if c not in cfg.classes.names]
-        if unknown or not names or "" in names:
-            fail(
-                f"unknown class(es) {', '.join(unknown) or '(empty)'}; valid classes: "
-                f"{', '.join(cfg.classes.names)} (classes.names in the site config, {cfg.source})"
-            )
-        if len(set(names)) != len(names):
-            fail(f"--classes names a class twice: {classes}")
-        commands = {c: cmd for c, cmd in settings.commands if c in names}
-        commands |= parse_commands(command)
-        repeats = repeats or settings.repeats
-        benchmarks = default_benchmarks(names, commands)
-        the_plan = CampaignPlan(
-            campaign=check_campaign_id(campaign_id or default_campaign_id()),
-            classes=names,
-            repeats=repeats,
-            benchmarks=benchmarks,
-            gpus=tuple(gpus),
-            gpu_model=gpu_model or cfg.profiling.gpu_model,
-            partition=plan_partition,
-            time_limit=time_limit or settings.time_limit,
-            run_timeout_s=run_timeout or settings.run_timeout_s,
-            python=python or settings.python,
-            sbatch_args=(*settings.sbatch_args, *sbatch_arg),
-            node_gpu_counts=counts,
-            warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
-            measure_s=settings.measure_s if measure_s is None else measure_s,
-        )
-        window_s = the_plan.warmup_s + the_plan.measure_s
-        if window_s >= the_plan.run_timeout_s:
-            fail(
-                f"warm-up + timed window ({window_s:g} s) do not fit in one run's timeout "
-                f"({the_plan.run_timeout_s:g} s): raise --run-timeout or shorten them"
-            )
+        gpus, counts = gpus_to_measure(gpus, exclude, only)
+        site = SiteClasses(cfg.classes.names, cfg.profiling.gpu_model, cfg.source)
+        the_plan = new_plan(request, settings, site, gpus, counts, plan_partition)
         directory = create_campaign(_root(st, root), the_plan)
-    shared = [b.name for b in benchmarks.values()]
-    if len(set(shared)) < len(shared):
-        notes.append(
-            "several classes run the same default benchmark, so they measure the same thing; "
-            "give each class its own with --command CLASS=COMMAND"
-        )
+    shared = shared_benchmark_note(the_plan)
+    print_plan(the_plan, directory, [*notes, shared] if shared else notes, as_json)
+
+
+def print_plan(the_plan: CampaignPlan, directory: Path, notes: list[str], as_json: bool) -> None:
+    """The plan as JSON, or a line, its benchmarks, the notes and the next command."""
     if as_json:
         print_json(
             {
@@ -296,14 +292,15 @@ def plan(
         )
         return
     console.print(
-        f"planned campaign [bold]{the_plan.campaign}[/] in {directory}: {len(gpus)} GPUs on "
-        f"{len(the_plan.nodes)} node(s), classes {','.join(names)}, {repeats} run(s) each"
+        f"planned campaign [bold]{the_plan.campaign}[/] in {directory}: {len(the_plan.gpus)} "
+        f"GPUs on {len(the_plan.nodes)} node(s), classes {','.join(the_plan.classes)}, "
+        f"{the_plan.repeats} run(s) each"
     )
     table = Table(title="benchmarks", title_justify="left")
     table.add_column("class")
     table.add_column("benchmark")
     table.add_column("command")
-    for job_class, bench in benchmarks.items():
+    for job_class, bench in the_plan.benchmarks.items():
         table.add_row(job_class, bench.name, bench.command)
     console.print(table)
     for note in notes:
@@ -459,63 +456,38 @@ def collect(
     st = state(ctx)
     with _errors():
         cfg = st.config
-        if tolerance is None:
-            tolerance = site_campaign_settings(st).tolerance
-        the_plan, directory = load_plan(_root(st, root), campaign)
-        records, problems = read_records(directory, the_plan.campaign)
-        check = check_campaign(
-            the_plan.gpus, the_plan.classes, the_plan.repeats, records, tolerance=tolerance
+        request = CollectRequest(
+            tolerance=site_campaign_settings(st).tolerance if tolerance is None else tolerance,
+            allow_missing=allow_missing,
+            store_id=store_id,
+            class_order=cfg.classes.names,
+            binner=cfg.binning.binner(),
         )
-        target = check_campaign_id(store_id or the_plan.campaign)
-        blocked = not check.complete or bool(problems)
-        result = None
-        csv_path = None
-        active_before: str | None = None
-        with st.store() as store:
-            known = {c.id for c in store.campaigns()}
-            if not (blocked and not allow_missing) and check.ok_runs:
-                csv_path = directory / COLLECTED_DIR / f"{target}.csv"
-                text = measurement_rows(check.ok_runs, the_plan.gpu_model).to_csv(index=False)
-                same = csv_path.is_file() and csv_path.read_text(encoding="utf-8") == text
-                if target in known and same:
-                    if as_json:
-                        print_json(check.to_dict() | {"campaign": campaign, "unchanged": True})
-                    else:
-                        console.print(
-                            f"campaign {target!r} is already in the store with exactly these "
-                            "records; nothing to do"
-                        )
-                    raise typer.Exit(0)
-                if target in known:
-                    n = 2
-                    while f"{the_plan.campaign}-v{n}" in known:
-                        n += 1
-                    fail(
-                        f"campaign {target!r} is already in the store {st.db_path}; collecting "
-                        f"again would mix old and new rows. To ingest the current records as a "
-                        f"new version: slurm-pal campaign collect {campaign} "
-                        f"--as {the_plan.campaign}-v{n}"
-                    )
-                csv_path.parent.mkdir(parents=True, exist_ok=True)
-                csv_path.write_text(text, encoding="utf-8")
-                file = read_campaign_csv(csv_path, gpu_model=the_plan.gpu_model)
-                active_before = store.active_campaign_id()
-                result = store.ingest(
-                    [file],
-                    campaign_id=target,
-                    class_order=cfg.classes.names,
-                    binner=cfg.binning.binner(),
-                    description=f"Slurm campaign {the_plan.campaign}: "
-                    f"{check.planned_gpus} GPUs planned, {len(check.ok_runs)} ok runs",
-                    clock_events=[r.clock_event_row() for r in check.ok_runs],
-                )
+        the_plan, directory = load_plan(_root(st, root), campaign)
+        collected = collect_campaign(st.store, the_plan, directory, request, campaign)
+    print_collected(collected, campaign, as_json)
+
+
+def print_collected(collected: Collected, campaign: str, as_json: bool) -> None:
+    """The check and what was ingested, as JSON or tables; a blocked or empty campaign exits
+    with the findings code, one already in the store with 0."""
+    check, problems, result = collected.check, collected.problems, collected.ingested
+    if collected.unchanged:
+        if as_json:
+            print_json(check.to_dict() | {"campaign": campaign, "unchanged": True})
+        else:
+            console.print(
+                f"campaign {collected.target!r} is already in the store with exactly these "
+                "records; nothing to do"
+            )
+        raise typer.Exit(0)
     report = check.to_dict() | {"campaign": campaign, "record_problems": problems}
     if result is not None:
         report["ingested"] = {
             "store_campaign": result.campaign_id,
             "rows": result.rows,
             "activated": result.activated,
-            "csv": str(csv_path),
+            "csv": str(collected.csv_path),
         }
     if as_json:
         print_json(report)
@@ -540,7 +512,7 @@ def collect(
             + (
                 " (now active)"
                 if result.activated
-                else f"; compare with 'slurm-pal campaign diff {active_before} "
+                else f"; compare with 'slurm-pal campaign diff {collected.active_before} "
                 f"{result.campaign_id}', then "
                 f"'slurm-pal campaign activate {result.campaign_id}'"
             )
@@ -640,82 +612,25 @@ def suggest(
     """
     st = state(ctx)
     settings = site_campaign_settings(st)
-    with _errors(), st.store(create=False) as store:
-        campaign_id = store.resolve_campaign(campaign)
-        frame = store.gpu_scores(campaign_id)
-        clock = stored_clock_events(store, campaign_id, frame)
-        scores: dict[str, dict[str, float]] = {}
-        where: dict[str, tuple[str, int | None]] = {}
-        for r in frame.itertuples(index=False):
-            scores.setdefault(str(r.uuid), {})[str(r.job_class)] = float(r.pm_score)
-            where[str(r.uuid)] = (str(r.node), None if pd.isna(r.gpu_index) else int(r.gpu_index))
-        labels_path = labels or (
-            Path(st.config.advisor.labels_file) if st.config.advisor.labels_file else None
-        )
-        if labels_path is not None:
-            gpu_ids = gpu_ids_from_labels(labels_path)
-        else:
-            gpu_ids = {
-                (g.node, g.slurm_index): g.uuid
-                for g in plan_from_store(store, campaign_id, config=st.config).gpus
-            }
-        if records is None:  # what the advisor service kept (tables job_records and
-            hook_records = store.job_records()  # advisor_decisions)
-            decisions = [d for d in store.decisions() if d.get("job_id") is not None]
-        else:
-            hook_records, decisions = read_production_jsonl(records)
-        jobs, skipped = jobs_from_decisions(decisions)
-        runs, not_paired = runs_from_records(hook_records, jobs, gpu_ids)
-        skipped |= {j: why for j, why in not_paired.items() if j not in skipped}
-        runs = [
-            replace(r, gpus=tuple(store.canonical_uuid(campaign_id, g) for g in r.gpus))
-            for r in runs
-        ]
-        detector = DriftDetector(
-            threshold=settings.drift_threshold if threshold is None else threshold,
-            min_runs=min_runs or settings.drift_min_runs,
-        ).fit(runs, scores)
-    skipped |= detector.skipped_
-    found = detector.drifting_gpus()
-    targets = sorted(
-        {where[d.gpu] for d in found if d.gpu in where and where[d.gpu][1] is not None}
+    request = DriftRequest(
+        campaign=campaign,
+        records=records,
+        labels=labels,
+        threshold=settings.drift_threshold if threshold is None else threshold,
+        min_runs=min_runs or settings.drift_min_runs,
     )
-    command = targeted_plan(targets, frame, campaign_id) if targets else None
-    hot: list[tuple[str, int | None]] = [(s.node, s.gpu_index) for s in clock.slowdowns]
-    hot_command = targeted_plan(hot, frame, campaign_id, "cooling") if hot else None
-    reasons: dict[str, int] = {}
-    for why in skipped.values():
-        reasons[why] = reasons.get(why, 0) + 1
+    with _errors(), st.store(create=False) as store:
+        findings = production_drift(store, request, st.config)
     if as_json:
-        print_json(
-            {
-                "campaign": campaign_id,
-                "threshold": detector.threshold,
-                "min_runs": detector.min_runs,
-                "jobs_used": len(runs) - len(detector.skipped_),
-                "jobs_skipped": reasons,
-                "drifting": [
-                    d.to_dict()
-                    | {
-                        "node": where.get(d.gpu, ("", None))[0],
-                        "gpu_index": where.get(d.gpu, ("", None))[1],
-                        "campaign_slowdown": json_state(clock, d.gpu),
-                    }
-                    for d in found
-                ],
-                "gpus_judged": len(detector.gpus_),
-                "suggested_plan": command,
-                "clock_events": clock.to_dict(),
-                "slowdown_plan": hot_command,
-            }
-        )
+        print_json(findings.to_dict())
         return
+    detector = findings.detector
     console.print(
-        f"campaign {campaign_id}: {len(runs) - len(detector.skipped_)} production job(s) "
+        f"campaign {findings.campaign_id}: {findings.jobs_used} production job(s) "
         f"compared, {len(detector.gpus_)} GPU(s) judged (threshold "
         f"{detector.threshold:.1%}, at least {detector.min_runs} runs)"
     )
-    for why, n in sorted(reasons.items(), key=lambda x: -x[1]):
+    for why, n in sorted(findings.reasons.items(), key=lambda x: -x[1]):
         console.print(f"  {n} job(s) left out: {why}", highlight=False)
-    print_campaign_slowdowns(clock, hot_command)
-    print_drift(found, where, clock, command)
+    print_campaign_slowdowns(findings.clock, findings.hot_command)
+    print_drift(findings.found, findings.where, findings.clock, findings.command)

@@ -1,17 +1,11 @@
-"""What `slurm-pal campaign` reads before it decides: task states from Slurm's queue and the
-records, GPUs from Slurm, stored campaigns (diffs, clock events), production exports and
-labels; and the targeted re-measurement command it suggests."""
+"""What `slurm-pal campaign` reads from Slurm before it decides: task states from Slurm's queue
+and the records, node states, and the GPUs Slurm reports. What the store holds about a campaign
+is :mod:`slurm_pal.campaigns.stored`; production drift is :mod:`slurm_pal.campaigns.drift`."""
 
-import json
-from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
-
-from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.adapters.slurm.parse import gpu_counts
 from slurm_pal.adapters.slurm.state import CliStateReader, SlurmQueryError
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmError
 from slurm_pal.campaigns.workspace import (
     CampaignError,
@@ -24,18 +18,12 @@ from slurm_pal.cli.common import (
     err_console,
 )
 from slurm_pal.core.campaigns import (
-    CampaignDiff,
-    ClockEventSummary,
     GpuKey,
     PlannedGpu,
     TaskProgress,
-    diff_campaigns,
     node_unavailable,
-    summarize_clock_events,
     task_progress,
 )
-from slurm_pal.core.drift import JobInfo
-from slurm_pal.core.hostlist import compress as compress_hostlist
 from slurm_pal.core.hostlist import expand as expand_hostlist
 
 
@@ -121,130 +109,3 @@ def gpus_from_slurm(nodes: str | None, partition: str | None) -> tuple[list[Plan
             + (f" among {nodes}" if nodes else "")
         )
     return gpus, notes
-
-
-def parse_gpu_list(text: str) -> set[GpuKey]:
-    """``NODE:INDEX,NODE:INDEX`` -> {(node, index)}; the error shows the expected form."""
-    out: set[GpuKey] = set()
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        node, sep, index = item.rpartition(":")
-        if not sep or not node or not index.isdigit():
-            raise CampaignError(
-                f"--only item {item!r} must look like NODE:INDEX (device minor), e.g. gpu07:2"
-            )
-        out.add((node, int(index)))
-    if not out:
-        raise CampaignError("--only names no GPU; give NODE:INDEX,... e.g. gpu07:2,gpu11:0")
-    return out
-
-
-def stored_clock_events(store, campaign_id: str, scores: pd.DataFrame) -> ClockEventSummary:  # type: ignore[no-untyped-def]
-    """The stored campaign's slowdowns, its runs named by the UUIDs its scores use."""
-    rows = store.clock_events(campaign_id)
-    canonical = {u: store.canonical_uuid(campaign_id, u) for u in {r.uuid for r in rows}}
-    runs = [replace(r, uuid=canonical[r.uuid]) for r in rows]
-    measured = scores.loc[scores["measured"], "uuid"].astype(str)
-    return summarize_clock_events(campaign_id, measured, runs)
-
-
-def stored_diff(store, old: str, new: str) -> CampaignDiff:  # type: ignore[no-untyped-def]
-    for c in (old, new):
-        store.resolve_campaign(c)
-
-    def label_scores(campaign_id: str) -> dict[str, dict[str, float]]:
-        return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}
-
-    old_scores, new_scores = store.gpu_scores(old), store.gpu_scores(new)
-    return diff_campaigns(
-        old,
-        new,
-        old_scores,
-        new_scores,
-        store.gpu_labels(old),
-        store.gpu_labels(new),
-        label_scores(old),
-        label_scores(new),
-        old_clock_events=stored_clock_events(store, old, old_scores),
-        new_clock_events=stored_clock_events(store, new, new_scores),
-    )
-
-
-def read_production_jsonl(path: Path) -> tuple[list[dict], list[dict]]:
-    """(hook records, advisor decisions) from a JSON-lines export.
-
-    A line is a Prolog/Epilog record (PROTOCOL.md op ``record``: ``kind`` prolog/epilog), or a
-    row of ``advisor_decisions``: ``{"kind": "decision", "job_id", "job": {...}, "answer":
-    {...}}``. Errors name the line.
-    """
-    records: list[dict] = []
-    decisions: list[dict] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CampaignError(f"cannot read --records {path}: {exc}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise CampaignError(f"{path}:{number}: not JSON ({exc})") from exc
-        kind = item.get("kind") if isinstance(item, dict) else None
-        if kind in ("prolog", "epilog"):
-            records.append(item)
-        elif kind == "decision":
-            decisions.append(item)
-        else:
-            raise CampaignError(
-                f"{path}:{number}: 'kind' must be prolog, epilog or decision, got {kind!r}"
-            )
-    return records, decisions
-
-
-def jobs_from_decisions(decisions: list[dict]) -> tuple[dict[str, JobInfo], dict[str, str]]:
-    """Job id -> (history key, class) from the advisor's decisions; why others were left out.
-
-    The key is what the advisor resolved classes by: (user, job name, script sha256).
-    """
-    jobs: dict[str, JobInfo] = {}
-    skipped: dict[str, str] = {}
-    for d in decisions:
-        job_id = str(d.get("job_id") or "")
-        answer = d.get("answer") if isinstance(d.get("answer"), dict) else {}
-        job_class = answer.get("class")  # type: ignore[union-attr]
-        if not job_id:
-            continue
-        if not isinstance(job_class, str) or not job_class:
-            skipped[job_id] = "the advisor gave it no class"
-            continue
-        try:
-            desc = JobDescription.from_wire(d.get("job") or {})
-        except (ValueError, TypeError) as exc:
-            skipped[job_id] = f"unreadable job description ({exc})"
-            continue
-        key = "|".join((desc.user, desc.name, desc.script_sha256 or ""))
-        jobs[job_id] = JobInfo(key, job_class)
-    return jobs, skipped
-
-
-def gpu_ids_from_labels(path: Path) -> dict[tuple[str, int], str]:
-    """(node, Slurm's GPU number) -> UUID from labels.json, to read SLURM_JOB_GPUS."""
-    try:
-        table = read_labels(path)
-    except LabelTableError as exc:
-        raise CampaignError(str(exc)) from None
-    return {(e.node, e.slurm_index): e.uuid for e in table.entries}
-
-
-def targeted_plan(  # type: ignore[no-untyped-def]
-    targets: list[tuple[str, int | None]], frame, campaign_id: str, suffix: str = "recheck"
-) -> str:
-    """The ``campaign plan`` command that measures just these GPUs (whole nodes held)."""
-    nodes = sorted({n for n, _ in targets})
-    per_node = frame[frame["node"].isin(nodes)].groupby("node")["gpu_index"].nunique()
-    gpus = int(per_node.max()) if len(per_node) else 1
-    only = ",".join(f"{n}:{i}" for n, i in targets)
-    return (
-        f"slurm-pal campaign plan --nodes {compress_hostlist(nodes)} --gpus-per-node {gpus} "
-        f"--only {only} --id {campaign_id}-{suffix}"
-    )

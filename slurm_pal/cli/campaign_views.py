@@ -59,82 +59,103 @@ def print_progress(tasks: list[TaskProgress], the_plan: CampaignPlan, problems: 
 
 
 def print_check(check: CampaignCheck, problems: list[str]) -> None:
+    """What `collect` found: a count line, a table per kind of finding, then the notes."""
     console.print(
         f"{check.planned_gpus} GPUs planned x {len(check.classes)} class(es) x {check.repeats} "
         f"run(s): {len(check.ok_runs)} ok runs"
     )
     if check.missing:
-        table = Table(
-            title=f"{len(check.missing_gpus)} GPU(s) missing a class", title_justify="left"
-        )
-        for col in ("node", "GPU", "class", "failed runs"):
-            table.add_column(col)
-        for m in check.missing:
-            table.add_row(m.node, str(m.gpu_index), m.job_class, str(m.failed_runs))
-        console.print(table)
+        console.print(missing_table(check))
     if check.failures:
-        table = Table(title=f"{len(check.failures)} failed run(s)", title_justify="left")
-        for col in ("node", "GPU", "class", "run", "exit", "reason", "stderr (last line)", "job"):
-            table.add_column(col)
-        for f in check.failures:
-            tail = f.stderr_tail.strip().splitlines()
-            table.add_row(
-                f.node,
-                str(f.gpu_index),
-                f.job_class,
-                str(f.repeat),
-                "-" if f.exit_code is None else str(f.exit_code),
-                f.reason,
-                tail[-1] if tail else "",
-                f.slurm_job_id,
-            )
-        console.print(table)
+        console.print(failures_table(check))
     if check.disagreements:
-        table = Table(
-            title=f"{len(check.disagreements)} GPU/class(es) whose repeats disagree by more than "
-            f"{check.tolerance:.0%}: check for throttling (hardware ticket?)",
-            title_justify="left",
-        )
-        for col in ("node", "GPU", "uuid", "class", "runs (s)", "max/min", "SM clock MHz"):
-            table.add_column(col)
-        for d in check.disagreements:
-            clocks = (
-                "-"
-                if d.sm_clock_range is None
-                else (f"{d.sm_clock_range[0]:.0f}-{d.sm_clock_range[1]:.0f}")
-            )
-            table.add_row(
-                d.node,
-                str(d.gpu_index),
-                d.uuid,
-                d.job_class,
-                " ".join(f"{x:.4g}" for x in d.durations),
-                f"{d.ratio:.3f}",
-                clocks,
-            )
-        console.print(table)
+        console.print(disagreements_table(check))
     if check.slowdowns:
-        table = Table(
-            title=f"{len(check.slowdowns)} GPU(s) hit thermal or hardware clock slowdowns while "
-            "measured: a cooling/power fault to fix, not a PM-score (their runs are ingested "
-            "as measured; re-measure after the fix with 'campaign plan --only')",
-            title_justify="left",
-        )
-        for col in ("node", "GPU", "uuid", "reasons", "runs", "classes", "worst run"):
-            table.add_column(col)
-        for sd in check.slowdowns:
-            table.add_row(
-                sd.node,
-                str(sd.gpu_index),
-                sd.uuid,
-                ", ".join(sd.events),
-                f"{sd.runs}/{sd.of_runs}",
-                ",".join(sd.classes),
-                f"{sd.max_share:.0%} of readings",
-            )
-        console.print(table)
+        console.print(slowdowns_table(check))
         only = ",".join(f"{sd.node}:{sd.gpu_index}" for sd in check.slowdowns)
         console.print(f"re-measure them later with: slurm-pal campaign plan --only {only}")
+    print_check_notes(check, problems)
+
+
+def missing_table(check: CampaignCheck) -> Table:
+    table = Table(title=f"{len(check.missing_gpus)} GPU(s) missing a class", title_justify="left")
+    for col in ("node", "GPU", "class", "failed runs"):
+        table.add_column(col)
+    for m in check.missing:
+        table.add_row(m.node, str(m.gpu_index), m.job_class, str(m.failed_runs))
+    return table
+
+
+def failures_table(check: CampaignCheck) -> Table:
+    table = Table(title=f"{len(check.failures)} failed run(s)", title_justify="left")
+    for col in ("node", "GPU", "class", "run", "exit", "reason", "stderr (last line)", "job"):
+        table.add_column(col)
+    for f in check.failures:
+        tail = f.stderr_tail.strip().splitlines()
+        table.add_row(
+            f.node,
+            str(f.gpu_index),
+            f.job_class,
+            str(f.repeat),
+            "-" if f.exit_code is None else str(f.exit_code),
+            f.reason,
+            tail[-1] if tail else "",
+            f.slurm_job_id,
+        )
+    return table
+
+
+def disagreements_table(check: CampaignCheck) -> Table:
+    table = Table(
+        title=f"{len(check.disagreements)} GPU/class(es) whose repeats disagree by more than "
+        f"{check.tolerance:.0%}: check for throttling (hardware ticket?)",
+        title_justify="left",
+    )
+    for col in ("node", "GPU", "uuid", "class", "runs (s)", "max/min", "SM clock MHz"):
+        table.add_column(col)
+    for d in check.disagreements:
+        clocks = (
+            "-"
+            if d.sm_clock_range is None
+            else (f"{d.sm_clock_range[0]:.0f}-{d.sm_clock_range[1]:.0f}")
+        )
+        table.add_row(
+            d.node,
+            str(d.gpu_index),
+            d.uuid,
+            d.job_class,
+            " ".join(f"{x:.4g}" for x in d.durations),
+            f"{d.ratio:.3f}",
+            clocks,
+        )
+    return table
+
+
+def slowdowns_table(check: CampaignCheck) -> Table:
+    table = Table(
+        title=f"{len(check.slowdowns)} GPU(s) hit thermal or hardware clock slowdowns while "
+        "measured: a cooling/power fault to fix, not a PM-score (their runs are ingested "
+        "as measured; re-measure after the fix with 'campaign plan --only')",
+        title_justify="left",
+    )
+    for col in ("node", "GPU", "uuid", "reasons", "runs", "classes", "worst run"):
+        table.add_column(col)
+    for sd in check.slowdowns:
+        table.add_row(
+            sd.node,
+            str(sd.gpu_index),
+            sd.uuid,
+            ", ".join(sd.events),
+            f"{sd.runs}/{sd.of_runs}",
+            ",".join(sd.classes),
+            f"{sd.max_share:.0%} of readings",
+        )
+    return table
+
+
+def print_check_notes(check: CampaignCheck, problems: list[str]) -> None:
+    """What the tables do not show: runs without clock readings, tasks cut short, GPUs without
+    a UUID, records outside the plan and unreadable record files."""
     if check.clock_events_unknown:
         n_runs = sum(k for _, _, k in check.clock_events_unknown)
         err_console.print(
@@ -322,12 +343,6 @@ def print_label_changes(d: CampaignDiff) -> None:
 
 def fmt_index(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def json_state(summary: ClockEventSummary, uuid: str) -> list[str] | None:
-    """A GPU's slowdown reasons in the campaign for --json: [] clean, None unknown."""
-    events = summary.gpu_state(uuid)
-    return None if events is None else list(events)
 
 
 def print_campaign_slowdowns(summary: ClockEventSummary, command: str | None) -> None:

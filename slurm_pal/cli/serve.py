@@ -17,12 +17,17 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.table import Table
 
 from slurm_pal.cli.common import AppState, console, fail, print_json, reported_errors, state
+
+if TYPE_CHECKING:  # imported where used: a probe (serve health) must start fast
+    from slurm_pal.adapters.slurm.pyslurm_backend import BackendChoice
+    from slurm_pal.advisor.server import AdvisorServer
+    from slurm_pal.advisor.state import AdvisorState
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -110,19 +115,26 @@ def _run(
     pidfile: Path | None,
     init_store: bool = False,
 ) -> None:
-    from slurm_pal.adapters.config import ADVISOR_POLICIES
-    from slurm_pal.advisor.heap import FrozenHeap
+    """Check the options, open the store, choose the Slurm backend, build the service and run
+    it until a signal stops it."""
     from slurm_pal.advisor.logtext import OneLineFormatter
-    from slurm_pal.advisor.metrics import MetricsExporter
-    from slurm_pal.advisor.reload import Overrides, Reloader
-    from slurm_pal.advisor.server import AdvisorServer, ReloadRefused
-    from slurm_pal.advisor.state import AdvisorState
 
     handler = logging.StreamHandler(sys.stderr)
     # Job names, comments and user names reach the log: one event stays one line.
     handler.setFormatter(OneLineFormatter(log_format(os.environ), datefmt="%Y-%m-%dT%H:%M:%S"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    config = app_state.config
+    _check_options(policy, refresh_s, replan_s)
+    store_open = _open_store(app_state.db_path, init_store)
+    backend = _slurm_backend(app_state)
+    server, advisor_state = _service(
+        app_state, socket, policy, labels, refresh_s, replan_s, backend
+    )
+    _serve_until_stopped(server, advisor_state, app_state, pidfile, store_open)
+
+
+def _check_options(policy: str | None, refresh_s: float | None, replan_s: float | None) -> None:
+    from slurm_pal.adapters.config import ADVISOR_POLICIES
+
     if policy is not None and policy not in ADVISOR_POLICIES:
         fail(f"unknown policy {policy!r}; valid: {', '.join(ADVISOR_POLICIES)}")
     for name, value in (("--refresh-s", refresh_s), ("--replan-s", replan_s)):
@@ -130,25 +142,54 @@ def _run(
             fail(f"{name} must be >= 0, got {value}")
     if refresh_s is not None and refresh_s == 0:
         fail("--refresh-s must be > 0")
+
+
+def _open_store(db_path: Path, init_store: bool) -> bool:
+    """Whether the store opened; locked by another process, the service starts without it
+    (fail open) and keeps trying."""
     from slurm_pal.adapters.store import StoreError
     from slurm_pal.adapters.store_guard import StoreGuardError, try_open_store
 
-    db_path = app_state.db_path
-    try:  # locked by another process: serve without it (fail open) and keep trying
-        store_open = try_open_store(db_path, init=init_store)
+    try:
+        return try_open_store(db_path, init=init_store)
     except StoreGuardError as exc:
         fail(str(exc))
     except StoreError as exc:
         fail(f"cannot open the store: {exc}")
+
+
+def _slurm_backend(app_state: AppState) -> BackendChoice:
+    """The Slurm backend, chosen once: a reload keeps the backend the service started with."""
     from slurm_pal.adapters.slurm.pyslurm_backend import BackendError, choose_backend
 
-    try:  # read once: a reload keeps the backend the service started with
+    advisor = app_state.config.advisor
+    try:
         backend = choose_backend(
-            config.advisor.slurm_backend, brief_jobs=config.advisor.slurm_job_read == "brief"
+            advisor.slurm_backend, brief_jobs=advisor.slurm_job_read == "brief"
         )
     except BackendError as exc:
         fail(str(exc))
     logging.getLogger("slurm_pal.advisor").info("Slurm backend: %s (%s)", backend.name, backend.why)
+    return backend
+
+
+def _service(
+    app_state: AppState,
+    socket: Path | None,
+    policy: str | None,
+    labels: Path | None,
+    refresh_s: float | None,
+    replan_s: float | None,
+    backend: BackendChoice,
+) -> tuple[AdvisorServer, AdvisorState]:
+    """The advisor service, not started yet, and its state (whose store writer the caller
+    closes when the service cannot start). The options given here outlive a reload."""
+    from slurm_pal.advisor.heap import FrozenHeap
+    from slurm_pal.advisor.reload import Overrides, Reloader
+    from slurm_pal.advisor.server import AdvisorServer
+    from slurm_pal.advisor.state import AdvisorState
+
+    config = app_state.config
     advisor_state = AdvisorState(
         config,
         app_state.db_path,
@@ -156,7 +197,6 @@ def _run(
         policy=policy,
         labels_file=None if labels is None else str(labels),
     )
-
     reloader = Reloader(
         app_state.config_path,
         Overrides(policy=policy, labels=labels, refresh_s=refresh_s, replan_s=replan_s),
@@ -171,6 +211,22 @@ def _run(
         applier=backend.applier,
         heap=FrozenHeap(),
     )
+    return server, advisor_state
+
+
+def _serve_until_stopped(
+    server: AdvisorServer,
+    advisor_state: AdvisorState,
+    app_state: AppState,
+    pidfile: Path | None,
+    store_open: bool,
+) -> None:
+    """Start the metrics and the service, then wait for SIGTERM/SIGINT (stop) and SIGHUP
+    (reload) until stopped; the pidfile lives exactly as long as the service."""
+    from slurm_pal.adapters.store_guard import try_open_store
+    from slurm_pal.advisor.metrics import MetricsExporter
+    from slurm_pal.advisor.server import ReloadRefused
+
     log = logging.getLogger("slurm_pal.advisor")
     done = threading.Event()
     hangup = threading.Event()
@@ -186,16 +242,17 @@ def _run(
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGHUP, reload_signal)
     # Metrics first: once the socket answers health, /metrics answers too (one probe suffices).
-    metrics = MetricsExporter(config.metrics, server)
+    m = app_state.config.metrics
+    metrics = MetricsExporter(m, server)
     try:
         metrics.start()
     except OSError as exc:
         advisor_state.writer.close()
-        m = config.metrics
         where = f"{m.address}:{m.port}" if m.port else str(m.textfile)
         fail(f"cannot serve metrics on {where}: {exc.strerror or exc}")
     if pidfile is not None:  # before the socket: once health answers, the pid is there
         pidfile.write_text(f"{os.getpid()}\n")
+    db_path = app_state.db_path
     try:
         server.start(None if store_open else lambda: try_open_store(db_path))
     except Exception as exc:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich import box
@@ -47,11 +49,10 @@ from slurm_pal.sim.engine import (
     SimConfig,
 )
 from slurm_pal.sim.experiments import (
-    BASELINE,
-    improvement,
-    limits_note,
+    grid_configs,
     run_grid,
-    waiting_note,
+    run_notes,
+    with_gains,
 )
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
@@ -110,15 +111,23 @@ def parse_pairs(values: Sequence[str], what: str) -> dict[str, str]:
     return pairs
 
 
+@dataclass(frozen=True)
+class TraceChoice:
+    """Where the jobs come from: a trace file and how to read its classes, or ``poisson`` > 0
+    jobs arriving at ``load`` per hour."""
+
+    trace: Path | None
+    trace_format: str
+    poisson: int
+    load: float
+    class_map: dict[str, str]
+    iteration_times: dict[str, float]
+    default_class: str
+
+
 def load_jobs(
-    trace: Path | None,
-    trace_format: str,
-    poisson: int,
-    load: float,
+    choice: TraceChoice,
     seed: int,
-    class_map: dict[str, str],
-    iteration_times: dict[str, float],
-    default_class: str,
     classes: Sequence[str],
     spanned_penalty: float = 1.0,
     quiet: bool = False,
@@ -127,17 +136,18 @@ def load_jobs(
     site's penalty already in the run times of multi-node jobs of a sacct history. Rows of the
     trace left out (sacct jobs that never ran or have not ended) are counted in a note on
     stderr unless ``quiet``."""
-    if trace_format not in TRACE_FORMATS:
-        fail(f"unknown --trace-format {trace_format!r}; valid: {', '.join(TRACE_FORMATS)}")
-    if poisson < 0:
-        fail(f"--poisson must be >= 1 jobs, got {poisson}")
-    if poisson > 0:
+    if choice.trace_format not in TRACE_FORMATS:
+        fail(f"unknown --trace-format {choice.trace_format!r}; valid: {', '.join(TRACE_FORMATS)}")
+    if choice.poisson < 0:
+        fail(f"--poisson must be >= 1 jobs, got {choice.poisson}")
+    trace = choice.trace
+    if choice.poisson > 0:
         if trace is not None:
             fail("give --trace PATH or --poisson N, not both")
-        if not (math.isfinite(load) and load > 0):
-            fail(f"--load must be > 0 jobs per hour, got {load:g}")
+        if not (math.isfinite(choice.load) and choice.load > 0):
+            fail(f"--load must be > 0 jobs per hour, got {choice.load:g}")
         try:
-            return poisson_workload(poisson, load, seed=seed, classes=tuple(classes))
+            return poisson_workload(choice.poisson, choice.load, seed=seed, classes=tuple(classes))
         except ValueError as exc:
             fail(str(exc))
     if trace is None:
@@ -146,22 +156,25 @@ def load_jobs(
         fail(f"trace {trace} not found")
     options: dict[str, object] = {}
     try:
-        fmt = detect_trace_format(trace) if trace_format == "auto" else trace_format
+        fmt = detect_trace_format(trace) if choice.trace_format == "auto" else choice.trace_format
     except TraceFormatError as exc:
         fail(str(exc))
     if fmt == "sia":
         options = {
-            "model_class": {**PAL_MODEL_CLASS, **{k.lower(): v for k, v in class_map.items()}},
+            "model_class": {
+                **PAL_MODEL_CLASS,
+                **{k.lower(): v for k, v in choice.class_map.items()},
+            },
             "iteration_time": {
                 **PAL_ITERATION_TIME,
-                **{k.lower(): v for k, v in iteration_times.items()},
+                **{k.lower(): v for k, v in choice.iteration_times.items()},
             },
-            "default_class": default_class,
+            "default_class": choice.default_class,
         }
     else:
         options = {
-            "class_of": class_map,
-            "default_class": default_class,
+            "class_of": choice.class_map,
+            "default_class": choice.default_class,
             "spanned_penalty": spanned_penalty,
         }
     try:
@@ -244,17 +257,6 @@ def results_table(summaries: list[dict], title: str) -> Table:
     return table
 
 
-def with_gains(results: list[SimResult]) -> list[dict]:
-    """Summaries plus each run's gain over Packed-Sticky under the same scheduler."""
-    summaries = [result.summary() for result in results]
-    baseline = {s["scheduler"]: s["avg_jct"] for s in summaries if s["placement"] == BASELINE}
-    for summary in summaries:
-        summary["gain_vs_baseline"] = improvement(
-            summary["avg_jct"], baseline.get(summary["scheduler"], math.nan)
-        )
-    return summaries
-
-
 def run_with_progress(
     jobs: list[SimJob], gpus: SimGpus, configs: list[SimConfig], workers: int, quiet: bool
 ) -> list[SimResult]:
@@ -284,32 +286,41 @@ def check_run_options(
         fail(f"--xi must be >= 1 (an interference slowdown), got {xi:g}")
 
 
-def run_notes(jobs: list[SimJob], summaries: list[dict]) -> list[str]:
-    """What the history's time limits and each placement's holds mean for waiting."""
-    notes = [limits_note(jobs)]
-    notes += [waiting_note(str(s["placement"]), [s], []) for s in summaries]
-    return [note for note in notes if note is not None]
+def iteration_times(values: Sequence[str]) -> dict[str, float]:
+    """``--iter-time MODEL=SECONDS`` options, each a positive number of seconds."""
+    times: dict[str, float] = {}
+    for model, value in parse_pairs(values, "--iter-time").items():
+        try:
+            times[model] = float(value)
+        except ValueError:
+            fail(f"--iter-time {model}={value}: not a number")
+        if not (math.isfinite(times[model]) and times[model] > 0):
+            fail(f"--iter-time {model}={value}: must be > 0 seconds per iteration")
+    return times
 
 
-@app.command("run")
-def run(
-    ctx: typer.Context,
-    trace: Path | None = typer.Option(
-        None, "--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False
-    ),
-    trace_format: str = typer.Option("auto", "--trace-format", help="auto, sia or sacct."),
-    poisson: int = typer.Option(
-        0, "--poisson", help="Instead of --trace: generate this many Poisson-arrival jobs."
-    ),
-    load: float = typer.Option(12.0, "--load", help="Poisson arrival rate (jobs/hour)."),
-    profile: list[str] = typer.Option(
-        [],
+# The options of `sim run`, named once here so that its signature reads as a list of them.
+TraceOption = Annotated[
+    Path | None,
+    typer.Option("--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False),
+]
+TraceFormatOption = Annotated[str, typer.Option("--trace-format", help="auto, sia or sacct.")]
+PoissonOption = Annotated[
+    int,
+    typer.Option("--poisson", help="Instead of --trace: generate this many Poisson-arrival jobs."),
+]
+LoadOption = Annotated[float, typer.Option("--load", help="Poisson arrival rate (jobs/hour).")]
+ProfileOption = Annotated[
+    list[str],
+    typer.Option(
         "--profile",
         help="CLASS=PATH per-GPU campaign file of a class, repeatable, most "
         "variability-sensitive class first (none: no variability).",
     ),
-    placement: str = typer.Option(
-        "",
+]
+PlacementOption = Annotated[
+    str,
+    typer.Option(
         "--placement",
         help="Comma-separated placements (default: the paper's six; with --config: "
         "packed-sticky,advisor,null). 'advisor' is the advisor exactly as the site config sets "
@@ -319,62 +330,111 @@ def run(
         + ".",
         show_default=False,
     ),
-    config: Path | None = typer.Option(
-        None,
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
         "--config",
         help="Site config (slurm-pal.toml) whose advisor the 'advisor' placement simulates, and "
         "whose locality penalty applies (default: the global --config, $SLURM_PAL_CONFIG, or "
         "the built-in defaults, as serve reads it).",
         show_default=False,
     ),
-    scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las, srtf (or a list)."),
-    cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
-    locality_penalty: float | None = typer.Option(
-        None,
+]
+SchedulerOption = Annotated[str, typer.Option("--scheduler", help="fifo, las, srtf (or a list).")]
+ClusterOption = Annotated[str, typer.Option("--cluster", help="NODESxGPUS.")]
+LocalityPenaltyOption = Annotated[
+    float | None,
+    typer.Option(
         "--locality-penalty",
         help="Slowdown of a job spanning nodes (default: the config's locality.across_switches, "
         "1.7).",
         show_default=False,
     ),
-    mode: str = typer.Option("rounds", "--mode", help="rounds (PAL/Blox) or slurm."),
-    round_seconds: float = typer.Option(360.0, "--round", help="Round length (s)."),
-    backfill: bool = typer.Option(
-        True,
+]
+ModeOption = Annotated[str, typer.Option("--mode", help="rounds (PAL/Blox) or slurm.")]
+RoundOption = Annotated[float, typer.Option("--round", help="Round length (s).")]
+BackfillOption = Annotated[
+    bool,
+    typer.Option(
         "--backfill/--no-backfill",
         help="Slurm mode: EASY backfill (Slurm's default), or strict FIFO (the testbed's).",
     ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Seed (GPU draw and random placement; default 42 artifact, else 0)."
+]
+SeedOption = Annotated[
+    int | None,
+    typer.Option(
+        "--seed", help="Seed (GPU draw and random placement; default 42 artifact, else 0)."
     ),
-    pal_artifact: bool = typer.Option(
-        False, "--pal-artifact", help="PAL's artifact: random per-GPU draws, K=2, its quirks."
+]
+PalArtifactOption = Annotated[
+    bool,
+    typer.Option("--pal-artifact", help="PAL's artifact: random per-GPU draws, K=2, its quirks."),
+]
+ClassMapOption = Annotated[
+    list[str],
+    typer.Option("--class-map", help="MODEL=CLASS (Sia) or JOBNAME=CLASS (sacct), repeatable."),
+]
+IterTimeOption = Annotated[
+    list[str],
+    typer.Option("--iter-time", help="MODEL=SECONDS per iteration (Sia traces), repeatable."),
+]
+DefaultClassOption = Annotated[
+    str, typer.Option("--default-class", help="Class of jobs the map does not know.")
+]
+MigrationOption = Annotated[
+    float,
+    typer.Option(
+        "--migration-seconds", help="fft-pm/pal-fft: cost of moving or resuming a job (s)."
     ),
-    class_map: list[str] = typer.Option(
-        [], "--class-map", help="MODEL=CLASS (Sia) or JOBNAME=CLASS (sacct), repeatable."
-    ),
-    iter_time: list[str] = typer.Option(
-        [], "--iter-time", help="MODEL=SECONDS per iteration (Sia traces), repeatable."
-    ),
-    default_class: str = typer.Option(
-        PAL_DEFAULT_CLASS, "--default-class", help="Class of jobs the map does not know."
-    ),
-    migration_seconds: float = typer.Option(
-        30.0, "--migration-seconds", help="fft-pm/pal-fft: cost of moving or resuming a job (s)."
-    ),
-    xi: float | None = typer.Option(
-        None,
+]
+XiOption = Annotated[
+    float | None,
+    typer.Option(
         "--xi",
         help="Sharing peers: one interference factor for every pair (>= 1).",
         show_default=False,
     ),
-    workers: int = typer.Option(1, "--workers", help="Worker processes."),
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
-    timeline: bool = typer.Option(
-        False, "--timeline", help="With --json: add gpus_in_use, [[time s, GPUs], ...]."
-    ),
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Write PNG plots into this directory.", show_default=False
-    ),
+]
+WorkersOption = Annotated[int, typer.Option("--workers", help="Worker processes.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
+TimelineOption = Annotated[
+    bool,
+    typer.Option("--timeline", help="With --json: add gpus_in_use, [[time s, GPUs], ...]."),
+]
+PlotOption = Annotated[
+    Path | None,
+    typer.Option("--plot", help="Write PNG plots into this directory.", show_default=False),
+]
+
+
+@app.command("run")
+def run(
+    ctx: typer.Context,
+    trace: TraceOption = None,
+    trace_format: TraceFormatOption = "auto",
+    poisson: PoissonOption = 0,
+    load: LoadOption = 12.0,
+    profile: ProfileOption = [],  # noqa: B006 (typer only reads it)
+    placement: PlacementOption = "",
+    config: ConfigOption = None,
+    scheduler: SchedulerOption = "fifo",
+    cluster: ClusterOption = "16x4",
+    locality_penalty: LocalityPenaltyOption = None,
+    mode: ModeOption = "rounds",
+    round_seconds: RoundOption = 360.0,
+    backfill: BackfillOption = True,
+    seed: SeedOption = None,
+    pal_artifact: PalArtifactOption = False,
+    class_map: ClassMapOption = [],  # noqa: B006 (typer only reads it)
+    iter_time: IterTimeOption = [],  # noqa: B006 (typer only reads it)
+    default_class: DefaultClassOption = PAL_DEFAULT_CLASS,
+    migration_seconds: MigrationOption = 30.0,
+    xi: XiOption = None,
+    workers: WorkersOption = 1,
+    as_json: JsonOption = False,
+    timeline: TimelineOption = False,
+    plot: PlotOption = None,
 ) -> None:
     """Simulate a trace under each placement x scheduler and compare them."""
     with reported_errors():
@@ -384,86 +444,82 @@ def run(
     placements = split_names(placement, list(ALL_PLACEMENTS), "placement")
     if locality_penalty is None:
         locality_penalty = site.locality.across_switches
-    advisor = advisor_sim_options(site)
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     n_nodes, per_node = checked_cluster(cluster)
     check_run_options(workers, seed, migration_seconds, xi, round_seconds)
     profiles = parse_pairs(profile, "--profile")
-    times: dict[str, float] = {}
-    for model, value in parse_pairs(iter_time, "--iter-time").items():
-        try:
-            times[model] = float(value)
-        except ValueError:
-            fail(f"--iter-time {model}={value}: not a number")
-        if not (math.isfinite(times[model]) and times[model] > 0):
-            fail(f"--iter-time {model}={value}: must be > 0 seconds per iteration")
+    times = iteration_times(iter_time)
+    classes = parse_pairs(class_map, "--class-map")
     if plot is not None:
         plot_directory(plot)
     with reported_errors():
         with step("reading the variability profiles", quiet=not profiles):
             gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
         jobs = load_jobs(
-            trace,
-            trace_format,
-            poisson,
-            load,
+            TraceChoice(trace, trace_format, poisson, load, classes, times, default_class),
             seed if seed is not None else 0,
-            parse_pairs(class_map, "--class-map"),
-            times,
-            default_class,
             gpus.classes,
             spanned_penalty=locality_penalty,
-            quiet=False,
         )
+        common: dict[str, object] = {
+            "mode": mode,
+            "round_seconds": round_seconds,
+            "backfill": backfill,
+            "locality_penalty": locality_penalty,
+            "seed": seed if seed is not None else 0,
+            "pal_artifact": pal_artifact,
+            "migration_seconds": migration_seconds,
+            "xi": xi,
+        }
         try:
-            common = {
-                "mode": mode,
-                "round_seconds": round_seconds,
-                "backfill": backfill,
-                "locality_penalty": locality_penalty,
-                "seed": seed if seed is not None else 0,
-                "pal_artifact": pal_artifact,
-                "migration_seconds": migration_seconds,
-                "xi": xi,
-            }
-            # The advisor's L x V matrix uses the config's penalty; jobs pay the site's.
-            as_configured = {**advisor, "site_locality_penalty": locality_penalty}
-            configs = [
-                SimConfig(scheduler=s, **{**common, **(as_configured if p == "advisor" else {})})
-                if p == "advisor"
-                else SimConfig(placement=p, scheduler=s, **common)
-                for s in schedulers
-                for p in placements
-            ]
+            configs = grid_configs(placements, schedulers, common, advisor_sim_options(site))
             with stdout_kept_clean(as_json):
                 results = run_with_progress(jobs, gpus, configs, workers, quiet=False)
         except ValueError as exc:
             fail(str(exc))
-    summaries = with_gains(results)
-    if timeline:
-        for summary, result in zip(summaries, results, strict=True):
-            summary["gpus_in_use"] = [[t, busy] for t, busy in result.timeline]
-    written: list[Path] = []
-    if plot is not None:
-        with step(f"drawing the plots into {plot}"):
-            written = sim_plots(results, plot)
-    if as_json:
-        print_json(summaries)
-        return
-    source = "no variability (uniform GPUs)" if not profiles else gpus.source
     title = (
         f"{len(jobs)} jobs, {n_nodes}x{per_node} GPUs, {mode} mode"
         + (f" ({round_seconds:g} s rounds)" if mode == "rounds" else "")
-        + f", L={locality_penalty:g}, {source}"
+        + f", L={locality_penalty:g}, "
+        + ("no variability (uniform GPUs)" if not profiles else gpus.source)
     )
-    console.print(results_table(summaries, title))
+    advisor_note = (
+        advisor_changes_no_job(site, [gpus.placement_scores]) if "advisor" in placements else None
+    )
+    print_run(jobs, results, RunOutput(title, advisor_note, plot, as_json, timeline))
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What `sim run` prints besides the results: the table's title, the note on the
+    configured advisor, and where and how it writes."""
+
+    title: str
+    advisor_note: str | None
+    plot: Path | None
+    as_json: bool
+    timeline: bool
+
+
+def print_run(jobs: list[SimJob], results: list[SimResult], output: RunOutput) -> None:
+    """The plots (when asked), then JSON or the table with its legend and notes."""
+    summaries = with_gains(results)
+    if output.timeline:
+        for summary, result in zip(summaries, results, strict=True):
+            summary["gpus_in_use"] = [[t, busy] for t, busy in result.timeline]
+    written: list[Path] = []
+    if output.plot is not None:
+        with step(f"drawing the plots into {output.plot}"):
+            written = sim_plots(results, output.plot)
+    if output.as_json:
+        print_json(summaries)
+        return
+    console.print(results_table(summaries, output.title))
     console.print(COLUMNS_LEGEND, markup=False, highlight=False)
-    if "advisor" in placements:
-        note = advisor_changes_no_job(site, [gpus.placement_scores])
-        if note:
-            console.print(f"note: {note}", markup=False, highlight=False)
+    if output.advisor_note:
+        console.print(f"note: {output.advisor_note}", markup=False, highlight=False)
     unplaceable = sorted({j for r in results for j in r.unplaceable})
     if unplaceable:
         console.print(

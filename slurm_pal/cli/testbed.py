@@ -5,6 +5,7 @@ trace (slurm_pal/testbed/run.py). Runs as root; see slurm_pal/testbed/cluster.py
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -170,57 +171,85 @@ def exec_(
     raise typer.Exit(subprocess.run(args, env=tb.env, check=False).returncode)
 
 
-@app.command()
-def run(
-    ctx: typer.Context,
-    root: Path = typer.Option(
-        Path("/tmp/slurm-pal-testbed-run"), "--dir", help="Folder of this run (all of it)."
-    ),
-    nodes: int = typer.Option(4, "--nodes", help="Nodes of the emulated cluster."),
-    gpus_per_node: int = typer.Option(4, "--gpus-per-node", help="Fake GPUs per node."),
-    profile: str = typer.Option(
-        "example", "--profile", help=f"Variability drawn onto the GPUs: {', '.join(PROFILES)}."
-    ),
-    profile_seed: int = typer.Option(0, "--profile-seed", help="Seed of the GPU draw."),
-    longhorn_dir: Path | None = typer.Option(
-        None, "--longhorn-dir", help="Folder of the Longhorn *-longhorn-agg.csv files."
-    ),
-    trace: str = typer.Option(
-        "mixed48", "--trace", help="Trace: " + "; ".join(f"{k}: {v}" for k, v in TRACES.items())
-    ),
-    trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the trace."),
-    scale: float = typer.Option(
-        1.0, "--scale", help="Stretch arrivals and durations (2 = twice as long)."
-    ),
-    arms: str = typer.Option("stock,advisor", "--arms", help="Arms to run: stock, advisor."),
-    policy: str | None = typer.Option(
-        None,
+# The options of `testbed run`, named once here so that its signature reads as a list of them.
+RunDirOption = Annotated[Path, typer.Option("--dir", help="Folder of this run (all of it).")]
+RunNodesOption = Annotated[int, typer.Option("--nodes", help="Nodes of the emulated cluster.")]
+RunGpusOption = Annotated[int, typer.Option("--gpus-per-node", help="Fake GPUs per node.")]
+ProfileOption = Annotated[
+    str,
+    typer.Option("--profile", help=f"Variability drawn onto the GPUs: {', '.join(PROFILES)}."),
+]
+ProfileSeedOption = Annotated[int, typer.Option("--profile-seed", help="Seed of the GPU draw.")]
+LonghornOption = Annotated[
+    Path | None,
+    typer.Option("--longhorn-dir", help="Folder of the Longhorn *-longhorn-agg.csv files."),
+]
+TraceOption = Annotated[
+    str,
+    typer.Option("--trace", help="Trace: " + "; ".join(f"{k}: {v}" for k, v in TRACES.items())),
+]
+TraceSeedOption = Annotated[int, typer.Option("--trace-seed", help="Seed of the trace.")]
+ScaleOption = Annotated[
+    float,
+    typer.Option("--scale", help="Stretch arrivals and durations (2 = twice as long)."),
+]
+ArmsOption = Annotated[str, typer.Option("--arms", help="Arms to run: stock, advisor.")]
+PolicyOption = Annotated[
+    str | None,
+    typer.Option(
         "--policy",
         help="The advisor's policy: packed-pm, pal, pm-first, packed, random (default: the "
         "config's advisor.policy; shipped: packed-pm). pal reproduces the paper's policy.",
         show_default=False,
     ),
-    replan_s: float = typer.Option(
-        0.0,
+]
+ReplanOption = Annotated[
+    float,
+    typer.Option(
         "--replan-s",
         help="The advisor's periodic re-planning (0 = off: with second-long jobs a period is too "
         "coarse; the Epilog's re-planning is what counts).",
     ),
-    replan_on_epilog: bool | None = typer.Option(
-        None,
+]
+ReplanOnEpilogOption = Annotated[
+    bool | None,
+    typer.Option(
         "--replan-on-epilog/--no-replan-on-epilog",
         help="The advisor re-plans pending jobs at every job's end, from its Epilog (default: "
         "the config's advisor.replan_on_epilog; shipped: on).",
         show_default=False,
     ),
-    multihost: bool = typer.Option(
-        True,
+]
+HostsOption = Annotated[
+    bool,
+    typer.Option(
         "--hosts/--single-host",
         help="Each node on its own compute host beside a controller host (network namespaces; "
         "the hooks send records to the advisor over TCP with munge, as on a cluster), or every "
         "daemon on this host (loopback; records on the Unix socket).",
     ),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    root: RunDirOption = Path("/tmp/slurm-pal-testbed-run"),
+    nodes: RunNodesOption = 4,
+    gpus_per_node: RunGpusOption = 4,
+    profile: ProfileOption = "example",
+    profile_seed: ProfileSeedOption = 0,
+    longhorn_dir: LonghornOption = None,
+    trace: TraceOption = "mixed48",
+    trace_seed: TraceSeedOption = 0,
+    scale: ScaleOption = 1.0,
+    arms: ArmsOption = "stock,advisor",
+    policy: PolicyOption = None,
+    replan_s: ReplanOption = 0.0,
+    replan_on_epilog: ReplanOnEpilogOption = None,
+    multihost: HostsOption = True,
+    as_json: JsonOption = False,
 ) -> None:
     """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
     with the advisor, report JCTs and ratios (advisor / stock) next to the simulator's

@@ -1,31 +1,22 @@
 """`slurm-pal tune`: should this site turn the advisor on, and with which settings?
 
-Each candidate (the advisor as the site config sets it up, and sweeps of its knobs: the locality
-penalty PAL's L x V matrix assumes, packed-pm's outlier threshold, the number of classes, the
-default class) replays the site's trace on simulated GPUs drawn with ``--seeds`` seeds. Every
-run is paired with Slurm's packing (packed-sticky) on the same trace, GPUs and seed, and jobs
-always pay the site's true cost of spanning nodes (``--site-penalty``). A candidate is judged
-by the distribution of its paired average-JCT ratios: geomean gain with a bootstrap 95 %
-interval, median, p90 and worst run. Single runs are chaotic under FIFO + backfill, so the
-PM-blind ``null`` placement is listed to show how far the queue's own noise moves them.
-
-The recommendation is honest: a candidate is recommended only when its gain is clear of the
-noise (the interval's lower bound above zero); otherwise tune recommends packing (the advisor
-in pass-through: ``policy = "packed"``), and it never recommends a candidate that lost.
+The experiment (the candidates, their runs paired with Slurm's packing, the honest
+recommendation) is :mod:`slurm_pal.sim.tune`; this command reads the options and the site's
+trace, runs the experiment with a progress bar and prints its table, recommendation and notes
+(or ``--json``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
-import numpy as np
 import typer
 from rich import box
 from rich.table import Table
 
-from slurm_pal.adapters.config import SiteConfig, load_config
+from slurm_pal.adapters.config import load_config
 from slurm_pal.cli.common import (
     console,
     fail,
@@ -39,6 +30,7 @@ from slurm_pal.cli.common import (
 )
 from slurm_pal.cli.plots import plot_directory, tune_plot
 from slurm_pal.cli.sim import (
+    TraceChoice,
     check_run_options,
     checked_cluster,
     load_jobs,
@@ -46,34 +38,103 @@ from slurm_pal.cli.sim import (
     simulated_gpus,
     split_names,
 )
-from slurm_pal.core.workload import PAL_DEFAULT_CLASS, SimJob
-from slurm_pal.sim.advisor import advisor_changes_no_job, advisor_sim_options
-from slurm_pal.sim.engine import MODES, SCHEDULERS, SimConfig
-from slurm_pal.sim.experiments import (
-    BASELINE,
-    PairedRatios,
-    limits_note,
-    run_grid,
-    waiting_note,
+from slurm_pal.core.workload import PAL_DEFAULT_CLASS
+from slurm_pal.sim.engine import MODES, SCHEDULERS
+from slurm_pal.sim.experiments import BASELINE
+from slurm_pal.sim.tune import (
+    TUNABLE,
+    Draw,
+    TuneResult,
+    TuneRun,
+    TuneSweep,
+    run_tune,
+    tune_experiment,
+    with_unknown_share,
 )
-from slurm_pal.sim.variability import SimGpus
-
-TUNABLE = ("advisor", "packed-pm", "pal", "pm-first")
-PASS_THROUGH = "packed"
 
 app = typer.Typer(help="Should the advisor run on this site, and with which settings?")
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """One setting of the advisor to try: a policy and the knobs that change its decisions."""
-
-    policy: str
-    label: str
-    options: dict[str, object]
-    settings: dict[str, object]  # what to write into [advisor]/[locality] to get it
-    classes: int | None = None
-    default_class: str | None = None
+# The options, named once here so that the command's signature reads as a list of them.
+TraceOption = Annotated[
+    Path | None,
+    typer.Option("--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False),
+]
+TraceFormatOption = Annotated[str, typer.Option("--trace-format", help="auto, sia or sacct.")]
+PoissonOption = Annotated[
+    int, typer.Option("--poisson", help="Instead of --trace: N Poisson jobs.")
+]
+LoadOption = Annotated[float, typer.Option("--load", help="Poisson arrival rate (jobs/hour).")]
+ProfileOption = Annotated[
+    list[str],
+    typer.Option("--profile", help="CLASS=PATH campaign file per class, most sensitive first."),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="Site config whose advisor is the first candidate (default: the global --config, "
+        "$SLURM_PAL_CONFIG or the built-in defaults, as serve reads it).",
+        show_default=False,
+    ),
+]
+ClusterOption = Annotated[str, typer.Option("--cluster", help="NODESxGPUS.")]
+SeedsOption = Annotated[
+    int,
+    typer.Option(
+        "--seeds", help="Paired runs per candidate: GPU draws (and Poisson traces) 0..N-1."
+    ),
+]
+SitePenaltyOption = Annotated[
+    float | None,
+    typer.Option(
+        "--site-penalty",
+        help="The site's measured slowdown of a job spanning nodes (default: the config's).",
+        show_default=False,
+    ),
+]
+PenaltiesOption = Annotated[
+    str, typer.Option("--penalties", help="pal/pm-first: advisor penalties to try.")
+]
+AvoidAboveOption = Annotated[
+    str, typer.Option("--avoid-above", help="packed-pm: outlier thresholds to try.")
+]
+ClassCountsOption = Annotated[
+    str,
+    typer.Option("--class-counts", help="Numbers of classes to try, e.g. 4,3,2 (default: all)."),
+]
+DefaultClassesOption = Annotated[
+    str,
+    typer.Option(
+        "--default-classes",
+        help="Default classes to try for jobs the advisor cannot identify, e.g. A,D.",
+    ),
+]
+UnknownShareOption = Annotated[
+    float,
+    typer.Option(
+        "--unknown-share",
+        help="Treat this seeded share of identified jobs as unidentified too (0-1).",
+    ),
+]
+PlacementOption = Annotated[
+    str, typer.Option("--placement", help=f"Candidates: {', '.join(TUNABLE)}.")
+]
+ModeOption = Annotated[str, typer.Option("--mode", help="slurm (production) or rounds.")]
+SchedulerOption = Annotated[str, typer.Option("--scheduler", help="fifo, las or srtf.")]
+RoundOption = Annotated[float, typer.Option("--round", help="Round length (rounds mode).")]
+PalArtifactOption = Annotated[bool, typer.Option("--pal-artifact", help="PAL's artifact GPUs.")]
+ClassMapOption = Annotated[list[str], typer.Option("--class-map", help="MODEL/JOBNAME=CLASS.")]
+DefaultClassOption = Annotated[str, typer.Option("--default-class")]
+WorkersOption = Annotated[int, typer.Option("--workers", help="Worker processes.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON on stdout.")]
+PlotOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Write tune.png into this directory: each candidate's per-run JCT ratio vs packing.",
+        show_default=False,
+    ),
+]
 
 
 def parse_numbers(text: str, what: str) -> list[float]:
@@ -102,332 +163,188 @@ def parse_counts(text: str, what: str) -> list[int]:
     return counts
 
 
-def merged_classes(order: tuple[str, ...], keep: int) -> tuple[tuple[str, str], ...]:
-    """Classes beyond the first ``keep`` (most variability-sensitive first) placed as the last
-    kept one."""
-    return tuple((name, order[keep - 1]) for name in order[keep:])
-
-
-def candidates_for(
-    policies: list[str],
-    site: SiteConfig,
-    penalties: list[float],
-    thresholds: list[float],
-    counts: list[int],
-    defaults: list[str | None],
-    order: tuple[str, ...],
-) -> list[Candidate]:
-    """Every setting to try, the configured advisor first."""
-    out: list[Candidate] = []
-    for policy in policies:
-        for k in counts:
-            for default in defaults:
-                shared: dict[str, object] = {"advised_classes": merged_classes(order, k)}
-                extra = f", {k} classes" if k != len(order) else ""
-                if default is not None:
-                    shared["default_class"] = default
-                    extra += f", default class {default}"
-                if policy == "advisor":
-                    options = {**advisor_sim_options(site), **shared}
-                    label = f"advisor ({site.advisor.policy}, as configured){extra}"
-                    out.append(Candidate(policy, label, options, {}, k, default))
-                    continue
-                knobs: list[tuple[str, dict[str, object], dict[str, object]]]
-                if policy == "packed-pm":
-                    knobs = [
-                        (
-                            f"avoid_above {t:g}",
-                            {
-                                "advisor_settings": (
-                                    ("avoid_above", t),
-                                    ("wait", site.advisor.outliers == "wait"),
-                                )
-                            },
-                            {"avoid_above": t, "outliers": site.advisor.outliers},
-                        )
-                        for t in thresholds
-                    ]
-                else:
-                    knobs = [
-                        (
-                            f"L {p:g}",
-                            {
-                                "locality_penalty": p,
-                                "advisor_settings": (
-                                    ("pack_tolerance", site.advisor.pack_tolerance),
-                                ),
-                            },
-                            {"across_switches": p, "pack_tolerance": site.advisor.pack_tolerance},
-                        )
-                        for p in penalties
-                    ]
-                for text, options, settings in knobs:
-                    out.append(
-                        Candidate(
-                            policy,
-                            f"{policy}, {text}{extra}",
-                            {"placement": "advisor", "advisor_policy": policy, **options, **shared},
-                            {"policy": policy, **settings},
-                            k,
-                            default,
-                        )
-                    )
-    return out
-
-
-@app.callback(invoke_without_command=True)
-def tune(
-    ctx: typer.Context,
-    trace: Path | None = typer.Option(
-        None, "--trace", help="Sia-Philly CSV or sacct --parsable2 output.", show_default=False
-    ),
-    trace_format: str = typer.Option("auto", "--trace-format", help="auto, sia or sacct."),
-    poisson: int = typer.Option(0, "--poisson", help="Instead of --trace: N Poisson jobs."),
-    load: float = typer.Option(12.0, "--load", help="Poisson arrival rate (jobs/hour)."),
-    profile: list[str] = typer.Option(
-        [], "--profile", help="CLASS=PATH campaign file per class, most sensitive first."
-    ),
-    config: Path | None = typer.Option(
-        None,
-        "--config",
-        help="Site config whose advisor is the first candidate (default: the global --config, "
-        "$SLURM_PAL_CONFIG or the built-in defaults, as serve reads it).",
-        show_default=False,
-    ),
-    cluster: str = typer.Option("16x4", "--cluster", help="NODESxGPUS."),
-    seeds: int = typer.Option(
-        10, "--seeds", help="Paired runs per candidate: GPU draws (and Poisson traces) 0..N-1."
-    ),
-    site_penalty: float | None = typer.Option(
-        None,
-        "--site-penalty",
-        help="The site's measured slowdown of a job spanning nodes (default: the config's).",
-        show_default=False,
-    ),
-    penalties: str = typer.Option(
-        "1.3,1.7,2.5", "--penalties", help="pal/pm-first: advisor penalties to try."
-    ),
-    avoid_above: str = typer.Option(
-        "1.25,1.5,2.0", "--avoid-above", help="packed-pm: outlier thresholds to try."
-    ),
-    class_counts: str = typer.Option(
-        "", "--class-counts", help="Numbers of classes to try, e.g. 4,3,2 (default: all)."
-    ),
-    default_classes: str = typer.Option(
-        "",
-        "--default-classes",
-        help="Default classes to try for jobs the advisor cannot identify, e.g. A,D.",
-    ),
-    unknown_share: float = typer.Option(
-        0.0,
-        "--unknown-share",
-        help="Treat this seeded share of identified jobs as unidentified too (0-1).",
-    ),
-    placement: str = typer.Option(
-        "advisor,packed-pm,pal", "--placement", help=f"Candidates: {', '.join(TUNABLE)}."
-    ),
-    mode: str = typer.Option("slurm", "--mode", help="slurm (production) or rounds."),
-    scheduler: str = typer.Option("fifo", "--scheduler", help="fifo, las or srtf."),
-    round_seconds: float = typer.Option(360.0, "--round", help="Round length (rounds mode)."),
-    pal_artifact: bool = typer.Option(False, "--pal-artifact", help="PAL's artifact GPUs."),
-    class_map: list[str] = typer.Option([], "--class-map", help="MODEL/JOBNAME=CLASS."),
-    default_class: str = typer.Option(PAL_DEFAULT_CLASS, "--default-class"),
-    workers: int = typer.Option(2, "--workers", help="Worker processes."),
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
-    plot: Path | None = typer.Option(
-        None,
-        "--plot",
-        help="Write tune.png into this directory: each candidate's per-run JCT ratio vs packing.",
-        show_default=False,
-    ),
-) -> None:
-    """Compare the advisor's settings with Slurm's packing over paired runs; recommend one
-    only when its gain is clear of the noise."""
-    with reported_errors():
-        site = load_config(config) if config is not None else state(ctx).config
-    policies = split_names(placement, list(TUNABLE), "placement")
+def run_from_options(
+    scheduler: str,
+    mode: str,
+    round_seconds: float,
+    workers: int,
+    seeds: int,
+    pal_artifact: bool,
+    site_penalty: float,
+) -> TuneRun:
+    """How every candidate runs; one scheduler, since candidates are compared under one."""
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     if len(schedulers) > 1:
         fail(f"tune takes one --scheduler, got {', '.join(schedulers)}: run it once per scheduler")
-    scheduler_name = schedulers[0]
     check_run_options(workers, 0, 0.0, None, round_seconds)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     if seeds < 2:
         fail("--seeds must be >= 2: one run says nothing about the noise")
-    n_nodes, per_node = checked_cluster(cluster)
-    if site_penalty is None:
-        site_penalty = site.locality.across_switches
+    return TuneRun(schedulers[0], mode, round_seconds, pal_artifact, site_penalty)
+
+
+def sweep_from_options(
+    policies: list[str],
+    penalties: str,
+    avoid_above: str,
+    unknown_share: float,
+    class_counts: str,
+    default_classes: str,
+) -> TuneSweep:
+    """The knobs' values to try; the class counts and default classes are checked against
+    the drawn cluster's classes later, by the experiment."""
     advisor_penalties = parse_numbers(penalties, "--penalties")
     thresholds = parse_numbers(avoid_above, "--avoid-above")
     if any(t < 1.0 for t in thresholds):
         fail("--avoid-above thresholds are PM-scores >= 1.0")
     if not 0.0 <= unknown_share <= 1.0:
         fail("--unknown-share must be within 0..1")
-    profiles = parse_pairs(profile, "--profile")
-    counts_asked = parse_counts(class_counts, "--class-counts") if class_counts else None
-    if plot is not None:
-        plot_directory(plot)
+    counts = parse_counts(class_counts, "--class-counts") if class_counts else None
+    defaults: list[str | None] = [None]
+    if default_classes:
+        defaults = [name.strip() for name in default_classes.split(",") if name.strip()]
+    return TuneSweep(policies, advisor_penalties, thresholds, counts, defaults)
 
-    def draw(seed: int) -> tuple[list[SimJob], SimGpus]:
-        gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
+
+def drawn_inputs(
+    seeds: int,
+    cluster: tuple[int, int],
+    profiles: dict[str, str],
+    jobs_from: TraceChoice,
+    run: TuneRun,
+    unknown_share: float,
+) -> list[Draw]:
+    """One trace and simulated cluster per seed; every candidate's runs share them."""
+    draws = []
+    for seed in range(seeds):
+        gpus = simulated_gpus(profiles, *cluster, run.pal_artifact, seed, jobs_from.default_class)
         jobs = load_jobs(
-            trace,
-            trace_format,
-            poisson,
-            load,
+            jobs_from,
             seed,
-            parse_pairs(class_map, "--class-map"),
-            {},
-            default_class,
             gpus.classes,
-            spanned_penalty=site_penalty,
+            spanned_penalty=run.site_penalty,
             quiet=seed > 0,  # one note about left-out rows, not one per seed
         )
-        if unknown_share > 0:
-            rng = np.random.default_rng(seed)
-            hidden = rng.random(len(jobs)) < unknown_share
-            jobs = [replace(j, known=False) if h else j for j, h in zip(jobs, hidden, strict=True)]
-        return jobs, gpus
+        draws.append((with_unknown_share(jobs, unknown_share, seed), gpus))
+    return draws
 
+
+@app.callback(invoke_without_command=True)
+def tune(
+    ctx: typer.Context,
+    trace: TraceOption = None,
+    trace_format: TraceFormatOption = "auto",
+    poisson: PoissonOption = 0,
+    load: LoadOption = 12.0,
+    profile: ProfileOption = [],  # noqa: B006 (typer only reads it)
+    config: ConfigOption = None,
+    cluster: ClusterOption = "16x4",
+    seeds: SeedsOption = 10,
+    site_penalty: SitePenaltyOption = None,
+    penalties: PenaltiesOption = "1.3,1.7,2.5",
+    avoid_above: AvoidAboveOption = "1.25,1.5,2.0",
+    class_counts: ClassCountsOption = "",
+    default_classes: DefaultClassesOption = "",
+    unknown_share: UnknownShareOption = 0.0,
+    placement: PlacementOption = "advisor,packed-pm,pal",
+    mode: ModeOption = "slurm",
+    scheduler: SchedulerOption = "fifo",
+    round_seconds: RoundOption = 360.0,
+    pal_artifact: PalArtifactOption = False,
+    class_map: ClassMapOption = [],  # noqa: B006 (typer only reads it)
+    default_class: DefaultClassOption = PAL_DEFAULT_CLASS,
+    workers: WorkersOption = 2,
+    as_json: JsonOption = False,
+    plot: PlotOption = None,
+) -> None:
+    """Compare the advisor's settings with Slurm's packing over paired runs; recommend one
+    only when its gain is clear of the noise."""
+    with reported_errors():
+        site = load_config(config) if config is not None else state(ctx).config
+    policies = split_names(placement, list(TUNABLE), "placement")
+    penalty = site.locality.across_switches if site_penalty is None else site_penalty
+    run = run_from_options(scheduler, mode, round_seconds, workers, seeds, pal_artifact, penalty)
+    n_nodes, per_node = checked_cluster(cluster)
+    sweep = sweep_from_options(
+        policies, penalties, avoid_above, unknown_share, class_counts, default_classes
+    )
+    profiles = parse_pairs(profile, "--profile")
+    classes = parse_pairs(class_map, "--class-map")
+    jobs_from = TraceChoice(trace, trace_format, poisson, load, classes, {}, default_class)
+    if plot is not None:
+        plot_directory(plot)
     with reported_errors():
         with step(f"drawing {seeds} clusters and traces"):
-            draws = [draw(seed) for seed in range(seeds)]
-        order = draws[0][1].classes
-        counts = counts_asked or [len(order)]
-        if any(not 1 <= k <= len(order) for k in counts):
-            fail(f"class counts must be within 1..{len(order)}")
-        defaults: list[str | None] = [None]
-        if default_classes:
-            defaults = [name.strip() for name in default_classes.split(",") if name.strip()]
-            unknown_names = [name for name in defaults if name not in order]
-            if unknown_names:
-                fail(f"unknown default class(es) {', '.join(map(str, unknown_names))}")
-        if default_classes and all(job.known for job in draws[0][0]):
-            warn(
-                "every job's class is known: --default-classes changes nothing "
-                "(see --unknown-share)"
+            draws = drawn_inputs(
+                seeds, (n_nodes, per_node), profiles, jobs_from, run, unknown_share
             )
-        candidates = candidates_for(
-            policies, site, advisor_penalties, thresholds, counts, defaults, order
-        )
-        common = {
-            "scheduler": scheduler_name,
-            "mode": mode,
-            "round_seconds": round_seconds,
-            "pal_artifact": pal_artifact,
-            "locality_penalty": site_penalty,
-            "site_locality_penalty": site_penalty,
-        }
-        reference = [Candidate("packed-sticky", BASELINE, {"placement": BASELINE}, {})]
-        noise = [Candidate("null", "null (PM-blind: the queue's noise)", {"placement": "null"}, {})]
-        everything = reference + noise + candidates
-        results: dict[tuple[int, int], dict[str, float]] = {}
-        summaries: dict[int, list[dict]] = {}
         try:
-            total = seeds * len(everything)
-            with stdout_kept_clean(as_json), progress_bar("paired runs", total) as advance:
-                for seed, (jobs, gpus) in enumerate(draws):
-                    configs = [SimConfig(seed=seed, **{**common, **c.options}) for c in everything]
-                    runs = run_grid(
-                        jobs, gpus, configs, workers=workers, on_done=lambda _: advance()
-                    )
-                    for index, run in enumerate(runs):
-                        summary = run.summary()
-                        results[(index, seed)] = {
-                            k: float(summary[k]) for k in ("avg_jct", "p99_jct", "makespan")
-                        }
-                        summaries.setdefault(index, []).append(summary)
+            experiment = tune_experiment(site, draws, sweep, run)
+            if default_classes and all(job.known for job in draws[0][0]):
+                warn(
+                    "every job's class is known: --default-classes changes nothing "
+                    "(see --unknown-share)"
+                )
+            with (
+                stdout_kept_clean(as_json),
+                progress_bar("paired runs", experiment.total_runs) as advance,
+            ):
+                result = run_tune(experiment, workers, on_done=lambda _: advance())
         except ValueError as exc:
             fail(str(exc))
+    print_tune(result, (n_nodes, per_node), plot, as_json)
 
-    rows = []
-    per_run: dict[str, list[float]] = {}
-    for index, candidate in enumerate(everything[1:], start=1):
-        ratios = [
-            results[(index, seed)]["avg_jct"] / results[(0, seed)]["avg_jct"]
-            for seed in range(seeds)
-        ]
-        p99 = [
-            results[(index, seed)]["p99_jct"] / results[(0, seed)]["p99_jct"]
-            for seed in range(seeds)
-        ]
-        paired = PairedRatios.of(ratios)
-        per_run[candidate.label] = ratios
-        rows.append(
-            {
-                "candidate": candidate.label,
-                "placement": candidate.policy,
-                "settings": candidate.settings,
-                "classes": candidate.classes,
-                "default_class": candidate.default_class,
-                **paired.summary(),
-                "p99_jct_geomean_ratio": float(np.exp(np.mean(np.log(p99)))),
-                "clear_gain": paired.clear_gain,
-                "noise_reference": candidate.policy == "null",
-            }
-        )
-    judged = [r for r in rows if not r["noise_reference"]]
-    winners = sorted(
-        (r for r in judged if r["clear_gain"]), key=lambda r: -float(r["geomean_gain"])
-    )
-    if winners:
-        recommended = {"advisor": "on", **winners[0]}
-    else:
-        recommended = {
-            "advisor": "pass-through",
-            "candidate": f"packing (policy = {PASS_THROUGH!r})",
-            "settings": {"policy": PASS_THROUGH},
-            "why": "no candidate's gain is clear of the noise (95 % interval lower bound > 0)",
-        }
-    unchanged = (
-        advisor_changes_no_job(site, (gpus.placement_scores for _, gpus in draws))
-        if "advisor" in policies
-        else None
-    )
-    report = {
-        "site_penalty": site_penalty,
-        "mode": mode,
-        "scheduler": scheduler_name,
-        "seeds": seeds,
-        "baseline": {
-            "placement": BASELINE,
-            "avg_jct": [results[(0, seed)]["avg_jct"] for seed in range(seeds)],
-        },
-        "recommended": recommended,
-        "advisor_changes_no_job": unchanged,
-        "candidates": rows,
-        "notes": [
-            note
-            for note in (
-                limits_note(draws[0][0]),
-                *(
-                    waiting_note(c.label, summaries[i], per_run[c.label])
-                    for i, c in enumerate(everything)
-                    if i > 0 and c.label in per_run
-                ),
-            )
-            if note is not None
-        ],
-    }
+
+def print_tune(
+    result: TuneResult, cluster: tuple[int, int], plot: Path | None, as_json: bool
+) -> None:
+    """The plot (when asked), then the report as JSON or as a table with the recommendation
+    and the notes under it."""
     written = None
     if plot is not None:
         written = tune_plot(
-            rows,
-            per_run,
-            f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, {seeds} paired "
-            f"runs per candidate\ndots: single runs; diamond and bar: geomean and its 95 % "
-            f"interval; green: gain clear of the noise",
+            result.rows,
+            result.per_run,
+            f"{result.jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {result.run.mode} mode, "
+            f"{len(result.baseline_jct)} paired runs per candidate\ndots: single runs; diamond "
+            f"and bar: geomean and its 95 % interval; green: gain clear of the noise",
             plot / "tune.png",
         )
     if as_json:
-        print_json(report)
+        print_json(result.report())
         return
-    title = (
-        f"{len(draws[0][0])} jobs, {n_nodes}x{per_node} GPUs, {mode} mode, site penalty "
-        f"{site_penalty:g}; {seeds} paired runs each vs {BASELINE} (ratios: lower is better)"
+    console.print(
+        f"{result.jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {result.run.mode} mode, site "
+        f"penalty {result.run.site_penalty:g}; {len(result.baseline_jct)} paired runs each vs "
+        f"{BASELINE} (ratios: lower is better)",
+        highlight=False,
+        markup=False,
     )
-    console.print(title, highlight=False, markup=False)
+    console.print(candidates_table(result.rows))
+    recommended = result.recommended
+    settings = (
+        ", ".join(f"{k} = {v!r}" for k, v in recommended["settings"].items())
+        or "keep the site config as it is"
+    )
+    if result.clear_gain:
+        console.print(
+            f"recommended: {recommended['candidate']} ({settings}): "
+            f"{recommended['geomean_gain']:+.1%} average JCT vs {BASELINE}, clear of the noise"
+        )
+    else:
+        console.print(
+            f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
+        )
+    notes = [result.advisor_changes_no_job] if result.advisor_changes_no_job else []
+    for note in notes + result.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    if written is not None:
+        console.print(f"wrote {written}", markup=False, highlight=False)
+
+
+def candidates_table(rows: list[dict]) -> Table:
+    """One row per candidate: its gain over packing, the interval, the spread of its runs."""
     table = Table(box=box.SIMPLE_HEAD)
     columns = ("candidate", "gain", "95% CI", "median", "p90", "worst", "p99 JCT")
     for column in columns:
@@ -443,23 +360,4 @@ def tune(
             f"{row['worst_ratio']:.3f}",
             f"{row['p99_jct_geomean_ratio']:.3f}",
         )
-    console.print(table)
-    settings = (
-        ", ".join(f"{k} = {v!r}" for k, v in recommended["settings"].items())
-        or "keep the site config as it is"
-    )
-    if winners:
-        console.print(
-            f"recommended: {recommended['candidate']} ({settings}): "
-            f"{recommended['geomean_gain']:+.1%} average JCT vs {BASELINE}, clear of the noise"
-        )
-    else:
-        console.print(
-            f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
-        )
-    if unchanged:
-        console.print(f"note: {unchanged}", markup=False, highlight=False)
-    for note in report["notes"]:
-        console.print(f"note: {note}", markup=False, highlight=False)
-    if written is not None:
-        console.print(f"wrote {written}", markup=False, highlight=False)
+    return table

@@ -4,7 +4,7 @@ normalizations the paper reports (average JCT relative to Packed-Sticky = Tiresi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -19,10 +19,13 @@ __all__ = [
     "BASELINE",
     "PairedRatios",
     "geomean_gain",
+    "grid_configs",
     "improvement",
     "limits_note",
     "run_grid",
+    "run_notes",
     "waiting_note",
+    "with_gains",
 ]
 
 BASELINE = "packed-sticky"
@@ -59,6 +62,36 @@ def run_grid(
             if on_done is not None:
                 on_done(config)
         return results
+
+
+def grid_configs(
+    placements: Sequence[str],
+    schedulers: Sequence[str],
+    common: Mapping[str, object],
+    advisor: Mapping[str, object],
+) -> list[SimConfig]:
+    """One config per (scheduler, placement), placements varying fastest. ``advisor``: the
+    options of the ``advisor`` placement as a site config sets it up; its L x V matrix uses the
+    config's penalty while jobs pay the site's (``common["locality_penalty"]``)."""
+    as_configured = {**advisor, "site_locality_penalty": common["locality_penalty"]}
+    return [
+        SimConfig(scheduler=s, **{**common, **as_configured})
+        if p == "advisor"
+        else SimConfig(placement=p, scheduler=s, **common)
+        for s in schedulers
+        for p in placements
+    ]
+
+
+def with_gains(results: Sequence[SimResult]) -> list[dict]:
+    """Summaries plus each run's gain over Packed-Sticky under the same scheduler."""
+    summaries = [result.summary() for result in results]
+    baseline = {s["scheduler"]: s["avg_jct"] for s in summaries if s["placement"] == BASELINE}
+    for summary in summaries:
+        summary["gain_vs_baseline"] = improvement(
+            summary["avg_jct"], baseline.get(summary["scheduler"], math.nan)
+        )
+    return summaries
 
 
 def improvement(value: float, baseline: float) -> float:
@@ -149,6 +182,13 @@ def limits_note(jobs: Sequence[SimJob]) -> str | None:
             "off outliers only where other GPUs are free"
         )
     return f"{text}: the advisor never waits for GPUs they hold" if unlimited else None
+
+
+def run_notes(jobs: Sequence[SimJob], summaries: Sequence[dict]) -> list[str]:
+    """What the history's time limits and each placement's holds mean for waiting."""
+    notes = [limits_note(jobs)]
+    notes += [waiting_note(str(s["placement"]), [s], []) for s in summaries]
+    return [note for note in notes if note is not None]
 
 
 def waiting_note(label: str, summaries: Sequence[dict], ratios: Sequence[float]) -> str | None:
