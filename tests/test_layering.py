@@ -1,4 +1,4 @@
-"""The advisor's layering rules (issue #28), checked on the source: no class in
+"""The advisor's layering rules, checked on the source (the engine to come needs them): no class in
 ``slurm_pal/advisor/`` grows past 400 lines, the re-planner imports no adapter, and the
 advisor's state imports no site renderer. Read with ``ast`` only: nothing is imported."""
 
