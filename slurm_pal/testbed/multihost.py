@@ -28,6 +28,7 @@ from typing import Any
 
 from slurm_pal.testbed.cluster import LocalSlurm, TestbedError, _munge_dir
 from slurm_pal.testbed.hosts import HostNetwork, HostsError, plan_hosts
+from slurm_pal.testbed.pinning import pinned
 
 CTLD_PORT = 6817
 SLURMD_PORT = 6818
@@ -39,16 +40,24 @@ class MultiHostSlurm(LocalSlurm):
 
     ``per_host_dirs``: folders (absolute) every host gets its own copy of at the same path
     (e.g. the hooks' spool dir). ``controller_dir`` (default ``root/ctl``) is visible on the
-    controller only: put the advisor's socket, store and log there.
+    controller only: put the advisor's socket, store and log there. ``controller_cpus`` /
+    ``compute_cpus``: the CPUs the controller host's daemons (munged, slurmctld, and whatever
+    is started with :meth:`daemon_command`) and the compute hosts' daemons (munged, slurmd,
+    hence slurmstepd, the jobs and the Prolog/Epilog) are pinned to
+    (:mod:`slurm_pal.testbed.pinning`); empty: not pinned.
     """
 
     controller: str = "ctl"
     per_host_dirs: tuple[str, ...] = ()
+    controller_cpus: tuple[int, ...] = ()
+    compute_cpus: tuple[int, ...] = ()
     multihost: bool = True  # marks testbed.json, so `testbed down` knows what it attaches to
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.per_host_dirs = tuple(str(p) for p in self.per_host_dirs)
+        self.controller_cpus = tuple(int(c) for c in self.controller_cpus)
+        self.compute_cpus = tuple(int(c) for c in self.compute_cpus)
         try:
             self._hosts = plan_hosts([n.name for n in self.nodes], self.controller)
         except HostsError as exc:
@@ -78,6 +87,13 @@ class MultiHostSlurm(LocalSlurm):
             return self.network.command(host, args)
         except HostsError as exc:
             raise TestbedError(str(exc)) from None
+
+    def daemon_command(self, host: str, args: Sequence[str]) -> list[str]:
+        """The command line that runs a daemon on ``host``, pinned to the host's CPUs
+        (``controller_cpus`` / ``compute_cpus``; empty: not pinned). Client commands
+        (:meth:`run`, :meth:`on_host`) stay unpinned: they stand for a login node."""
+        cpus = self.controller_cpus if host == self.controller else self.compute_cpus
+        return self.on_host(host, pinned(cpus, args))
 
     def popen(self, host: str, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start a long-running process on ``host`` (Slurm's environment unless ``env``)."""
@@ -143,7 +159,7 @@ class MultiHostSlurm(LocalSlurm):
             raise TestbedError(str(exc)) from None
         self._start_munged(timeout_s)
         slurmctld = self._which("slurmctld") or "slurmctld"
-        self._spawn(self.on_host(self.controller, [slurmctld, "-f", str(self.conf)]), "ctld")
+        self._spawn(self.daemon_command(self.controller, [slurmctld, "-f", str(self.conf)]), "ctld")
 
         def answers() -> bool:
             return self.run(["scontrol", "ping"], check=False, timeout_s=5).returncode == 0
@@ -152,7 +168,7 @@ class MultiHostSlurm(LocalSlurm):
         for node in self.nodes:
             slurmd = self._which("slurmd") or "slurmd"
             args = [*self._stepd_namespace(), slurmd, "-N", node.name, "-f", str(self.conf)]
-            self._spawn(self.on_host(node.name, args), f"slurmd on host {node.name}")
+            self._spawn(self.daemon_command(node.name, args), f"slurmd on host {node.name}")
         self.wait_idle(timeout_s)
 
     def _start_munged(self, timeout_s: float) -> None:
@@ -183,7 +199,7 @@ class MultiHostSlurm(LocalSlurm):
                 f"--seed-file={hdir / 'munge' / 'munged.seed'}",
                 f"--origin={host.address}",
             ]
-            self._spawn(self.on_host(host.name, args), f"munged on host {host.name}")
+            self._spawn(self.daemon_command(host.name, args), f"munged on host {host.name}")
         # Each host's socket is the file in its own directory behind the shared path.
         sockets = [network.local_dir(h.name, 0) / self.munge_socket.name for h in self._hosts]
         self._poll(lambda: all(s.exists() for s in sockets), timeout_s, "every host's munged")

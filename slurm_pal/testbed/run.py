@@ -451,8 +451,8 @@ class AdvisorArm(Arm):
         ).stdout
         if "--foreground" in helptext:
             cmd.append("--foreground")
-        if isinstance(tb, MultiHostSlurm):  # on the controller host, as on a cluster
-            cmd = tb.on_host(tb.controller, cmd)
+        if isinstance(tb, MultiHostSlurm):  # on the controller host (and its CPUs), as on a cluster
+            cmd = tb.daemon_command(tb.controller, cmd)
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
