@@ -345,7 +345,7 @@ def test_the_services_round_decides_what_the_simulators_round_decides(seed: int)
             str(p.job_id),
             p.job_class,
             int(p.job.tres_per_job[-1]),
-            runtime_s=limits[p.job_id],
+            time_limit_s=limits[p.job_id],
         )
         for p in pending
     ]

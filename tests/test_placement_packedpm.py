@@ -4,6 +4,7 @@ only where leaving them costs nothing, waiting only when asked and never for eve
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,6 +114,18 @@ def test_wait_holds_a_job_only_while_the_expected_wait_is_shorter_than_the_outli
     assert _held(cluster, runtime_s=86400, max_wait_s=86400).allocation is None
     # max_wait_s = 0 never waits.
     assert _held(cluster, runtime_s=86400, max_wait_s=0).allocation is not None
+    # A time limit is weighed at limit_share of it (half by default): 2 h asked is 1 h expected,
+    # 1.8 h lost on the 2.8x GPU, less than the 1.9 h wait; at the whole limit, 3.6 h is more.
+    cluster.expect_free_at([cluster.uuid_index["n0-1"]], 1000.0 + 7000)
+    limited = PlacementRequest("j", "A", 1, time_limit_s=7200.0)
+    assert PackedPMPolicy(wait=True, max_wait_s=86400).place(limited, cluster).allocation
+    whole = PackedPMPolicy(wait=True, max_wait_s=86400, limit_share=1.0)
+    assert whole.place(limited, cluster).allocation is None
+    # An UNLIMITED limit says nothing of the length: weighed as assumed_runtime_s.
+    unlimited = PlacementRequest("j", "A", 1, time_limit_s=float("inf"))
+    assert whole.place(unlimited, cluster).allocation is not None
+    with pytest.raises(ValueError, match="limit_share"):
+        PackedPMPolicy(limit_share=0.0)
 
 
 def test_a_job_that_cannot_avoid_the_outlier_or_names_nodes_never_waits() -> None:
@@ -206,43 +219,30 @@ def test_a_pick_is_left_to_slurm_only_when_packing_would_choose_it_and_nothing_i
     assert as_packing(PackedPMPolicy(), same, 1, "D")
 
 
-def test_the_expected_wait_is_for_what_one_moment_frees_on_as_few_nodes_as_packing_uses() -> None:
+def test_the_expected_wait_is_for_gpus_on_as_few_nodes_as_packing_uses() -> None:
     from slurm_pal.core.waiting import expected_wait_s
 
-    # 2-GPU nodes. n1: one good GPU free, the other ends at 500; n3's two GPUs end at 100 and
-    # 300 (two jobs); n4's and n5's both end at 700 (one job each, or one 4-GPU job).
+    # 2-GPU nodes. One good GPU free on each of n1 and n2; n3's two GPUs end at 100 and 300.
     cluster = cluster_of(
-        {
-            "n0": [2.8, 1.0],
-            "n1": [1.0, 1.0],
-            "n3": [1.0, 1.0],
-            "n4": [1.0, 1.0],
-            "n5": [1.0, 1.0],
-            "n6": [1.0, 1.0],
-        },
-        busy=("n0-1", "n1-1", "n3-0", "n3-1", "n4-0", "n4-1", "n5-0", "n5-1", "n6-0", "n6-1"),
+        {"n0": [2.8, 1.0], "n1": [1.0, 1.0], "n2": [1.0, 1.0], "n3": [1.0, 1.0]},
+        busy=("n0-1", "n1-1", "n2-1", "n3-0", "n3-1"),
     )
-    cluster.clock = 50.0
+    cluster.clock = 0.0
     index = cluster.uuid_index
-    for uuid, end in (("n1-1", 500.0), ("n3-0", 100.0), ("n3-1", 300.0)):
-        cluster.expect_free_at([index[uuid]], end)
-    cluster.expect_free_at([index["n4-0"], index["n4-1"], index["n5-0"], index["n5-1"]], 700.0)
+    cluster.expect_free_at([index["n1-1"]], 500.0)
+    cluster.expect_free_at([index["n2-1"]], 900.0)
+    cluster.expect_free_at([index["n3-0"]], 100.0)
+    cluster.expect_free_at([index["n3-1"]], 300.0)
     good = cluster.classes["A"].scores <= 1.5
-    # A held job holds nothing: n1's free GPU and n3's first freed one go to the jobs behind
-    # it, so a 2-GPU job counts on what one moment frees on one node: n4 at 700.
-    assert expected_wait_s(cluster, good, 2, None) == 650.0
-    # A 4-GPU job needs two whole nodes freed at one moment: n4 and n5 at 700.
-    assert expected_wait_s(cluster, good, 4, None) == 650.0
-    assert expected_wait_s(cluster, good, 4, 2) == 650.0
-    # A 1-GPU job: the first good GPU to free (n3 at 100).
-    assert expected_wait_s(cluster, good, 1, None) == 50.0
-    # Three whole nodes never free at one moment; n6 has no planned end (UNLIMITED): never.
-    assert expected_wait_s(cluster, good, 6, None) == float("inf")
-    # A holder past its planned end is due any moment.
-    cluster.clock = 800.0
-    assert expected_wait_s(cluster, good, 2, None) == 0.0
+    # Two good GPUs are free now, but on two nodes: a 2-GPU job fits one node at 300 (n3).
+    assert expected_wait_s(cluster, good, 2, None) == 300.0
+    # A 4-GPU job needs two whole nodes: n3 at 300, then n1 at 500.
+    assert expected_wait_s(cluster, good, 4, None) == 500.0
+    assert expected_wait_s(cluster, good, 4, 2) == 500.0
+    # A 1-GPU job: a good GPU is free now.
+    assert expected_wait_s(cluster, good, 1, None) == 0.0
     # More nodes than the cluster has, or more GPUs per node than a node has: never.
-    assert expected_wait_s(cluster, good, 20, None) == float("inf")
+    assert expected_wait_s(cluster, good, 10, None) == float("inf")
     assert expected_wait_s(cluster, good, 3, 3) == float("inf")
 
 

@@ -159,6 +159,9 @@ class AdvisorConfig:
     assumed_runtime_s: float = 3600.0
     """packed-pm with outliers = wait: what a job without a time limit is weighed as running
     (UNLIMITED, or the partition's default): a wait must cost it less than this x the slowdown."""
+    limit_share: float = 0.5
+    """packed-pm with outliers = wait: the share of its time limit a job with one is weighed as
+    running (users ask for more than they use)."""
     pin: str = "steered"
     """Which jobs get their GPUs pinned (GRES type and node list): steered (only those the
     policy places other than packing would, or that could get a GPU it avoids for them; the
@@ -533,6 +536,11 @@ def _validate_advisor(config: SiteConfig) -> None:
     if not (math.isfinite(a.assumed_runtime_s) and a.assumed_runtime_s > 0):
         raise ConfigError(
             f"{src}: 'advisor.assumed_runtime_s' must be > 0 seconds, got {a.assumed_runtime_s}"
+        )
+    if not 0 < a.limit_share <= 1:
+        raise ConfigError(
+            f"{src}: 'advisor.limit_share' must be a share of the time limit in (0, 1], "
+            f"got {a.limit_share}"
         )
     if not (math.isfinite(a.max_wait_s) and 0 <= a.max_wait_s <= 7 * 86400):
         raise ConfigError(

@@ -465,9 +465,7 @@ def _request(
         excluded_nodes=excluded,
         required_features=features,
         gpu_model=model,
-        runtime_s=limit
-        if (limit := job.time_limit_s) is not None and math.isfinite(limit)
-        else None,
+        time_limit_s=job.time_limit_s,
     )
 
 

@@ -83,6 +83,7 @@ def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
         wait=advisor.outliers == "wait",
         max_wait_s=advisor.max_wait_s,
         assumed_runtime_s=advisor.assumed_runtime_s,
+        limit_share=advisor.limit_share,
     )
 
 

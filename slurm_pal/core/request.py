@@ -40,6 +40,9 @@ class PlacementRequest:
     (so ``gpus / gpus_per_node`` nodes). ``min_nodes``/``max_nodes`` bound the number of nodes
     used. Every ``required_nodes`` node gets at least one GPU (``gpus_per_node`` if given), like
     Slurm's ``--nodelist``; other nodes may be added. ``gpu_model`` is matched case-insensitively.
+    ``time_limit_s`` is the job's time limit (``inf``: UNLIMITED; None: not known);
+    ``runtime_s`` what it is known to run, when that is known better than its limit (the
+    simulator's perfect knowledge of a trace without limits).
     """
 
     job_id: str
@@ -54,10 +57,15 @@ class PlacementRequest:
     gpu_model: str | None = None
     runtime_s: float | None = None
     waited_s: float = 0.0
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.runtime_s is not None and not self.runtime_s > 0:
             raise ValueError(f"runtime_s must be > 0 seconds or None, got {self.runtime_s!r}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise ValueError(
+                f"time_limit_s must be > 0 seconds, inf or None, got {self.time_limit_s!r}"
+            )
         if not self.waited_s >= 0:
             raise ValueError(f"waited_s must be >= 0 seconds, got {self.waited_s!r}")
         _check_count("gpus", self.gpus, 0)

@@ -29,6 +29,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         "wait": advisor.outliers == "wait",
         "max_wait_s": float(advisor.max_wait_s),
         "assumed_runtime_s": float(advisor.assumed_runtime_s),
+        "limit_share": float(advisor.limit_share),
     }
     used = SETTINGS.get(advisor.policy, ())  # only what the policy takes: reports read clearly
     return {

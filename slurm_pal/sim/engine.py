@@ -222,11 +222,14 @@ class _Job:
         self.spec = spec
         self.order = order
         limit = spec.time_limit
-        # What the advisor expects the job to run: its time limit; without one in the trace,
-        # its run time (the scheduler's perfect knowledge); unlimited: unknown.
-        runtime = spec.work if limit is None else (limit if math.isfinite(limit) else None)
+        # What the advisor knows of its length: its time limit; without one in the trace, its
+        # run time (the scheduler's perfect knowledge).
         self.request = PlacementRequest(
-            job_id=str(order), job_class=advised_class, gpus=spec.gpus, runtime_s=runtime
+            job_id=str(order),
+            job_class=advised_class,
+            gpus=spec.gpus,
+            runtime_s=spec.work if limit is None else None,
+            time_limit_s=limit,
         )
         self.remaining = spec.work
         self.first_wait: float | None = None

@@ -58,7 +58,7 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     PMFirstPolicy.name: ("pack_tolerance",),
     PALPolicy.name: ("pack_tolerance",),
     PackedPolicy.name: (),
-    PackedPMPolicy.name: ("avoid_above", "wait", "max_wait_s", "assumed_runtime_s"),
+    PackedPMPolicy.name: ("avoid_above", "wait", "max_wait_s", "assumed_runtime_s", "limit_share"),
     RandomPolicy.name: (),
 }
 """Which of the site's placement settings (``[advisor]``) each policy takes."""
