@@ -10,7 +10,9 @@ FIFO + backfill's chaos hides. What pays is keeping jobs off GPUs that are far s
 (a GPU at 2.8x for compute-bound jobs, as PAL's artifact draws have). So:
 
 1. the nodes and per-node counts are packing's (:func:`pack_pick`: exact fit, else the tightest
-   node that fits, else spread from the fullest; stable node order);
+   node that fits, else spread from the fullest); among nodes packing finds equal, the job goes
+   where it keeps another class's outlier busy, or fills in around its own outliers
+   (:meth:`PackedPMPolicy._node_rank`), else in node order;
 2. a GPU whose PM-score for the job's class is above ``avoid_above`` is left out when packing
    can place the job on the others without spanning more nodes, for a smaller LV product. A
    larger hole broken that way is a cost taken, not a veto: idle GPUs the job could use
