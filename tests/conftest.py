@@ -18,7 +18,13 @@ from typer.testing import CliRunner
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
 from tests.helpers.data import LONGHORN, LONGHORN_FILES, in_ci, need_shared
-from tests.helpers.processes import describe, step_daemons_under, wait_until_none, with_env
+from tests.helpers.processes import (
+    describe,
+    step_daemons_under,
+    testbed_prefix,
+    wait_until_none,
+    with_env,
+)
 
 # Every process the suite starts inherits this (the testbed's daemons keep every variable but
 # SLURM_*/SBATCH_*, jobs get sbatch's environment): what still carries it once the suite is
@@ -27,7 +33,7 @@ LEAK_MARK = "SPAL_TEST_RUN"
 os.environ[LEAK_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 # 24.11's step daemons carry no marker (they clear their environment): they are known by the
 # testbed folder they run in (tests/helpers/slurm_lab.fresh_testbed_dir) and their start.
-TESTBED_PREFIX = "/tmp/spal-tb-"
+TESTBED_PREFIX = testbed_prefix()
 SUITE_STARTED = time.time()
 # Teardowns signal and go on: what they stopped may take a moment to end.
 LEFT_GRACE_S = float(os.environ.get("SPAL_TEST_LEFT_GRACE_S", "15"))

@@ -62,7 +62,7 @@ def test_a_step_daemon_without_marker_is_found_by_its_testbed_folder() -> None:
     import time
 
     from slurm_pal.testbed import LocalSlurm, NodeSpec
-    from tests.helpers.processes import step_daemons_under
+    from tests.helpers.processes import step_daemons_under, testbed_prefix
 
     root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
     (root / "log").mkdir()
@@ -79,6 +79,8 @@ def test_a_step_daemon_without_marker_is_found_by_its_testbed_folder() -> None:
             time.sleep(0.05)
         assert stepd.pid in step_daemons_under("/tmp/spal-tb-", since)
         assert stepd.pid not in step_daemons_under("/tmp/spal-tb-", time.time() + 60)
+        # Another run's testbed (not this run's prefix): this run's leak check leaves it be.
+        assert stepd.pid not in step_daemons_under(testbed_prefix(), since)
         testbed = LocalSlurm(root, [NodeSpec("n01", ("a",))])
         assert stepd.pid in testbed._stray_pids()
         other = LocalSlurm(

@@ -9,6 +9,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
+def testbed_prefix() -> str:
+    """The folder prefix of this test run's testbeds (one tag per run, from the suite's leak
+    marker): the leak check then takes only its own run's step daemons, never those of a
+    run beside it on the same machine."""
+    run = os.environ.get("SPAL_TEST_RUN", "")
+    tag = run.rsplit("-", 1)[-1][:8] or "solo"
+    return f"/tmp/spal-tb-{tag}-"
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat after the command name (which may hold blanks and parentheses)."""
     try:

@@ -34,6 +34,7 @@ from slurm_pal.cli.main import app
 from slurm_pal.hooks.spool import DeliveryError, request
 from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries
 from slurm_pal.testbed.cluster import default_release, node_specs, release_bin_dir
+from tests.helpers.processes import testbed_prefix
 
 # $SLURM_PAL_SLURM_RELEASE (unset: the host's Slurm); tests/slurm/conftest.py puts its
 # programs first on PATH.
@@ -66,7 +67,7 @@ def require_slurm() -> None:
 def fresh_testbed_dir() -> Path:
     """A fresh folder for a testbed; not under pytest's 0700 tmp dirs, because munged runs as
     user munge and must reach its socket."""
-    root = Path(tempfile.mkdtemp(prefix="spal-tb-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix=Path(testbed_prefix()).name, dir="/tmp"))
     root.chmod(0o755)
     return root
 
