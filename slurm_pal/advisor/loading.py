@@ -16,9 +16,9 @@ from typing import Any
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.adapters.labels_file import read_labels
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.core.cluster import GpuSpec
 from slurm_pal.core.resolve import StoreView
+from slurm_pal.engine.decide import LabelTable
 from slurm_pal.site.render import plan_from_store
 
 __all__ = ["Loaded", "build_specs", "load_store"]

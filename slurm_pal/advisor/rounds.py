@@ -5,8 +5,8 @@ re-read), an Epilog's record (a job's end: the Epilog waits for the round's answ
 updates land before Slurm can start anything on the GPUs it frees), and a held job's bound
 coming (its hold ends). Ends that arrive together share one round.
 
-Why apart from the server: the plan itself is pure (:func:`~slurm_pal.advisor.replan.plan_replan`
-on :func:`~slurm_pal.advisor.replan.round_cluster`, the clock passed in); this class coordinates
+Why apart from the server: the plan itself is pure (:func:`~slurm_pal.engine.replan.plan_replan`
+on :func:`~slurm_pal.engine.replan.round_cluster`, the clock passed in); this class coordinates
 the rounds, keeps what they wrote since Slurm's last read, sends the updates through the
 applier (``adapters/slurm``) and queues the store writes.
 """
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from slurm_pal.advisor.counters import Counters
 from slurm_pal.advisor.jobend import job_gpus
-from slurm_pal.advisor.replan import (
+from slurm_pal.engine.replan import (
     PendingJob,
     ReplanResult,
     due_holds,

@@ -34,13 +34,9 @@ from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, SlurmStateReader
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.advise import advise, plain_pass
-from slurm_pal.advisor.decide import Decision, LabelTable
-from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.loading import build_specs, load_store
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
-from slurm_pal.advisor.reservations import Reservation, Reservations
 from slurm_pal.advisor.view import (
     UNAVAILABLE_FLAGS,
     UNAVAILABLE_STATES,
@@ -56,6 +52,10 @@ from slurm_pal.advisor.writer import StoreWriter, store_record
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy, configured_policy
 from slurm_pal.core.resolve import StoreView, resolve
+from slurm_pal.engine.advise import advise, plain_pass
+from slurm_pal.engine.decide import Decision, LabelTable
+from slurm_pal.engine.jobdesc import JobDescError, JobDescription
+from slurm_pal.engine.reservations import Reservation, Reservations
 
 __all__ = [
     "UNAVAILABLE_FLAGS",
