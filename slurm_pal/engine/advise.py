@@ -2,15 +2,15 @@
 that waits for GPUs to free (PROTOCOL.md ``decide``).
 
 Pure: no lock, no store, no Slurm; the clock (``now``, epoch seconds) and the token are passed
-in. :meth:`~slurm_pal.advisor.state.AdvisorState.decide` resolves the class, calls
-:func:`advise` under its lock, reserves what a route holds and queues the store write.
+in. :meth:`~slurm_pal.engine.engine.AdvisorEngine.submit` calls it; the service resolves the
+class, asks the engine under its lock, reserves what a route holds and queues the store write.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import PlacementPolicy
@@ -22,10 +22,7 @@ from slurm_pal.engine.decide import (
     labels_as_models,
 )
 from slurm_pal.engine.jobdesc import JobDescription
-
-if TYPE_CHECKING:
-    from slurm_pal.adapters.config import AdvisorConfig
-    from slurm_pal.advisor.view import View
+from slurm_pal.engine.settings import EngineSettings
 
 __all__ = ["Advice", "advise", "label_policy", "plain_pass", "waiting_pass"]
 
@@ -46,9 +43,11 @@ def advise(
     *,
     job_class: str | None,
     class_reason: str,
-    view: View,
     cluster: Cluster,
-    advisor: AdvisorConfig,
+    labels: LabelTable,
+    partition_nodes: Mapping[str, Iterable[str]] | None,
+    default_partition: str | None,
+    settings: EngineSettings,
     policy: PlacementPolicy,
     version: str,
     token: str,
@@ -56,7 +55,7 @@ def advise(
 ) -> Advice:
     """The advice for ``job`` on ``cluster`` (the view's free GPUs less the reservations; not
     changed here: the caller takes a route's GPUs)."""
-    job, denied = label_policy(job, view.static.labels, advisor)
+    job, denied = label_policy(job, labels, settings)
     if denied is not None:
         return Advice(Decision("deny", MappingProxyType({}), job_class, denied), job, None)
     decision = decide(
@@ -64,13 +63,13 @@ def advise(
         job_class=job_class,
         class_reason=class_reason,
         cluster=cluster,
-        labels=view.static.labels,
+        labels=labels,
         policy=policy,
         version=version,
         token=token,
-        partition_nodes=view.partition_nodes,
-        default_partition=view.default_partition,
-        leave_packing=advisor.pin == "steered",
+        partition_nodes=partition_nodes,
+        default_partition=default_partition,
+        leave_packing=settings.leave_packing,
         now=now,
     )
     if decision.allocation is not None:  # routed, or left to Slurm where it would go
@@ -83,14 +82,14 @@ def advise(
 
 
 def label_policy(
-    job: JobDescription, labels: LabelTable, advisor: AdvisorConfig
+    job: JobDescription, labels: LabelTable, settings: EngineSettings
 ) -> tuple[JobDescription, str | None]:
     """``advisor.label_requests`` for a job that names a PM label itself (a user could
     otherwise pick the fastest bin): allow it, translate it to the label's GPU model (the
     job is then placed like any other; what is stored is the translated request), or deny
     it. The advisor's own users (``allowed_users``, root) are always allowed."""
-    rule = advisor.label_requests
-    if rule == "allow" or job.user in advisor.allowed_users or job.uid == 0:
+    rule = settings.label_requests
+    if rule == "allow" or job.user in settings.allowed_users or job.uid == 0:
         return job, None
     fields = ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")
     named = {f: getattr(job, f) for f in fields if getattr(job, f)}

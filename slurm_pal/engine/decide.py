@@ -46,6 +46,7 @@ from slurm_pal.engine.jobdesc import (
     node_set,
     parse_tres,
 )
+from slurm_pal.engine.placing import place
 
 __all__ = [
     "ACTIONS",
@@ -621,43 +622,36 @@ def decide(
     if why is not None:
         return _pass(why, job_class=job_class, request=request, **common)
     assert request is not None
-    if now is not None:
-        cluster.clock = now
-        if waiting_since is not None:
-            request = replace(request, waited_s=max(0.0, now - waiting_since))
     candidates = _partition_candidates(job, cluster, partition_nodes, default_partition)
     if isinstance(candidates, str):
+        if now is not None:
+            cluster.clock = now
+            if waiting_since is not None:
+                request = replace(request, waited_s=max(0.0, now - waiting_since))
         return _pass(candidates, job_class=job_class, request=request, **common)
-    best: PlacementResult | None = None
-    reasons: list[str] = []
-    waits_off: set[int] = set()
-    wait_until: float | None = None
-    for partition, outside in candidates:
-        attempt = request
-        if outside:
-            attempt = replace(request, excluded_nodes=request.excluded_nodes | outside)
-        result = policy.place(attempt, cluster)
-        if result.allocation is None:
-            reasons.append(f"{partition}: {result.reason}" if partition else result.reason)
-            if result.waits:
-                waits_off.update(result.waits_off)
-                until = result.wait_until if result.wait_until is not None else cluster.clock
-                wait_until = until if wait_until is None else min(wait_until, until)
-        elif best is None or result.allocation.lv_product < best.allocation.lv_product:  # type: ignore[union-attr]
-            best = result
+    placement = place(
+        policy,
+        request,
+        cluster,
+        now=now,
+        waiting_since=waiting_since,
+        candidates=candidates,
+        leave_packing=leave_packing,
+    )
+    request, best, reasons = placement.request, placement.best, placement.reasons
     if best is None or best.allocation is None:
-        if wait_until is not None:
+        if placement.wait_until is not None:
             since = cluster.clock - request.waited_s
             decision = _wait(
                 f"{'; '.join(reasons)}; re-planning routes it when other GPUs free up",
                 since=since,
-                until=wait_until,
+                until=placement.wait_until,
                 job_class=job_class,
                 request=request,
                 token=token,
                 **common,
             )
-            return replace(decision, waits_off=tuple(sorted(waits_off)))
+            return replace(decision, waits_off=placement.waits_off)
         decision = _pass(
             f"{NO_FIT} ({'; '.join(reasons)}); re-planning retries",
             job_class=job_class,
@@ -666,7 +660,7 @@ def decide(
         )
         return replace(decision, retry=True)
     allocation = best.allocation
-    if leave_packing and best.as_packing:
+    if placement.left_to_slurm:
         reason = f"{allocation.reason}; packing's own pick: left to Slurm; class {job_class}"
         fields = dict(_translations(job, labels))
         fields["admin_comment"] = format_admin_comment(
