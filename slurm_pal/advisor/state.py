@@ -34,7 +34,7 @@ from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, SlurmStateReader
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.loading import build_specs, load_store
+from slurm_pal.advisor.loading import build_specs, load_store, stored_requests
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
 from slurm_pal.advisor.view import (
@@ -55,7 +55,7 @@ from slurm_pal.core.resolve import StoreView, resolve
 from slurm_pal.engine.advise import plain_pass
 from slurm_pal.engine.decide import Decision, LabelTable
 from slurm_pal.engine.engine import AdvisorEngine
-from slurm_pal.engine.jobdesc import JobDescError, JobDescription
+from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.engine.reservations import Reservation, Reservations
 from slurm_pal.engine.settings import EngineSettings
 
@@ -414,22 +414,11 @@ class AdvisorState:
             found = {t: self._requests[t][:2] for t in wanted if t in self._requests}
         missing = [t for t in wanted if t not in found]
         if missing:
-            rows = self.writer.call(lambda s: {t: s.decision(t) for t in missing}, timeout_s=60)
+            stored = self.writer.call(lambda s: stored_requests(s, missing), timeout_s=60)
             now = self.clock()
-            for token, row in rows.items():
-                if row is None:
-                    continue
-                answer = row["answer"]
-                job_class = answer.get("class") if isinstance(answer, dict) else None
-                if not job_class:
-                    continue
-                try:
-                    job = JobDescription.from_wire(row["job"])
-                except JobDescError:
-                    continue
-                found[token] = (job, str(job_class))
-                with self._lock:
-                    self._requests[token] = (job, str(job_class), now)
+            found.update(stored)
+            with self._lock:
+                self._requests.update({t: (*r, now) for t, r in stored.items()})
         return found
 
     def released_by(self, record: Mapping[str, object]) -> list[str]:
@@ -439,13 +428,11 @@ class AdvisorState:
 
     # -- reading ------------------------------------------------------------------------------
     @property
-    def policy(self) -> PlacementPolicy:
-        """The engine's policy (the one every decision of this service places with)."""
+    def policy(self) -> PlacementPolicy:  # the engine's: every decision here places with it
         return self.engine.policy
 
     @property
-    def version(self) -> str:
-        """What the engine writes into admin comments (this package's version)."""
+    def version(self) -> str:  # what the engine writes into admin comments
         return self.engine.version
 
     @property
