@@ -9,9 +9,11 @@ the Slurm read and the swap is never handed out twice. Decisions are written to 
 writer thread (:class:`StoreWriter`), after the answer.
 
 :class:`AdvisorState` holds the lock and does the reads and writes; what it computes is pure and
-lives beside it: the view from a Slurm read (:mod:`.view`), the reservations (:mod:`.reservations`),
-the advice for one job (:mod:`.advise`). The store is loaded by :mod:`.loading`, records are kept
-by :mod:`.records` and :mod:`.writer`.
+lives elsewhere: the view from a Slurm read (:mod:`.view`), and in the advisor engine, which
+the simulator drives too, the reservations (:mod:`slurm_pal.engine.reservations`) and every
+decision (:class:`~slurm_pal.engine.engine.AdvisorEngine`, built from the config's
+``[advisor]``). The store is loaded by :mod:`.loading`, records are kept by :mod:`.records`
+and :mod:`.writer`.
 
 Reservations (PROTOCOL.md "Reservations and re-planning"): a route holds its GPUs under its
 token until Slurm shows the job (``r=<token>`` in its admin comment) running or gone, or until
