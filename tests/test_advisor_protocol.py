@@ -146,3 +146,11 @@ def test_error_answer() -> None:
     assert error_answer("bad") == {"v": 1, "ok": False, "error": "bad"}
     assert error_answer("bad", ("a", "b"))["valid"] == ["a", "b"]
     assert json.loads(encode(error_answer("x", OPS)))["valid"] == list(OPS)
+
+
+def test_the_engine_answers_in_the_protocols_version() -> None:
+    """The engine states the version its decide answers carry (it imports nothing of
+    ``advisor/``); it must be the protocol's."""
+    from slurm_pal.engine.decide import WIRE_VERSION
+
+    assert WIRE_VERSION == VERSION

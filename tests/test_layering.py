@@ -1,6 +1,8 @@
-"""The advisor's layering rules, checked on the source (the engine to come needs them): no class in
-``slurm_pal/advisor/`` grows past 400 lines, the re-planner imports no adapter, and the
-advisor's state imports no site renderer. Read with ``ast`` only: nothing is imported."""
+"""The advisor's layering rules, checked on the source: no class in ``slurm_pal/advisor/`` grows
+past 400 lines, the re-planner imports no adapter, the advisor's state imports no site
+renderer, the engine (``slurm_pal/engine/``, which the service and the simulator both drive)
+imports nothing of ``adapters/``, ``advisor/``, ``sim/`` or ``cli/``, and the simulator nothing
+of ``advisor/``. Read with ``ast`` only: nothing is imported."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurm_pal"
 ADVISOR = PACKAGE / "advisor"
+ENGINE = PACKAGE / "engine"
+SIM = PACKAGE / "sim"
 MAX_CLASS_LINES = 400
 
 
@@ -54,6 +58,24 @@ def test_the_replanner_imports_no_adapter() -> None:
 
 def test_the_advisor_state_imports_no_site_renderer() -> None:
     assert _imports_under(ADVISOR / "state.py", "slurm_pal.site") == []
+
+
+@pytest.mark.parametrize("path", sorted(ENGINE.rglob("*.py")), ids=lambda p: p.name)
+def test_the_engine_imports_no_driver(path: Path) -> None:
+    """The engine is pure and below both its drivers: Slurm-release differences reach it as
+    data (``ReleaseRules``), the site config as ``EngineSettings``."""
+    for layer in ("adapters", "advisor", "sim", "cli"):
+        assert _imports_under(path, f"slurm_pal.{layer}") == [], f"{path.name} imports {layer}/"
+
+
+@pytest.mark.parametrize("path", sorted(SIM.rglob("*.py")), ids=lambda p: p.name)
+def test_the_simulator_imports_nothing_of_the_service(path: Path) -> None:
+    """The simulator reaches the advisor's decisions through the engine only."""
+    assert _imports_under(path, "slurm_pal.advisor") == []
+
+
+def test_there_is_an_engine_to_check() -> None:
+    assert {p.name for p in ENGINE.glob("*.py")} >= {"engine.py", "decide.py", "replan.py"}
 
 
 def test_the_checks_see_what_they_check(tmp_path: Path) -> None:

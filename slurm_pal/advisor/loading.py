@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.adapters.labels_file import read_labels
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.core.cluster import GpuSpec
 from slurm_pal.core.resolve import StoreView
+from slurm_pal.engine.decide import LabelTable
+from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.site.render import plan_from_store
 
-__all__ = ["Loaded", "build_specs", "load_store"]
+__all__ = ["Loaded", "build_specs", "load_store", "stored_requests"]
 
 log = logging.getLogger("slurm_pal.advisor")
 
@@ -104,3 +106,23 @@ def build_specs(campaign: str, store: Store, labels: LabelTable) -> tuple[list[G
             continue
         specs.append(GpuSpec(uuid, node, int(index), str(g["model"]), dict(g["scores"])))
     return specs, skipped
+
+
+def stored_requests(store: Store, tokens: Iterable[str]) -> dict[str, tuple[JobDescription, str]]:
+    """The request as decided and the class of each token's stored decision (one read per
+    token; a decision without a class or a readable request is left out): what a round needs
+    of the jobs decided before a restart."""
+    found: dict[str, tuple[JobDescription, str]] = {}
+    for token in tokens:
+        row = store.decision(token)
+        if row is None:
+            continue
+        answer = row["answer"]
+        job_class = answer.get("class") if isinstance(answer, dict) else None
+        if not job_class:
+            continue
+        try:
+            found[token] = (JobDescription.from_wire(row["job"]), str(job_class))
+        except JobDescError:
+            continue
+    return found

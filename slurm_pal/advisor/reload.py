@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from slurm_pal.adapters.config import ConfigError, SiteConfig, load_config
 from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.advisor.connections import allowed_uids
-from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.advisor.server import ReloadRefused
 from slurm_pal.advisor.state import make_policy
+from slurm_pal.engine.decide import LabelTable
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.server import AdvisorServer

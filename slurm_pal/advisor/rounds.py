@@ -5,8 +5,9 @@ re-read), an Epilog's record (a job's end: the Epilog waits for the round's answ
 updates land before Slurm can start anything on the GPUs it frees), and a held job's bound
 coming (its hold ends). Ends that arrive together share one round.
 
-Why apart from the server: the plan itself is pure (:func:`~slurm_pal.advisor.replan.plan_replan`
-on :func:`~slurm_pal.advisor.replan.round_cluster`, the clock passed in); this class coordinates
+Why apart from the server: the plan itself is pure (the engine's
+:meth:`~slurm_pal.engine.engine.AdvisorEngine.replan` on
+:func:`~slurm_pal.engine.replan.round_cluster`, the clock passed in); this class coordinates
 the rounds, keeps what they wrote since Slurm's last read, sends the updates through the
 applier (``adapters/slurm``) and queues the store writes.
 """
@@ -23,12 +24,11 @@ from typing import TYPE_CHECKING
 
 from slurm_pal.advisor.counters import Counters
 from slurm_pal.advisor.jobend import job_gpus
-from slurm_pal.advisor.replan import (
+from slurm_pal.engine.replan import (
     PendingJob,
     ReplanResult,
     due_holds,
     pending_as_written,
-    plan_replan,
     round_cluster,
 )
 
@@ -284,18 +284,15 @@ class RoundCoordinator:
         gathered = time.perf_counter()
         tokens = {p.token for p in pending}
         reserved = [r.uuids for token, r in reservations.items() if token not in tokens]
-        result = plan_replan(
+        result = state.engine.replan(
             pending,
             round_cluster(view.base, freed, reserved),
             known=dict(view.requests),  # the round's own: a new job's request is added to it
             labels=view.static.labels,
-            policy=state.policy,
-            version=state.version,
             class_order=view.static.class_order,
             partition_nodes=view.partition_nodes,
             default_partition=view.default_partition,
             release=getattr(self.applier, "release", None),  # 24.11 replaces typed requests
-            leave_packing=state.config.advisor.pin == "steered",
             now=state.wall_clock(),
         )
         # Each job's steps run in order, the jobs in priority order (the jobs Slurm will start

@@ -34,12 +34,12 @@ from slurm_pal.advisor.connections import UnixTransport, allowed_uids, peer_uid
 from slurm_pal.advisor.counters import Counters, Histogram, format_stats
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
-from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
 from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pause, sweep_spool
-from slurm_pal.advisor.replan import ReplanResult
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.engine.jobdesc import JobDescError, JobDescription
+from slurm_pal.engine.replan import ReplanResult
 
 __all__ = [
     "MAX_READ_SHARE",

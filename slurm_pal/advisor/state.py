@@ -9,9 +9,11 @@ the Slurm read and the swap is never handed out twice. Decisions are written to 
 writer thread (:class:`StoreWriter`), after the answer.
 
 :class:`AdvisorState` holds the lock and does the reads and writes; what it computes is pure and
-lives beside it: the view from a Slurm read (:mod:`.view`), the reservations (:mod:`.reservations`),
-the advice for one job (:mod:`.advise`). The store is loaded by :mod:`.loading`, records are kept
-by :mod:`.records` and :mod:`.writer`.
+lives elsewhere: the view from a Slurm read (:mod:`.view`), and in the advisor engine, which
+the simulator drives too, the reservations (:mod:`slurm_pal.engine.reservations`) and every
+decision (:class:`~slurm_pal.engine.engine.AdvisorEngine`, built from the config's
+``[advisor]``). The store is loaded by :mod:`.loading`, records are kept by :mod:`.records`
+and :mod:`.writer`.
 
 Reservations (PROTOCOL.md "Reservations and re-planning"): a route holds its GPUs under its
 token until Slurm shows the job (``r=<token>`` in its admin comment) running or gone, or until
@@ -34,13 +36,9 @@ from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.site_topology import topology_from_config
 from slurm_pal.adapters.slurm.state import JobState, SlurmStateReader
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.advise import advise, plain_pass
-from slurm_pal.advisor.decide import Decision, LabelTable
-from slurm_pal.advisor.jobdesc import JobDescError, JobDescription
-from slurm_pal.advisor.loading import build_specs, load_store
+from slurm_pal.advisor.loading import build_specs, load_store, stored_requests
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
-from slurm_pal.advisor.reservations import Reservation, Reservations
 from slurm_pal.advisor.view import (
     UNAVAILABLE_FLAGS,
     UNAVAILABLE_STATES,
@@ -54,8 +52,14 @@ from slurm_pal.advisor.view import (
 )
 from slurm_pal.advisor.writer import StoreWriter, store_record
 from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.placement import PlacementPolicy, configured_policy
+from slurm_pal.core.placement import PlacementPolicy
 from slurm_pal.core.resolve import StoreView, resolve
+from slurm_pal.engine.advise import plain_pass
+from slurm_pal.engine.decide import Decision, LabelTable
+from slurm_pal.engine.engine import AdvisorEngine
+from slurm_pal.engine.jobdesc import JobDescription
+from slurm_pal.engine.reservations import Reservation, Reservations
+from slurm_pal.engine.settings import EngineSettings
 
 __all__ = [
     "UNAVAILABLE_FLAGS",
@@ -67,6 +71,7 @@ __all__ = [
     "View",
     "build_specs",
     "expect_ends",
+    "make_engine",
     "make_policy",
     "node_unavailable",
 ]
@@ -74,17 +79,14 @@ __all__ = [
 log = logging.getLogger("slurm_pal.advisor")
 
 
+def make_engine(name: str, advisor: AdvisorConfig) -> AdvisorEngine:
+    """The engine the service runs: ``[advisor]``'s settings with policy ``name``."""
+    return AdvisorEngine(EngineSettings.from_advisor(advisor, name), version=__version__)
+
+
 def make_policy(name: str, advisor: AdvisorConfig) -> PlacementPolicy:
-    """The configured policy, built as the simulator builds placement ``advisor``."""
-    return configured_policy(
-        name,
-        pack_tolerance=advisor.pack_tolerance,
-        avoid_above=advisor.avoid_above,
-        wait=advisor.outliers == "wait",
-        max_wait_s=advisor.max_wait_s,
-        assumed_runtime_s=advisor.assumed_runtime_s,
-        limit_share=advisor.limit_share,
-    )
+    """The configured policy, built as the engine builds it (a reload checks it first)."""
+    return EngineSettings.from_advisor(advisor, name).build_policy()
 
 
 class AdvisorState:
@@ -102,11 +104,10 @@ class AdvisorState:
         wall_clock: Callable[[], float] = time.time,
         writer: StoreWriter | None = None,
     ) -> None:
-        self.config = config
+        self.policy_name = policy or config.advisor.policy
+        self.config = config  # builds the engine
         self.store_path = Path(store_path)
         self.reader = reader
-        self.policy_name = policy or config.advisor.policy
-        self.policy = make_policy(self.policy_name, config.advisor)
         self.labels_file = labels_file
         self.clock = clock
         self.wall_clock = wall_clock
@@ -114,7 +115,6 @@ class AdvisorState:
         self.topology = topology_from_config(config.locality, source=config.source)
         self.resolve_config = config.resolve_config()
         self.writer = writer or StoreWriter(self.store_path)
-        self.version = __version__
         self.records = RecordBook()
         self._lock = threading.Lock()
         self._static: Static | None = None
@@ -136,15 +136,26 @@ class AdvisorState:
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
 
     # -- loading ----------------------------------------------------------------------------
+    @property
+    def config(self) -> SiteConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: SiteConfig) -> None:
+        """A new site config: the engine is rebuilt from it, so every decision after this
+        one follows its ``[advisor]`` settings."""
+        self._config = config
+        self.engine = make_engine(self.policy_name, config.advisor)
+
     def set_config(self, config: SiteConfig, *, policy: str | None = None) -> None:
         """Take a re-read site config (the ``reload`` op): policy, tolerance, topology, TTL,
         class rules. The cluster is rebuilt by the :meth:`reload` that follows."""
         name = policy or config.advisor.policy
-        new_policy = make_policy(name, config.advisor)
+        engine = make_engine(name, config.advisor)
         topology = topology_from_config(config.locality, source=config.source)
         with self._lock:
-            self.config = config
-            self.policy_name, self.policy = name, new_policy
+            self._config = config
+            self.policy_name, self.engine = name, engine
             self.topology = topology
             self.resolve_config = config.resolve_config()
 
@@ -334,15 +345,14 @@ class AdvisorState:
             if view is None or cluster is None:
                 why = self._problem if self._view is None and self._problem else "no Slurm view yet"
                 return plain_pass(why, resolution.job_class, self.version)
-            advice = advise(
+            advice = self.engine.submit(
                 job,
                 job_class=resolution.job_class,
                 class_reason=resolution.reason,
-                view=view,
                 cluster=cluster,
-                advisor=self.config.advisor,
-                policy=self.policy,
-                version=self.version,
+                labels=view.static.labels,
+                partition_nodes=view.partition_nodes,
+                default_partition=view.default_partition,
                 token=token,
                 now=self.wall_clock(),
             )
@@ -351,7 +361,7 @@ class AdvisorState:
                 return decision
             if decision.allocation is not None:  # routed, or left to Slurm where it would go
                 cluster.allocate(decision.allocation)
-                ttl_s = self.config.advisor.reservation_ttl_s
+                ttl_s = self.engine.settings.reservation_ttl_s
                 self._reservations.hold(
                     token, decision.allocation.uuids, now=self.clock(), ttl_s=ttl_s
                 )
@@ -406,22 +416,11 @@ class AdvisorState:
             found = {t: self._requests[t][:2] for t in wanted if t in self._requests}
         missing = [t for t in wanted if t not in found]
         if missing:
-            rows = self.writer.call(lambda s: {t: s.decision(t) for t in missing}, timeout_s=60)
+            stored = self.writer.call(lambda s: stored_requests(s, missing), timeout_s=60)
             now = self.clock()
-            for token, row in rows.items():
-                if row is None:
-                    continue
-                answer = row["answer"]
-                job_class = answer.get("class") if isinstance(answer, dict) else None
-                if not job_class:
-                    continue
-                try:
-                    job = JobDescription.from_wire(row["job"])
-                except JobDescError:
-                    continue
-                found[token] = (job, str(job_class))
-                with self._lock:
-                    self._requests[token] = (job, str(job_class), now)
+            found.update(stored)
+            with self._lock:
+                self._requests.update({t: (*r, now) for t, r in stored.items()})
         return found
 
     def released_by(self, record: Mapping[str, object]) -> list[str]:
@@ -430,6 +429,14 @@ class AdvisorState:
         return _released_by(self._view, record)
 
     # -- reading ------------------------------------------------------------------------------
+    @property
+    def policy(self) -> PlacementPolicy:  # the engine's: every decision here places with it
+        return self.engine.policy
+
+    @property
+    def version(self) -> str:  # what the engine writes into admin comments
+        return self.engine.version
+
     @property
     def view(self) -> View | None:
         return self._view
@@ -452,7 +459,7 @@ class AdvisorState:
     def reserve(self, token: str, uuids: Iterable[str], job_id: int | None) -> None:
         """Hold GPUs for a re-planned job (same TTL as a route)."""
         with self._lock:
-            ttl_s = self.config.advisor.reservation_ttl_s
+            ttl_s = self.engine.settings.reservation_ttl_s
             self._reservations.hold(token, uuids, now=self.clock(), ttl_s=ttl_s, job_id=job_id)
             if self._view is not None:
                 self._cluster = self._reservations.applied_to(self._view.base)

@@ -18,19 +18,19 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from slurm_pal.advisor.decide import LabelTable, parse_admin_comment
-from slurm_pal.advisor.jobdesc import JobDescription
-from slurm_pal.advisor.replan import (
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.gres import compare_gres
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.topology import Topology
+from slurm_pal.engine.decide import LabelTable, parse_admin_comment
+from slurm_pal.engine.jobdesc import JobDescription
+from slurm_pal.engine.replan import (
     PendingJob,
     RequestKey,
     replannable,
     requests_of,
     steered_job,
 )
-from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.gres import compare_gres
-from slurm_pal.core.request import PlacementRequest
-from slurm_pal.core.topology import Topology
 
 if TYPE_CHECKING:
     from slurm_pal.adapters.slurm.state import JobState, NodeState

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_pal.adapters.store import Store, StoreError
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.jobend import merge_telemetry
 from slurm_pal.core.resolve import JobRecord, claimed_app
+from slurm_pal.engine.jobdesc import JobDescription
 
 __all__ = ["StoreWriter", "store_record"]
 

@@ -18,12 +18,12 @@ import pandas as pd
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.adapters.labels_file import LabelTableError, read_labels
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.campaigns.stored import stored_clock_events
 from slurm_pal.campaigns.workspace import CampaignError
 from slurm_pal.core.campaigns import ClockEventSummary
 from slurm_pal.core.drift import DriftDetector, GpuDrift, JobInfo, runs_from_records
 from slurm_pal.core.hostlist import compress as compress_hostlist
+from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.site.render import plan_from_store
 
 GpuPlace = tuple[str, int | None]

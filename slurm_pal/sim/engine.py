@@ -42,7 +42,10 @@ deterministic and start from an empty cluster each round), except for Random.
 
 Slurm mode (what production will see): event-driven, non-preemptive. At every arrival or
 completion the advisor re-plans the pending jobs in scheduler order through
-:func:`placement_order` (PAL's cut and class sort) and the policy; a job starts the moment it is
+:func:`placement_order` (PAL's cut and class sort); each job's placement is asked of the
+advisor's engine (:meth:`slurm_pal.engine.engine.AdvisorEngine.place`, the entry point the
+service's decisions go through: its policy, the held jobs' waits and bound, and ``pin``: a job
+the engine leaves to Slurm is placed by this Slurm's own packing); a job starts the moment it is
 placed and keeps its GPUs to the end. When a job does not fit, it gets an EASY-backfill
 reservation: the time enough GPUs free up (from the running jobs' end times, i.e. perfect time
 limits) and the GPUs left over then; a later job may only start before it if it ends by then
@@ -55,7 +58,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -64,13 +67,14 @@ from slurm_pal.core.placement import (
     Allocation,
     PlacementPolicy,
     PlacementResult,
-    configured_policy,
     get_policy,
 )
 from slurm_pal.core.queue import placement_order, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
+from slurm_pal.engine.engine import AdvisorEngine
+from slurm_pal.engine.settings import PINS, EngineSettings
 from slurm_pal.sim.metrics import JobOutcome, SimResult
 from slurm_pal.sim.peers import PEERS, simulate_peer
 from slurm_pal.sim.variability import SimGpus
@@ -145,7 +149,11 @@ class SimConfig:
 
     Peers only: ``migration_seconds`` is what moving or resuming a job costs FFT-PM and
     ``pal-fft`` (state restore, in progress and in FFT's switching penalty); ``xi`` overrides
-    every pair's interference factor of the sharing peers (SJF-BSBF's global xi sweep)."""
+    every pair's interference factor of the sharing peers (SJF-BSBF's global xi sweep).
+
+    Placement ``advisor`` only: ``advisor_policy``/``advisor_settings`` build the engine's
+    policy; ``advisor_pin`` is ``advisor.pin`` (``steered``: a job whose pick is packing's own
+    is left to the simulated Slurm's packing; ``every-job``: every placed job is pinned)."""
 
     placement: str = "pal"
     scheduler: str = "fifo"
@@ -166,6 +174,7 @@ class SimConfig:
     advisor_policy: str = "packed-pm"
     advisor_settings: tuple[tuple[str, float | bool], ...] = ()
     decisions: str = "every-event"
+    advisor_pin: str = "steered"
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -180,6 +189,8 @@ class SimConfig:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if self.decisions not in DECISIONS:
             raise ValueError(f"unknown decisions {self.decisions!r}; valid: {', '.join(DECISIONS)}")
+        if self.advisor_pin not in PINS:
+            raise ValueError(f"unknown pin {self.advisor_pin!r}; valid: {', '.join(PINS)}")
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
         for penalty in (self.locality_penalty, self.site_locality_penalty):
@@ -264,11 +275,21 @@ class _Simulation:
             params["seed"] = config.seed
         if config.placement == "null":
             params["shuffle_seed"] = config.seed
-        self.policy: PlacementPolicy = (
-            configured_policy(config.advisor_policy, **dict(config.advisor_settings))
-            if config.placement == "advisor"
-            else get_policy(config.policy_name, **params)
+        # Slurm mode decides through the advisor's engine, the object `serve` runs: placement
+        # ``advisor`` is the engine as the site config sets it up; any other placement is the
+        # engine around that policy, pinning every job it places.
+        advisor = config.placement == "advisor"
+        self.engine = AdvisorEngine(
+            EngineSettings(
+                policy=config.policy_name,
+                policy_settings=config.advisor_settings if advisor else (),
+                pin=config.advisor_pin if advisor else "every-job",
+                replan_on_epilog=config.decisions == "every-event",
+            ),
+            version="sim",
+            policy=None if advisor else get_policy(config.policy_name, **params),
         )
+        self.policy: PlacementPolicy = self.engine.policy
         advised_targets = {target for _, target in config.advised_classes}
         if config.default_class is not None:
             advised_targets.add(config.default_class)
@@ -296,7 +317,7 @@ class _Simulation:
         self.site_penalty = config.site_locality_penalty
         self.by_id = {job.request.job_id: job for job in self.jobs}
         self.timeline: list[tuple[float, int]] = []
-        self.at_submit_only = config.decisions == "at-submit"
+        self.at_submit_only = not self.engine.rounds_at_job_end
         self.slurm_packing: PlacementPolicy = get_policy("packed")
         # Random draws differ call by call: its rounds are never replayed from the last plan.
         self.replayable = config.policy_name != "random" and config.placement != "null"
@@ -554,12 +575,14 @@ class _Simulation:
 
         def place(request: PlacementRequest, cluster: Cluster) -> PlacementResult:
             job = self.by_id[request.job_id]
-            policy = self.policy
             if self.at_submit_only and job.spec.submit_time != now:
-                policy = self.slurm_packing  # not decided at its submission: Slurm places it
-            if job.first_wait is not None:
-                request = replace(request, waited_s=now - job.first_wait)
-            result = policy.place(request, cluster)
+                # not decided at its submission (no round at job ends): Slurm places it
+                return self.slurm_packing.place(request, cluster)
+            placement = self.engine.place(request, cluster, now=now, waiting_since=job.first_wait)
+            if placement.left_to_slurm:  # pin = steered: no pin, Slurm's own packing places it
+                result = self.slurm_packing.place(placement.request, cluster)
+            else:
+                result = placement.result()
             if result.waits and job.first_wait is None:
                 job.first_wait = now
                 until = result.wait_until if result.wait_until is not None else now

@@ -110,7 +110,7 @@ def live_demo(
 
 
 def _print_jobs(console: Console, result: ArmResult, arm: str) -> None:
-    from slurm_pal.advisor.decide import parse_admin_comment
+    from slurm_pal.engine.decide import parse_admin_comment
 
     table = Table(title=f"{arm}: where each job went", title_justify="left")
     for column in ("job", "class", "GPUs", "GPUs got (node:Slurm index label)", "slowdown"):
@@ -154,7 +154,7 @@ def advisor_why(parsed: Mapping[str, str] | None) -> str:
 def replanning_summary(result: ArmResult) -> str:
     """What re-planning at job ends did in the advisor arm: its rounds, the queued jobs it
     updated in Slurm (and refused updates), and how many jobs ran where a round put them."""
-    from slurm_pal.advisor.decide import parse_admin_comment
+    from slurm_pal.engine.decide import parse_admin_comment
 
     stats: Mapping[str, object] = result.extra.get("advisor_stats") or {}  # type: ignore[assignment]
     replanned = sum(

@@ -1,0 +1,85 @@
+"""The advisor engine's settings: every ``[advisor]`` knob that changes a decision, as plain
+values.
+
+Why its own dataclass: the engine imports nothing of ``adapters/`` (where the site config is
+read), and the simulator builds the same settings from its own knobs; both then build the
+policy the same way (:meth:`EngineSettings.build_policy`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from slurm_pal.core.placement import PlacementPolicy, configured_policy
+
+__all__ = ["PINS", "AdvisorKnobs", "EngineSettings"]
+
+PINS = ("steered", "every-job")
+
+
+class AdvisorKnobs(Protocol):
+    """The part of a site's ``[advisor]`` section the engine reads
+    (``adapters.config.AdvisorConfig`` is one)."""
+
+    policy: str
+    pack_tolerance: float
+    avoid_above: float
+    outliers: str
+    max_wait_s: float
+    assumed_runtime_s: float
+    limit_share: float
+    pin: str
+    label_requests: str
+    allowed_users: tuple[str, ...]
+    reservation_ttl_s: float
+    replan_on_epilog: bool
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine decides with. ``policy_settings``: the keywords
+    :func:`~slurm_pal.core.placement.configured_policy` takes (those the policy does not use
+    are ignored). ``pin``: ``steered`` leaves a job whose pick is packing's own to Slurm,
+    ``every-job`` pins every placed job. ``replan_on_epilog``: a job's end runs a round (off:
+    the advisor decides at submit only, and Slurm places what found no GPUs then)."""
+
+    policy: str = "packed-pm"
+    policy_settings: tuple[tuple[str, float | bool], ...] = ()
+    pin: str = "steered"
+    label_requests: str = "translate"
+    allowed_users: tuple[str, ...] = ("root", "slurm")
+    reservation_ttl_s: float = 60.0
+    replan_on_epilog: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pin not in PINS:
+            raise ValueError(f"unknown pin {self.pin!r}; valid: {', '.join(PINS)}")
+
+    @classmethod
+    def from_advisor(cls, advisor: AdvisorKnobs, policy: str | None = None) -> EngineSettings:
+        """The settings of a site's ``[advisor]`` section (``policy`` overrides its policy)."""
+        return cls(
+            policy=policy or advisor.policy,
+            policy_settings=(
+                ("pack_tolerance", float(advisor.pack_tolerance)),
+                ("avoid_above", float(advisor.avoid_above)),
+                ("wait", advisor.outliers == "wait"),
+                ("max_wait_s", float(advisor.max_wait_s)),
+                ("assumed_runtime_s", float(advisor.assumed_runtime_s)),
+                ("limit_share", float(advisor.limit_share)),
+            ),
+            pin=advisor.pin,
+            label_requests=advisor.label_requests,
+            allowed_users=tuple(advisor.allowed_users),
+            reservation_ttl_s=float(advisor.reservation_ttl_s),
+            replan_on_epilog=bool(advisor.replan_on_epilog),
+        )
+
+    @property
+    def leave_packing(self) -> bool:
+        """A pick that is packing's own, with nothing to avoid, is left to Slurm."""
+        return self.pin == "steered"
+
+    def build_policy(self) -> PlacementPolicy:
+        return configured_policy(self.policy, **dict(self.policy_settings))
