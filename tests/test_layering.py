@@ -45,10 +45,29 @@ def _imports_under(path: Path, prefix: str) -> list[str]:
     return sorted(m for m in _imports(path) if m == prefix or m.startswith(prefix + "."))
 
 
-@pytest.mark.parametrize("path", sorted(ADVISOR.rglob("*.py")), ids=lambda p: p.name)
-def test_no_advisor_class_is_over_400_lines(path: Path) -> None:
-    too_long = [(name, n) for name, n in _classes(path) if n > MAX_CLASS_LINES]
-    assert not too_long, f"{path.name}: classes over {MAX_CLASS_LINES} lines: {too_long}"
+# Known and listed in ARCHITECTURE.md's gaps: the testbed's one-host Slurm (daemons, config,
+# munge, jobs) is still one class. The list may only shrink.
+LONG_CLASSES_KNOWN = {("testbed/cluster.py", "LocalSlurm")}
+
+
+@pytest.mark.parametrize(
+    "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_no_class_is_over_400_lines(path: Path) -> None:
+    where = str(path.relative_to(PACKAGE))
+    too_long = [
+        (name, n)
+        for name, n in _classes(path)
+        if n > MAX_CLASS_LINES and (where, name) not in LONG_CLASSES_KNOWN
+    ]
+    assert not too_long, f"{where}: classes over {MAX_CLASS_LINES} lines: {too_long}"
+
+
+def test_the_known_long_classes_are_still_long() -> None:
+    """A class that got short leaves the list (so the list never hides a new long one)."""
+    for where, name in LONG_CLASSES_KNOWN:
+        lines = dict(_classes(PACKAGE / where))[name]
+        assert lines > MAX_CLASS_LINES, f"{where}:{name} is {lines} lines: drop it from the list"
 
 
 def test_the_replanner_imports_no_adapter() -> None:

@@ -77,6 +77,54 @@ class ClassScores:
         return int(self.bin_scores.size)
 
 
+def _switch_layout(
+    topology: Topology, node_names: tuple[str, ...]
+) -> tuple[IntArray, tuple[str, ...], IntArray, IntArray]:
+    """Per node its switch number; the switch names; the nodes ordered by switch and where each
+    switch's run starts. A node the topology does not place is its own switch ("\0" keeps the
+    name apart)."""
+    switch_of_node = [
+        (topology.switch_of(name) or f"\0{name}") if topology.has_switches else ""
+        for name in node_names
+    ]
+    switch_ids: dict[str, int] = {}
+    node_switch = _readonly(
+        np.array([switch_ids.setdefault(s, len(switch_ids)) for s in switch_of_node], np.intp)
+    )
+    names = tuple(name.lstrip("\0") for name in switch_ids)
+    order = _readonly(np.argsort(node_switch, kind="stable").astype(np.intp))
+    group_sizes = np.bincount(node_switch, minlength=len(switch_ids))
+    starts = _readonly(np.concatenate(([0], np.cumsum(group_sizes)[:-1])))
+    return node_switch, names, order, starts
+
+
+def _class_scores(specs: Sequence[GpuSpec], name: str, n_nodes: int) -> ClassScores:
+    """Class ``name``'s PM-score per GPU, binned by distinct value; refuses a missing, non-finite
+    or non-positive score (the scoring pipeline fills fallbacks; the cluster refuses to guess)
+    and more distinct scores than the count tables hold."""
+    values = []
+    for spec in specs:
+        try:
+            score = float(spec.scores[name])
+        except (KeyError, TypeError, ValueError):
+            score = math.nan
+        if not math.isfinite(score):
+            raise ValueError(f"GPU {spec.uuid} has no finite PM-score for class {name!r}")
+        if score <= 0:
+            raise ValueError(f"GPU {spec.uuid} has a PM-score <= 0 for class {name!r}")
+        values.append(score)
+    scores = np.array(values)
+    bin_scores, bin_of = np.unique(scores, return_inverse=True)
+    if n_nodes * bin_scores.size > MAX_COUNT_CELLS:
+        raise ValueError(
+            f"class {name!r} has {bin_scores.size} distinct PM-scores on {n_nodes} nodes; "
+            "bin the scores first (see slurm_pal.core.binning)"
+        )
+    return ClassScores(
+        name, _readonly(scores), _readonly(bin_scores), _readonly(bin_of.astype(np.intp))
+    )
+
+
 class Cluster:
     """GPUs, their scores and topology (static, shared by copies) plus the free mask (mutable).
 
@@ -228,44 +276,14 @@ class Cluster:
         node_model[uniform] = first_model[uniform]
         self.node_model = _readonly(node_model)
 
-        # A node the topology does not place is its own switch ("\0" keeps the name apart).
-        switch_of_node = [
-            (topology.switch_of(name) or f"\0{name}") if topology.has_switches else ""
-            for name in self.node_names
-        ]
-        switch_ids: dict[str, int] = {}
-        self.node_switch = _readonly(
-            np.array([switch_ids.setdefault(s, len(switch_ids)) for s in switch_of_node], np.intp)
-        )
-        self.switch_names = tuple(name.lstrip("\0") for name in switch_ids)
-        order = np.argsort(self.node_switch, kind="stable")
-        self.switch_node_order = _readonly(order.astype(np.intp))
-        group_sizes = np.bincount(self.node_switch, minlength=len(switch_ids))
-        self.switch_starts = _readonly(np.concatenate(([0], np.cumsum(group_sizes)[:-1])))
+        (
+            self.node_switch,
+            self.switch_names,
+            self.switch_node_order,
+            self.switch_starts,
+        ) = _switch_layout(topology, self.node_names)
 
-        self.classes = {}
-        for name in class_names:
-            values = []
-            for spec in specs:
-                try:
-                    score = float(spec.scores[name])
-                except (KeyError, TypeError, ValueError):
-                    score = math.nan
-                if not math.isfinite(score):
-                    raise ValueError(f"GPU {spec.uuid} has no finite PM-score for class {name!r}")
-                if score <= 0:
-                    raise ValueError(f"GPU {spec.uuid} has a PM-score <= 0 for class {name!r}")
-                values.append(score)
-            scores = np.array(values)
-            bin_scores, bin_of = np.unique(scores, return_inverse=True)
-            if n_nodes * bin_scores.size > MAX_COUNT_CELLS:
-                raise ValueError(
-                    f"class {name!r} has {bin_scores.size} distinct PM-scores on {n_nodes} nodes; "
-                    "bin the scores first (see slurm_pal.core.binning)"
-                )
-            self.classes[name] = ClassScores(
-                name, _readonly(scores), _readonly(bin_scores), _readonly(bin_of.astype(np.intp))
-            )
+        self.classes = {name: _class_scores(specs, name, n_nodes) for name in class_names}
         if class_order is None:
             self.class_order = tuple(class_names)
         else:
