@@ -151,7 +151,7 @@ class DriftDetector:
         usable: list[JobRun] = []
         self.skipped_ = {}
         for run in runs:
-            problem = _problem(run, scores)
+            problem = run_problem(run, scores)
             if problem:
                 self.skipped_[run.job_id] = problem
                 continue
@@ -252,14 +252,13 @@ class _Runs:
         gpus: dict[str, list[int]] = {}
         necks: dict[str, list[int]] = {}
         for i, run in enumerate(runs):
-            per_gpu = {g: float(scores[g][run.job_class]) for g in run.gpus}
-            slowest = max(per_gpu.values())
+            slowest, bottlenecks = bottleneck(run, scores)
             worst.append(slowest)
             apps.setdefault(run.app, []).append(i)
-            for g, score in per_gpu.items():
+            for g in dict.fromkeys(run.gpus):
                 gpus.setdefault(g, []).append(i)
-                if score >= slowest * (1 - 1e-9):
-                    necks.setdefault(g, []).append(i)
+            for g in bottlenecks:
+                necks.setdefault(g, []).append(i)
         self.worst = np.array(worst, dtype=float)
         self.norm = np.array([r.runtime_s for r in runs], dtype=float) / self.worst
         self.app_runs = {a: np.array(v, dtype=int) for a, v in apps.items()}
@@ -267,7 +266,19 @@ class _Runs:
         self.bottleneck_runs = {g: np.array(v, dtype=int) for g, v in necks.items()}
 
 
-def _problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:
+def bottleneck(
+    run: JobRun, scores: Mapping[str, Mapping[str, float]]
+) -> tuple[float, tuple[str, ...]]:
+    """The run's worst PM-score for its class and the GPUs that have it: the job waits for the
+    slowest GPU, so only those can be judged by its runtime (a usable run, see
+    :func:`run_problem`)."""
+    per_gpu = {g: float(scores[g][run.job_class]) for g in run.gpus}
+    slowest = max(per_gpu.values())
+    return slowest, tuple(g for g, score in per_gpu.items() if score >= slowest * (1 - 1e-9))
+
+
+def run_problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:
+    """Why ``run`` cannot be judged against the campaign ('' when it can)."""
     if not run.gpus:
         return "no GPUs recorded"
     if not (run.runtime_s > 0 and math.isfinite(run.runtime_s)):
