@@ -81,18 +81,19 @@ def fault_model(
     factors: Sequence[float] = (1.5, 2.0),
     repair_days: float = 14.0,
     visible_share: float = 0.5,
+    start_days: float = 0.0,
     seed: int = 0,
 ) -> list[Fault]:
-    """Faults over ``days`` on ``n_gpus``: a Poisson count at ``per_1000_gpu_days``, uniform
-    times and GPUs (a GPU faults at most once), a factor drawn from ``factors``, repaired after
-    an exponential time of mean ``repair_days`` (inf: never), visible to NVML with probability
-    ``visible_share``."""
+    """Faults over ``days`` from ``start_days`` on ``n_gpus``: a Poisson count at
+    ``per_1000_gpu_days``, uniform times and GPUs (a GPU faults at most once), a factor drawn
+    from ``factors``, repaired after an exponential time of mean ``repair_days`` (inf: never),
+    visible to NVML with probability ``visible_share``."""
     if per_1000_gpu_days < 0 or not factors or days <= 0 or n_gpus < 1:
         raise ValueError("need a rate >= 0, at least one factor, days > 0 and GPUs")
     rng = np.random.default_rng(seed)
     count = min(n_gpus, int(rng.poisson(per_1000_gpu_days * n_gpus * days / 1000.0)))
     gpus = rng.choice(n_gpus, count, replace=False)
-    times = rng.uniform(0, days * 86400.0, count)
+    times = rng.uniform(start_days * 86400.0, (start_days + days) * 86400.0, count)
     picks = rng.integers(0, len(factors), count)
     repairs = (
         rng.exponential(repair_days * 86400.0, count)
