@@ -267,14 +267,16 @@ class _Runs:
 
 
 def bottleneck(
-    run: JobRun, scores: Mapping[str, Mapping[str, float]]
+    run: JobRun, scores: Mapping[str, Mapping[str, float]], within: float = 1.0
 ) -> tuple[float, tuple[str, ...]]:
     """The run's worst PM-score for its class and the GPUs that have it: the job waits for the
     slowest GPU, so only those can be judged by its runtime (a usable run, see
-    :func:`run_problem`)."""
+    :func:`run_problem`). ``within`` > 1 also names the GPUs whose score is within that factor
+    of the worst: slowed by that much, any of them would hold the job back instead."""
     per_gpu = {g: float(scores[g][run.job_class]) for g in run.gpus}
     slowest = max(per_gpu.values())
-    return slowest, tuple(g for g, score in per_gpu.items() if score >= slowest * (1 - 1e-9))
+    floor = slowest / within * (1 - 1e-9)
+    return slowest, tuple(g for g, score in per_gpu.items() if score >= floor)
 
 
 def run_problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:

@@ -310,7 +310,9 @@ class SuspicionDetector:
 
     def _runtime(self, record: JobRecord) -> list[Change]:
         run = record.run
-        worst, necks = bottleneck(run, self._scores)
+        # A GPU that got min_slowdown slower becomes the bottleneck if its score was within
+        # that factor of the worst: those are the GPUs this run can accuse.
+        worst, necks = bottleneck(run, self._scores, within=self.min_slowdown)
         used = frozenset(run.gpus)
         suspect_here = {g for g in used if self._is_suspect(g, run.job_class)}
         history = self._apps.setdefault(run.app, deque(maxlen=self.window))
@@ -373,14 +375,25 @@ class SuspicionDetector:
             changes += self._suspect(
                 gpu, run.job_class, track, record.end_s, track.entries[0].start_s, "runtime"
             )
-            still: list[tuple[str, _Track]] = []
-            for other, other_track in candidates:
-                other_track.entries = [e for e in other_track.entries if gpu not in e.gpus]
-                other_track.score = _cusum(other_track.entries)
-                if other_track.score >= self.alarm and len(other_track.entries) >= self.min_runs:
-                    still.append((other, other_track))
-            candidates = still
+            self._explain_away(gpu, run.job_class, track)
+            candidates = [
+                (other, t)
+                for other, t in candidates
+                if t.score >= self.alarm and len(t.entries) >= self.min_runs
+            ]
         return changes
+
+    def _explain_away(self, gpu: str, job_class: str, track: _Track) -> None:
+        """The runs ``gpu`` (now suspect) shared stop counting against its partners."""
+        partners = {g for e in track.entries for g in e.gpus} - {gpu}
+        for partner in partners:
+            other = self._tracks.get((partner, job_class))
+            if other is None or other.suspicion is not None:
+                continue
+            kept = [e for e in other.entries if gpu not in e.gpus]
+            if len(kept) != len(other.entries):
+                other.entries = kept
+                other.score = _cusum(kept)
 
     # -- bookkeeping -------------------------------------------------------------------------
 
