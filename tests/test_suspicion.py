@@ -191,3 +191,25 @@ def test_settings_are_checked() -> None:
         SuspicionDetector(min_slowdown=1.0)
     with pytest.raises(ValueError, match="window"):
         SuspicionDetector(window=2, min_baseline=3)
+
+
+def test_a_slow_gpu_in_a_better_bin_does_not_pass_its_slowdown_to_a_partner() -> None:
+    # g0 (campaign 1.00) turns 2x slow; g1 (campaign 1.05, the run's worst score) is healthy.
+    scores = _scores(8)
+    scores["g1"] = dict.fromkeys(CLASSES, 1.05)
+    detector = SuspicionDetector().fit(scores)
+    rng = np.random.default_rng(1)
+    for j in range(300):
+        number = (j // 4) % 3  # every application runs on every kind of placement
+        app = f"A{number}"
+        slow = j >= 100
+        if j % 4 == 0:
+            gpus, factor = ("g0", "g1"), (2.0 if slow else 1.05)
+        elif j % 4 == 1:
+            gpus, factor = ("g0",), (2.0 if slow else 1.0)
+        else:
+            gpus, factor = (f"g{2 + j % 6}",), 1.0
+        runtime = 1000.0 * (1 + number) * factor * float(rng.lognormal(0, 0.07))
+        detector.update(JobRecord(JobRun(str(j), app, "A", gpus, runtime), 300.0 * (j + 1)))
+    assert [s.gpu for s in detector.suspects()] == ["g0"]
+    assert not [c for c in detector.changes_ if c.gpu == "g1"]
