@@ -121,7 +121,9 @@ def test_the_loop_finds_a_slow_gpu_from_ordinary_jobs_and_suspects_no_healthy_on
     outcome = loop.outcomes[0]
     assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 4
     assert loop.false_suspicions == [] and loop.records == len(jobs)
-    assert ("sim-gpu-00005", "A") in {(s.gpu, s.job_class) for s in detector.suspects()}
+    assert ("sim-gpu-00005", "A", True) in {
+        (c.gpu, c.job_class, c.suspect) for c in detector.changes_
+    }
 
 
 def test_a_visible_fault_is_suspected_at_its_first_job() -> None:

@@ -213,3 +213,21 @@ def test_a_slow_gpu_in_a_better_bin_does_not_pass_its_slowdown_to_a_partner() ->
         detector.update(JobRecord(JobRun(str(j), app, "A", gpus, runtime), 300.0 * (j + 1)))
     assert [s.gpu for s in detector.suspects()] == ["g0"]
     assert not [c for c in detector.changes_ if c.gpu == "g1"]
+
+
+def test_a_suspect_with_no_run_of_its_class_is_rechecked_and_one_slow_run_confirms_it() -> None:
+    detector = SuspicionDetector(recheck_s=3600.0 * 72).fit(_scores(64))
+    for record, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=2000):
+        detector.update(record)
+    assert [(s.gpu, s.job_class) for s in detector.suspects()] == [("g0", "A")]
+    end = 300.0 * 6000
+    # Three quiet days (class A kept off g0): lifted, so the class may try it again.
+    other = JobRun("q", "D0", "D", ("g9",), 100.0)
+    changes = detector.update(JobRecord(other, end + 73 * 3600.0))
+    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", False)]
+    assert "probation" in changes[0].why and detector.suspects() == []
+    # Its next class-A run is as slow as before: suspect again at once.
+    past = [r for r, _ in _stream(6000, seed=1) if r.run.app == "A0" and len(r.run.gpus) == 1]
+    slow = JobRun("s", "A0", "A", ("g0",), 2.0 * past[-1].run.runtime_s)
+    changes = detector.update(JobRecord(slow, end + 80 * 3600.0))
+    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", True)]

@@ -154,6 +154,7 @@ class _Entry:
     start_s: float
     log_residual: float
     llr: float
+    accused: int = 1  # GPUs this run could accuse (1: its slowness is this GPU's alone)
 
 
 @dataclass
@@ -168,6 +169,7 @@ class _Track:
     clear_score: float = 0.0
     clean_records: int = 0
     normal_runs: int = 0
+    last_s: float = -math.inf  # end of the last run that counted here
 
 
 @dataclass
@@ -193,6 +195,10 @@ class SuspicionDetector:
       ``signal_classes``: the classes a clock fault hurts (None: every class).
     * ``clear_alarm``: the reverse sum that clears a runtime suspicion; ``clear_records``:
       records with clean signals that clear a signal suspicion.
+    * ``recheck_s``: a runtime suspicion that has seen no run of its class for this long is
+      lifted on probation (None: never). Placement keeps the class off a suspect GPU, so
+      without it a repaired GPU would rarely get the runs that clear it; its evidence is
+      kept, so one more slow run makes it suspect again.
     """
 
     min_slowdown: float = 1.3
@@ -210,6 +216,7 @@ class SuspicionDetector:
     signal_classes: tuple[str, ...] | None = None
     clear_alarm: float = 6.0
     clear_records: int = 2
+    recheck_s: float | None = 72 * 3600.0
     n_examples: int = 5
     skipped_: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     changes_: list[Change] = field(default_factory=list, init=False, repr=False)
@@ -232,6 +239,7 @@ class SuspicionDetector:
         self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._residuals: deque[float] = deque(maxlen=self.noise_runs)
+        self._suspect_keys: set[tuple[str, str]] = set()
 
     # -- public ----------------------------------------------------------------------------
 
@@ -243,6 +251,7 @@ class SuspicionDetector:
         self._apps = {}
         self._tracks = {}
         self._residuals = deque(maxlen=self.noise_runs)
+        self._suspect_keys = set()
         self.skipped_ = {}
         self.changes_ = []
         for record in records:
@@ -256,7 +265,8 @@ class SuspicionDetector:
         if problem:
             self.skipped_[run.job_id] = problem
             return []
-        changes = self._signals(record)
+        changes = self._recheck(record.end_s)
+        changes += self._signals(record)
         changes += self._runtime(record)
         self.changes_ += changes
         return changes
@@ -272,6 +282,27 @@ class SuspicionDetector:
         for s in self.suspects():
             out.setdefault(s.gpu, []).append(s.job_class)
         return {gpu: tuple(classes) for gpu, classes in out.items()}
+
+    def _recheck(self, now: float) -> list[Change]:
+        """Lift runtime suspicions no run has spoken to for ``recheck_s``."""
+        if self.recheck_s is None:
+            return []
+        changes: list[Change] = []
+        for key in sorted(self._suspect_keys):
+            track = self._tracks[key]
+            suspicion = track.suspicion
+            assert suspicion is not None
+            quiet = now - max(track.last_s, suspicion.since_s)
+            if not track.runtime or track.signal or quiet < self.recheck_s:
+                continue
+            track.runtime = False
+            track.suspicion = None
+            self._suspect_keys.discard(key)
+            # Kept just under the alarm: one clearly slow run of the class makes it suspect.
+            track.score = self.alarm - self.alarm / self.min_runs / 2
+            why = f"no run of its class for {quiet / 3600:.0f} h: on probation"
+            changes.append(Change(key[0], key[1], False, now, why))
+        return changes
 
     # -- direct signals --------------------------------------------------------------------
 
@@ -346,10 +377,11 @@ class SuspicionDetector:
         for gpu, weight in zip(judged, prior, strict=True):
             track = self._track(gpu, run.job_class)
             llr = entry.llr if entry.llr <= 0 else min(cap, entry.llr * weight / sum(prior))
+            track.last_s = record.end_s
             if track.suspicion is not None and track.runtime:
                 track.clear_score = max(0.0, track.clear_score - llr)
                 track.normal_runs = track.normal_runs + 1 if llr < 0 else 0
-                track.entries.append(replace(entry, llr=llr))
+                track.entries.append(replace(entry, llr=llr, accused=len(judged)))
                 del track.entries[: -self.n_examples * 4]
                 if track.clear_score >= self.clear_alarm and track.normal_runs >= self.min_runs:
                     track.runtime = False
@@ -361,8 +393,8 @@ class SuspicionDetector:
             if track.score == 0.0:
                 track.entries = []
                 continue
-            track.entries.append(replace(entry, llr=llr))
-            if track.score >= self.alarm and len(track.entries) >= self.min_runs:
+            track.entries.append(replace(entry, llr=llr, accused=len(judged)))
+            if self._alarmed(track, run.job_class):
                 candidates.append((gpu, track))
         # Greedy, as drift's confirmation: the GPU with the most runs of its own first; the
         # runs it shared then stop counting against its partners.
@@ -376,12 +408,22 @@ class SuspicionDetector:
                 gpu, run.job_class, track, record.end_s, track.entries[0].start_s, "runtime"
             )
             self._explain_away(gpu, run.job_class, track)
-            candidates = [
-                (other, t)
-                for other, t in candidates
-                if t.score >= self.alarm and len(t.entries) >= self.min_runs
-            ]
+            candidates = [(o, t) for o, t in candidates if self._alarmed(t, run.job_class)]
         return changes
+
+    def _alarmed(self, track: _Track, job_class: str) -> bool:
+        """Enough evidence, and clearly more than any GPU it shared its slow runs with:
+        partners that only ever ran together are indistinguishable, so they wait until one
+        of them runs without the other (its own runs, or a partner's normal ones, decide)."""
+        if track.score < self.alarm or len(track.entries) < self.min_runs:
+            return False
+        margin = self.alarm / self.min_runs / 2
+        partners = {g for e in track.entries if e.accused > 1 and e.llr > 0 for g in e.gpus}
+        for partner in partners:
+            other = self._tracks.get((partner, job_class))
+            if other is not None and other is not track and other.score > track.score - margin:
+                return False
+        return True
 
     def _explain_away(self, gpu: str, job_class: str, track: _Track) -> None:
         """The runs ``gpu`` (now suspect) shared stop counting against its partners."""
@@ -431,6 +473,7 @@ class SuspicionDetector:
             gpu, job_class, now, onset, cause, slowdown, len(entries),
             tuple(e.evidence for e in entries[-self.n_examples :]),
         )  # fmt: skip
+        self._suspect_keys.add((gpu, job_class))
         why = cause if not entries else f"{cause}: {len(entries)} run(s), {slowdown:.2f}x expected"
         return [Change(gpu, job_class, True, now, why)]
 
@@ -442,11 +485,12 @@ class SuspicionDetector:
         track.suspicion = None
         track.score = 0.0
         track.entries = []
+        self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
 
 
 def _own_runs(track: _Track) -> int:
-    return sum(1 for e in track.entries if len(e.gpus) == 1)
+    return sum(1 for e in track.entries if e.accused == 1 and e.llr > 0)
 
 
 def _cusum(entries: list[_Entry]) -> float:
