@@ -231,3 +231,15 @@ def test_a_suspect_with_no_run_of_its_class_is_rechecked_and_one_slow_run_confir
     slow = JobRun("s", "A0", "A", ("g0",), 2.0 * past[-1].run.runtime_s)
     changes = detector.update(JobRecord(slow, end + 80 * 3600.0))
     assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", True)]
+
+
+def test_partners_that_only_ran_together_are_not_told_apart_by_name() -> None:
+    detector = SuspicionDetector().fit(_scores(8))
+    rng = np.random.default_rng(2)
+    for j in range(200):
+        app = f"A{j % 3}"
+        together = j >= 100 and j % 5 == 0  # g0 and g1, slow, never one without the other
+        gpus = ("g0", "g1") if together else (f"g{2 + j % 6}",)
+        runtime = 1000.0 * (1 + j % 3) * (2.0 if together else 1.0) * float(rng.lognormal(0, 0.07))
+        detector.update(JobRecord(JobRun(str(j), app, "A", gpus, runtime), 300.0 * (j + 1)))
+    assert detector.suspects() == []

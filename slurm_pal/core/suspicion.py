@@ -394,8 +394,10 @@ class SuspicionDetector:
                 track.entries = []
                 continue
             track.entries.append(replace(entry, llr=llr, accused=len(judged)))
-            if self._alarmed(track, run.job_class):
-                candidates.append((gpu, track))
+            candidates.append((gpu, track))
+        # Alarms only once every accused GPU's sum has this run: a partner must be compared
+        # with its own sum after the run, not before it.
+        candidates = [(g, t) for g, t in candidates if self._alarmed(t, run.job_class)]
         # Greedy, as drift's confirmation: the GPU with the most runs of its own first; the
         # runs it shared then stop counting against its partners.
         while candidates:
