@@ -9,15 +9,18 @@ Two kinds of evidence, per (GPU, job class):
 
 - **Runtime**: :mod:`slurm_pal.core.drift`'s leave-one-out residual, made incremental. A run is
   compared with its application's recent runs on *other* GPUs (normalized by their worst
-  PM-score), ``r = log(observed / expected)``, and counts only for its bottleneck GPUs. A
-  CUSUM of the log-likelihood ratio "slowed by ``min_slowdown``" vs "as the campaign says",
-  with the residual scaled by the application's own run-to-run noise, accumulates it; the GPU
+  PM-score and the locality penalty of their spread), ``r = log(observed / expected)``, and
+  accuses the GPUs a ``min_slowdown`` fault would make its bottleneck. A CUSUM of the
+  log-likelihood ratio "slowed by ``min_slowdown``" vs "as the campaign says", with the
+  residual scaled by the run-to-run noise pooled over recent runs, accumulates it; the GPU
   becomes suspect for that class once the sum reaches ``alarm`` over at least ``min_runs``
-  runs. One slow job does not do it (each run's weight is capped), a consistent slowdown does
-  within a few runs, and noise that keeps runs within a few per cent of their baseline drives
-  the sum back to zero. A run that used a GPU already suspect for its class is explained by it:
-  it is no evidence against its partners and no one's baseline; when a GPU becomes suspect, the
-  runs it shared stop counting against its partners (drift's greedy confirmation).
+  runs and is clearly ahead of every GPU it shared slow runs with. One slow job does not do it
+  (each run's weight is capped, and a multi-GPU run's is shared among the GPUs it accuses), a
+  consistent slowdown does within a few runs, and noise that keeps runs within a few per cent
+  of their baseline drives the sum back to zero. A run that used a GPU already suspect for its
+  class is explained by it: it is no evidence against its partners and no one's baseline; when
+  a GPU becomes suspect, the runs it shared stop counting against its partners (drift's greedy
+  confirmation).
 - **Direct signals** the hooks read through NVML: the share of busy time under thermal or
   hardware clock slowdowns (:data:`~slurm_pal.core.campaigns.COOLING_EVENTS`; power capping is
   the normal state of a busy GPU and is no fault), and the busy SM clock against the same
@@ -26,7 +29,8 @@ Two kinds of evidence, per (GPU, job class):
 
 Clearing is the mirror: a suspect GPU whose later runs of that class look normal (the reverse
 CUSUM reaches ``clear_alarm``) or whose later records show clean signals (``clear_records``)
-is cleared. The clock is the records' own end times; nothing here reads a clock or a file.
+is cleared; a runtime suspicion no run has spoken to for ``recheck_s`` goes on probation. The
+clock is the records' own end times; nothing here reads a clock or a file.
 """
 
 from __future__ import annotations
