@@ -443,6 +443,10 @@ class Cluster:
         other._bin_totals = self._bin_totals.copy()
         return other
 
+    def rescored(self, scores: Mapping[str, Sequence[float] | NDArray[np.float64]]) -> Cluster:
+        """This cluster with new PM-scores for some classes (:func:`rescore`)."""
+        return rescore(self, scores)
+
     def _gpu_ids(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> IntArray:
         ids = getattr(gpus, "gpu_ids", gpus)
         array = np.asarray(ids if isinstance(ids, np.ndarray | tuple | list) else list(ids))
@@ -504,3 +508,41 @@ class Cluster:
             f"Cluster({self.n_gpus} GPUs on {self.n_nodes} nodes, {self.n_free} free, "
             f"classes {list(self.class_order)})"
         )
+
+
+def rescore(
+    cluster: Cluster, scores: Mapping[str, Sequence[float] | NDArray[np.float64]]
+) -> Cluster:
+    """``cluster`` with new PM-scores for some classes (class -> one score per GPU, in its GPU
+    order), its free GPUs, expected ends and clock kept.
+
+    How what is learnt between campaigns (a GPU suspect for a class) reaches placement:
+    the policies read only scores, so a changed view is a rescored cluster, not a new
+    rule in every policy. Costs one :meth:`from_gpus` (milliseconds at a few hundred GPUs);
+    meant for rare changes, not per decision."""
+    unknown = sorted(set(scores) - set(cluster.classes))
+    if unknown:
+        raise ValueError(f"no class {', '.join(unknown)} in this cluster")
+    table = {
+        name: [float(v) for v in scores[name]] if name in scores else klass.scores.tolist()
+        for name, klass in cluster.classes.items()
+    }
+    for name, values in table.items():
+        if len(values) != cluster.n_gpus:
+            raise ValueError(f"class {name!r}: need {cluster.n_gpus} scores, got {len(values)}")
+    specs = [
+        GpuSpec(
+            uuid=uuid,
+            node=cluster.node_names[int(cluster.gpu_node[gpu])],
+            index=int(cluster.gpu_local_index[gpu]),
+            model=cluster.models[int(cluster.gpu_model[gpu])],
+            scores={name: values[gpu] for name, values in table.items()},
+            node_features=cluster.node_features[int(cluster.gpu_node[gpu])],
+        )
+        for gpu, uuid in enumerate(cluster.uuids)
+    ]
+    busy = [cluster.uuids[gpu] for gpu in np.flatnonzero(~cluster.free).tolist()]
+    other = Cluster.from_gpus(specs, cluster.topology, busy=busy, class_order=cluster.class_order)
+    other.busy_until = cluster.busy_until.copy()
+    other.clock = cluster.clock
+    return other

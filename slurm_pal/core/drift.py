@@ -151,7 +151,7 @@ class DriftDetector:
         usable: list[JobRun] = []
         self.skipped_ = {}
         for run in runs:
-            problem = _problem(run, scores)
+            problem = run_problem(run, scores)
             if problem:
                 self.skipped_[run.job_id] = problem
                 continue
@@ -252,14 +252,13 @@ class _Runs:
         gpus: dict[str, list[int]] = {}
         necks: dict[str, list[int]] = {}
         for i, run in enumerate(runs):
-            per_gpu = {g: float(scores[g][run.job_class]) for g in run.gpus}
-            slowest = max(per_gpu.values())
+            slowest, bottlenecks = bottleneck(run, scores)
             worst.append(slowest)
             apps.setdefault(run.app, []).append(i)
-            for g, score in per_gpu.items():
+            for g in dict.fromkeys(run.gpus):
                 gpus.setdefault(g, []).append(i)
-                if score >= slowest * (1 - 1e-9):
-                    necks.setdefault(g, []).append(i)
+            for g in bottlenecks:
+                necks.setdefault(g, []).append(i)
         self.worst = np.array(worst, dtype=float)
         self.norm = np.array([r.runtime_s for r in runs], dtype=float) / self.worst
         self.app_runs = {a: np.array(v, dtype=int) for a, v in apps.items()}
@@ -267,7 +266,21 @@ class _Runs:
         self.bottleneck_runs = {g: np.array(v, dtype=int) for g, v in necks.items()}
 
 
-def _problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:
+def bottleneck(
+    run: JobRun, scores: Mapping[str, Mapping[str, float]], within: float = 1.0
+) -> tuple[float, tuple[str, ...]]:
+    """The run's worst PM-score for its class and the GPUs that have it: the job waits for the
+    slowest GPU, so only those can be judged by its runtime (a usable run, see
+    :func:`run_problem`). ``within`` > 1 also names the GPUs whose score is within that factor
+    of the worst: slowed by that much, any of them would hold the job back instead."""
+    per_gpu = {g: float(scores[g][run.job_class]) for g in run.gpus}
+    slowest = max(per_gpu.values())
+    floor = slowest / within * (1 - 1e-9)
+    return slowest, tuple(g for g, score in per_gpu.items() if score >= floor)
+
+
+def run_problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:
+    """Why ``run`` cannot be judged against the campaign ('' when it can)."""
     if not run.gpus:
         return "no GPUs recorded"
     if not (run.runtime_s > 0 and math.isfinite(run.runtime_s)):

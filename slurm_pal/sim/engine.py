@@ -51,14 +51,21 @@ reservation: the time enough GPUs free up (from the running jobs' end times, i.e
 limits) and the GPUs left over then; a later job may only start before it if it ends by then
 (judged on its median-GPU work: the advisor does not know slowdowns ahead) or fits in the
 leftover GPUs. Stickiness does not exist here (``packed-sticky`` == ``packed-nonsticky``).
+
+Hooks (Slurm mode only, :class:`SimHooks`): something outside the engine may change the GPUs'
+true slowdowns between events (a GPU that degrades or is repaired; a job keeps the rate it
+started with), hear of every job that ends (what the Prolog/Epilog records tell the advisor)
+and hand placement new PM-scores (:meth:`Cluster.rescored`), all at event times, before the
+round. :mod:`slurm_pal.sim.loop` drives the closed loop through them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -86,7 +93,9 @@ __all__ = [
     "PAPER_PLACEMENTS",
     "PLACEMENTS",
     "SCHEDULERS",
+    "JobEnd",
     "SimConfig",
+    "SimHooks",
     "simulate",
 ]
 
@@ -208,6 +217,36 @@ class SimConfig:
         return PLACEMENTS[self.placement][0]
 
 
+@dataclass(frozen=True)
+class JobEnd:
+    """A job that just ended, as its Prolog/Epilog records describe it: its application
+    (``SimJob.model``), true class, GPU UUIDs and when it ran."""
+
+    job_id: str
+    app: str
+    job_class: str
+    gpus: tuple[str, ...]
+    start: float
+    end: float
+    penalty: float = 1.0
+    """The locality penalty its spread costs in the advisor's model (1.0 inside a node)."""
+
+
+class SimHooks(Protocol):
+    """What the Slurm mode lets the outside change or see, at each event time."""
+
+    def advance(self, now: float, truth: dict[str, list[float]]) -> None:
+        """Apply what happened to the GPUs by ``now`` to ``truth`` (class -> slowdown per
+        GPU, mutated in place; jobs starting from now on feel it)."""
+
+    def job_ended(self, job: JobEnd) -> None:
+        """A job ended (called before the round that reuses its GPUs)."""
+
+    def scores(self) -> Mapping[str, Sequence[float]] | None:
+        """New placement scores (class -> one per GPU) when they changed since the last
+        call, else None."""
+
+
 class _Job:
     """Mutable run state of one job."""
 
@@ -218,6 +257,7 @@ class _Job:
         "end",
         "first_wait",
         "held_until",
+        "last_alloc",
         "max_nodes",
         "migrations",
         "order",
@@ -250,6 +290,7 @@ class _Job:
         self.bound: float | None = None
         """The latest it could be held to (kept after it starts, for the metrics)."""
         self.alloc: Allocation | None = None
+        self.last_alloc: Allocation | None = None
         self.rate = 0.0
         self.start: float | None = None
         self.end: float | None = None
@@ -262,8 +303,15 @@ class _Job:
 class _Simulation:
     """One run: the cluster, the policy, the jobs and the clock."""
 
-    def __init__(self, jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[SimJob],
+        gpus: SimGpus,
+        config: SimConfig,
+        hooks: SimHooks | None = None,
+    ) -> None:
         self.config = config
+        self.hooks = hooks
         class_order = config.class_order or gpus.classes
         topology = config.topology or Topology.flat(config.locality_penalty)
         self.cluster = Cluster.from_gpus(gpus.specs(), topology, class_order=class_order)
@@ -355,6 +403,7 @@ class _Simulation:
     def _stop(self, job: _Job) -> None:
         assert job.alloc is not None
         self.cluster.release(job.alloc.gpu_ids)
+        job.last_alloc = job.alloc
         job.alloc = None
 
     def _priority(self, jobs: list[_Job]) -> list[_Job]:
@@ -556,14 +605,36 @@ class _Simulation:
                 job.end = now
                 job.remaining = 0.0
                 self._stop(job)
+                if self.hooks is not None:
+                    self._ended(job, now)
             while arrivals and arrivals[-1].spec.submit_time <= now:
                 pending.append(arrivals.pop())
+            if self.hooks is not None:
+                self._sync_hooks(now)
             if pending:
                 started = self._slurm_plan(self._priority(pending), running, now)
                 if started:
                     pending = [job for job in pending if job.alloc is None]
             self.timeline.append((now, self._busy()))
         return self.result()
+
+    def _ended(self, job: _Job, now: float) -> None:
+        """Tell the hooks about a job that ended (``_stop`` has released its GPUs)."""
+        alloc = job.last_alloc
+        assert self.hooks is not None and job.start is not None and alloc is not None
+        uuids = tuple(self.cluster.uuids[gpu] for gpu in alloc.gpu_ids)
+        spec = job.spec
+        self.hooks.job_ended(
+            JobEnd(spec.job_id, spec.model, spec.job_class, uuids, job.start, now, alloc.penalty)
+        )
+
+    def _sync_hooks(self, now: float) -> None:
+        """Let the hooks change the GPUs and, when they have new scores, rescore the view."""
+        assert self.hooks is not None
+        self.hooks.advance(now, self.truth_lists)
+        scores = self.hooks.scores()
+        if scores is not None:
+            self.cluster = self.cluster.rescored(scores)
 
     def _slurm_plan(
         self, order: list[_Job], running: list[tuple[float, int, _Job]], now: float
@@ -688,13 +759,18 @@ class _EasyBackfill:
         return True
 
 
-def simulate(jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> SimResult:
+def simulate(
+    jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig, *, hooks: SimHooks | None = None
+) -> SimResult:
     """Run one trace on one simulated cluster with one placement and scheduler.
 
     Deterministic: the same jobs, GPUs and config (seed included) give the same result. Jobs
     asking for more GPUs than the cluster has never run; they are listed in
-    ``SimResult.unplaceable`` and left out of the metrics.
+    ``SimResult.unplaceable`` and left out of the metrics. ``hooks`` (Slurm mode only) change
+    GPUs, hear of job ends and rescore placement between events (:class:`SimHooks`).
     """
+    if hooks is not None and (config.mode != "slurm" or config.placement in PEERS):
+        raise ValueError("hooks need the Slurm mode and one of the engine's placements")
     if config.placement in PEERS:
         return simulate_peer(
             jobs,
@@ -708,7 +784,7 @@ def simulate(jobs: Sequence[SimJob], gpus: SimGpus, config: SimConfig) -> SimRes
             class_order=config.class_order,
             max_time=config.max_time,
         )
-    simulation = _Simulation(jobs, gpus, config)
+    simulation = _Simulation(jobs, gpus, config, hooks)
     if config.mode == "slurm":
         return simulation.run_slurm()
     return simulation.run_rounds()

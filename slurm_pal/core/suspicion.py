@@ -1,0 +1,522 @@
+"""Suspicion: which GPUs turned slow since their campaign, found from every job record (pure).
+
+A campaign measures every GPU once; a fan that fails later, a hardware slowdown or a degraded
+link makes a GPU slow until the next one. The advisor sees each finished job (Prolog/Epilog
+records: GPUs, runtime, and what NVML read while it ran), so it can learn the change from
+ordinary jobs, one record at a time, and steer the classes the GPU now hurts off it at once.
+
+Two kinds of evidence, per (GPU, job class):
+
+- **Runtime**: :mod:`slurm_pal.core.drift`'s leave-one-out residual, made incremental. A run is
+  compared with its application's recent runs on *other* GPUs (normalized by their worst
+  PM-score and the locality penalty of their spread), ``r = log(observed / expected)``, and
+  accuses the GPUs a ``min_slowdown`` fault would make its bottleneck. A CUSUM of the
+  log-likelihood ratio "slowed by ``min_slowdown``" vs "as the campaign says", with the
+  residual scaled by the run-to-run noise pooled over recent runs, accumulates it; the GPU
+  becomes suspect for that class once the sum reaches ``alarm`` over at least ``min_runs``
+  runs and is clearly ahead of every GPU it shared slow runs with. One slow job does not do it
+  (each run's weight is capped, and a multi-GPU run's is shared among the GPUs it accuses), a
+  consistent slowdown does within a few runs, and noise that keeps runs within a few per cent
+  of their baseline drives the sum back to zero. A run that used a GPU already suspect for its
+  class is explained by it: it is no evidence against its partners and no one's baseline; when
+  a GPU becomes suspect, the runs it shared stop counting against its partners (drift's greedy
+  confirmation).
+- **Direct signals** the hooks read through NVML: the share of busy time under thermal or
+  hardware clock slowdowns (:data:`~slurm_pal.core.campaigns.COOLING_EVENTS`; power capping is
+  the normal state of a busy GPU and is no fault), and the busy SM clock against the same
+  model's median when power capping does not explain it. One such record makes the GPU suspect
+  for ``signal_classes`` (the clock-bound classes it hurts) at once.
+
+Clearing is the mirror: a suspect GPU whose later runs of that class look normal (the reverse
+CUSUM reaches ``clear_alarm``) or whose later records show clean signals (``clear_records``)
+is cleared; a runtime suspicion no run has spoken to for ``recheck_s`` goes on probation. The
+clock is the records' own end times; nothing here reads a clock or a file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from slurm_pal.core.campaigns import COOLING_EVENTS
+from slurm_pal.core.drift import DEFAULT_MIN_BASELINE, JobRun, RunEvidence, bottleneck, run_problem
+
+__all__ = [
+    "Change",
+    "GpuSignals",
+    "JobRecord",
+    "Suspicion",
+    "SuspicionDetector",
+    "outlier_scores",
+]
+
+POWER_CAP_EVENTS: tuple[str, ...] = ("sw_power_cap",)
+"""Clock-event reasons that explain a low clock without a fault: a busy GPU at its power limit."""
+
+
+@dataclass(frozen=True)
+class GpuSignals:
+    """What NVML read on one GPU while the job ran.
+
+    ``clock_events``: reason -> share of the busy time it was active (the runner's reason
+    names); ``sm_clock_ratio``: busy SM clock over the median of the same model's GPUs (None:
+    not read). An empty record says nothing, so it neither accuses nor clears.
+    """
+
+    clock_events: Mapping[str, float] = field(default_factory=dict)
+    sm_clock_ratio: float | None = None
+
+    @property
+    def read(self) -> bool:
+        return bool(self.clock_events) or self.sm_clock_ratio is not None
+
+    def fault(self, share: float, clock_ratio: float) -> str:
+        """Why these readings mean a fault ('' when they do not)."""
+        cooling = {
+            name: value
+            for name, value in self.clock_events.items()
+            if name in COOLING_EVENTS and value >= share
+        }
+        if cooling:
+            worst = max(cooling, key=lambda name: (cooling[name], name))
+            return f"{worst} {cooling[worst]:.0%} of busy time"
+        capped = sum(self.clock_events.get(name, 0.0) for name in POWER_CAP_EVENTS)
+        ratio = self.sm_clock_ratio
+        if ratio is not None and ratio <= clock_ratio and capped < 0.5:
+            return f"busy SM clock {ratio:.2f}x the model's median, not power capped"
+        return ""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One finished job: the run drift detection judges, when it ended (the detector's clock),
+    per GPU id the direct signals read while it ran, and the locality penalty of its spread
+    in the advisor's topology (a job across nodes runs slower on healthy GPUs too)."""
+
+    run: JobRun
+    end_s: float
+    signals: Mapping[str, GpuSignals] = field(default_factory=dict)
+    penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """A GPU suspect for one class: what the admin sees and placement acts on.
+
+    ``since_s``: the record that made it suspect; ``onset_s``: when the evidence began (the
+    start of the first run of the streak), the best guess of when the GPU changed;
+    ``slowdown``: the median observed / expected of the streak (nan: a signal alone).
+    """
+
+    gpu: str
+    job_class: str
+    since_s: float
+    onset_s: float
+    cause: str
+    slowdown: float
+    runs: int
+    evidence: tuple[RunEvidence, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "gpu": self.gpu,
+            "job_class": self.job_class,
+            "since_s": self.since_s,
+            "onset_s": self.onset_s,
+            "cause": self.cause,
+            "slowdown": self.slowdown,
+            "runs": self.runs,
+            "evidence": [
+                {"job_id": e.job_id, "app": e.app, "expected_s": e.expected_s,
+                 "observed_s": e.observed_s, "residual": e.residual}
+                for e in self.evidence
+            ],
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    """A GPU became suspect for a class (``suspect``), or was cleared, at ``at_s``."""
+
+    gpu: str
+    job_class: str
+    suspect: bool
+    at_s: float
+    why: str
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One run counted in a (GPU, class) streak."""
+
+    evidence: RunEvidence
+    gpus: frozenset[str]
+    start_s: float
+    log_residual: float
+    llr: float
+    accused: int = 1  # GPUs this run could accuse (1: its slowness is this GPU's alone)
+
+
+@dataclass
+class _Track:
+    """The CUSUM state of one (GPU, class)."""
+
+    score: float = 0.0
+    entries: list[_Entry] = field(default_factory=list)
+    suspicion: Suspicion | None = None
+    runtime: bool = False  # the runtime evidence made it suspect
+    signal: bool = False  # a fault signal made it suspect
+    clear_score: float = 0.0
+    clean_records: int = 0
+    normal_runs: int = 0
+    last_s: float = -math.inf  # end of the last run that counted here
+
+
+@dataclass
+class SuspicionDetector:
+    """Turns job records into suspect GPUs, per class, one record at a time.
+
+    Scikit-learn style: settings here, :meth:`fit` with the campaign's scores (and any
+    records so far), :meth:`update` per finished job, :meth:`suspects` for the result.
+
+    * ``min_slowdown``: the slowdown the runtime test looks for (1.3: 30 % slower); smaller
+      ones are the campaign's business, not a fault to steer around. At 1.2, GPUs that were
+      only 9-10 % off their campaign score (binning error) drifted into suspicion on noisy
+      synthetic histories.
+    * ``alarm``: the CUSUM sum (log-likelihood ratio) that makes a GPU suspect; ``min_runs``:
+      never on fewer runs than this, and one run adds at most ``alarm / min_runs`` (shared
+      among its bottleneck GPUs); ``z_cap``: one run counts at most this many noise sigmas.
+    * ``min_baseline``: runs of the application on other GPUs needed to judge a run;
+      ``window``: how many of its recent runs make the baseline.
+    * ``noise``: the residuals' log spread assumed until ``min_noise_runs`` runs have been
+      judged; then it is measured over the last ``noise_runs`` (never below ``noise_floor``).
+    * ``signal_share``: share of busy time under a thermal/hardware slowdown that is a fault;
+      ``clock_ratio``: busy SM clock ratio at or below which it is one (unless power capped);
+      ``signal_classes``: the classes a clock fault hurts (None: every class).
+    * ``clear_alarm``: the reverse sum that clears a runtime suspicion; ``clear_records``:
+      records with clean signals that clear a signal suspicion.
+    * ``recheck_s``: a runtime suspicion that has seen no run of its class for this long is
+      lifted on probation (None: never). Placement keeps the class off a suspect GPU, so
+      without it a repaired GPU would rarely get the runs that clear it; its evidence is
+      kept, so one more slow run makes it suspect again.
+    """
+
+    min_slowdown: float = 1.3
+    alarm: float = 12.0
+    min_runs: int = 2
+    z_cap: float = 6.0
+    min_baseline: int = DEFAULT_MIN_BASELINE
+    window: int = 50
+    noise: float = 0.1
+    noise_floor: float = 0.03
+    min_noise_runs: int = 30
+    noise_runs: int = 500
+    signal_share: float = 0.2
+    clock_ratio: float = 0.85
+    signal_classes: tuple[str, ...] | None = None
+    clear_alarm: float = 6.0
+    clear_records: int = 2
+    recheck_s: float | None = 72 * 3600.0
+    n_examples: int = 5
+    skipped_: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    changes_: list[Change] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (self.min_slowdown > 1 and math.isfinite(self.min_slowdown)):
+            raise ValueError(
+                f"min_slowdown must be > 1 (1.2 = 20 % slower), got {self.min_slowdown!r}"
+            )
+        for name in ("alarm", "z_cap", "noise", "noise_floor", "clear_alarm", "signal_share"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        for name in ("min_runs", "min_baseline", "window", "clear_records"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        if self.window < self.min_baseline:
+            raise ValueError("window must hold at least min_baseline runs")
+        self._scores: dict[str, dict[str, float]] = {}
+        self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
+        self._tracks: dict[tuple[str, str], _Track] = {}
+        self._residuals: deque[float] = deque(maxlen=self.noise_runs)
+        self._suspect_keys: set[tuple[str, str]] = set()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def fit(
+        self, scores: Mapping[str, Mapping[str, float]], records: Iterable[JobRecord] = ()
+    ) -> SuspicionDetector:
+        """Start over with the active campaign's ``scores`` (GPU id -> class -> PM-score)."""
+        self._scores = {gpu: {c: float(v) for c, v in per.items()} for gpu, per in scores.items()}
+        self._apps = {}
+        self._tracks = {}
+        self._residuals = deque(maxlen=self.noise_runs)
+        self._suspect_keys = set()
+        self.skipped_ = {}
+        self.changes_ = []
+        for record in records:
+            self.update(record)
+        return self
+
+    def update(self, record: JobRecord) -> list[Change]:
+        """Take one finished job; returns the suspicions it started or cleared."""
+        run = record.run
+        problem = run_problem(run, self._scores)
+        if problem:
+            self.skipped_[run.job_id] = problem
+            return []
+        changes = self._recheck(record.end_s)
+        changes += self._signals(record)
+        changes += self._runtime(record)
+        self.changes_ += changes
+        return changes
+
+    def suspects(self) -> list[Suspicion]:
+        """Every current suspicion, by GPU then class."""
+        found = [t.suspicion for t in self._tracks.values() if t.suspicion is not None]
+        return sorted(found, key=lambda s: (s.gpu, s.job_class))
+
+    def suspect_classes(self) -> dict[str, tuple[str, ...]]:
+        """GPU id -> the classes it is suspect for."""
+        out: dict[str, list[str]] = {}
+        for s in self.suspects():
+            out.setdefault(s.gpu, []).append(s.job_class)
+        return {gpu: tuple(classes) for gpu, classes in out.items()}
+
+    def _recheck(self, now: float) -> list[Change]:
+        """Lift runtime suspicions no run has spoken to for ``recheck_s``."""
+        if self.recheck_s is None:
+            return []
+        changes: list[Change] = []
+        for key in sorted(self._suspect_keys):
+            track = self._tracks[key]
+            suspicion = track.suspicion
+            assert suspicion is not None
+            quiet = now - max(track.last_s, suspicion.since_s)
+            if not track.runtime or track.signal or quiet < self.recheck_s:
+                continue
+            track.runtime = False
+            track.suspicion = None
+            self._suspect_keys.discard(key)
+            # Kept just under the alarm: one clearly slow run of the class makes it suspect.
+            track.score = self.alarm - self.alarm / self.min_runs / 2
+            why = f"no run of its class for {quiet / 3600:.0f} h: on probation"
+            changes.append(Change(key[0], key[1], False, now, why))
+        return changes
+
+    # -- direct signals --------------------------------------------------------------------
+
+    def _signal_classes(self, gpu: str) -> tuple[str, ...]:
+        known = tuple(self._scores.get(gpu, {}))
+        wanted = self.signal_classes if self.signal_classes is not None else known
+        return tuple(c for c in wanted if c in known)
+
+    def _signals(self, record: JobRecord) -> list[Change]:
+        changes: list[Change] = []
+        start = record.end_s - record.run.runtime_s
+        for gpu in dict.fromkeys(record.run.gpus):
+            signals = record.signals.get(gpu)
+            if signals is None or not signals.read:
+                continue
+            why = signals.fault(self.signal_share, self.clock_ratio)
+            for job_class in self._signal_classes(gpu):
+                track = self._track(gpu, job_class)
+                if why:
+                    track.clean_records = 0
+                    if not track.signal:
+                        track.signal = True
+                        changes += self._suspect(
+                            gpu, job_class, track, record.end_s, start, f"signal: {why}"
+                        )
+                elif track.signal:
+                    track.clean_records += 1
+                    if track.clean_records >= self.clear_records:
+                        track.signal = False
+                        changes += self._maybe_clear(
+                            gpu, job_class, track, record.end_s, "signals clean"
+                        )
+        return changes
+
+    # -- runtime evidence ------------------------------------------------------------------
+
+    def _runtime(self, record: JobRecord) -> list[Change]:
+        run = record.run
+        # A GPU that got min_slowdown slower becomes the bottleneck if its score was within
+        # that factor of the worst: those are the GPUs this run can accuse.
+        worst, necks = bottleneck(run, self._scores, within=self.min_slowdown)
+        used = frozenset(run.gpus)
+        suspect_here = {g for g in used if self._is_suspect(g, run.job_class)}
+        history = self._apps.setdefault(run.app, deque(maxlen=self.window))
+        others = np.array([norm for norm, gpus in history if not gpus & used], dtype=float)
+        worst *= record.penalty if record.penalty > 0 else 1.0
+        norm = run.runtime_s / worst
+        if not suspect_here:
+            history.append((norm, used))  # only runs no suspect GPU explains are a baseline
+        if len(others) < self.min_baseline:
+            return []
+        center = float(np.median(np.log(others)))
+        expected = math.exp(center) * worst
+        log_residual = math.log(run.runtime_s / expected)
+        sigma = self._sigma()
+        if not suspect_here:
+            self._residuals.append(abs(log_residual))
+        shift = math.log(self.min_slowdown) / sigma
+        z = max(-self.z_cap, min(self.z_cap, log_residual / sigma))
+        llr = shift * (z - shift / 2)
+        cap = self.alarm / self.min_runs  # no single run, however slow, makes a suspect alone
+        evidence = RunEvidence(run.job_id, run.app, expected, run.runtime_s)
+        entry = _Entry(evidence, used, record.end_s - run.runtime_s, log_residual, llr)
+
+        changes: list[Change] = []
+        candidates: list[tuple[str, _Track]] = []
+        judged = [g for g in necks if not suspect_here - {g}]  # else a suspect explains it
+        # A slow run says that one of its bottleneck GPUs is slow, not each of them: its
+        # evidence is shared in proportion to what each already has (equally when none has
+        # any), so the GPU that is slow in its own runs takes it from its partners.
+        prior = [1.0 + self._track(g, run.job_class).score for g in judged]
+        for gpu, weight in zip(judged, prior, strict=True):
+            track = self._track(gpu, run.job_class)
+            llr = entry.llr if entry.llr <= 0 else min(cap, entry.llr * weight / sum(prior))
+            track.last_s = record.end_s
+            if track.suspicion is not None and track.runtime:
+                track.clear_score = max(0.0, track.clear_score - llr)
+                track.normal_runs = track.normal_runs + 1 if llr < 0 else 0
+                track.entries.append(replace(entry, llr=llr, accused=len(judged)))
+                del track.entries[: -self.n_examples * 4]
+                if track.clear_score >= self.clear_alarm and track.normal_runs >= self.min_runs:
+                    track.runtime = False
+                    changes += self._maybe_clear(
+                        gpu, run.job_class, track, record.end_s, "later runs normal"
+                    )
+                continue
+            track.score = max(0.0, track.score + llr)
+            if track.score == 0.0:
+                track.entries = []
+                continue
+            track.entries.append(replace(entry, llr=llr, accused=len(judged)))
+            candidates.append((gpu, track))
+        # Alarms only once every accused GPU's sum has this run: a partner must be compared
+        # with its own sum after the run, not before it.
+        candidates = [(g, t) for g, t in candidates if self._alarmed(t, run.job_class)]
+        # Greedy, as drift's confirmation: the GPU with the most runs of its own first; the
+        # runs it shared then stop counting against its partners.
+        while candidates:
+            candidates.sort(key=lambda pair: (-_own_runs(pair[1]), -pair[1].score, pair[0]))
+            gpu, track = candidates.pop(0)
+            track.runtime = True
+            track.clear_score = 0.0
+            track.normal_runs = 0
+            changes += self._suspect(
+                gpu, run.job_class, track, record.end_s, track.entries[0].start_s, "runtime"
+            )
+            self._explain_away(gpu, run.job_class, track)
+            candidates = [(o, t) for o, t in candidates if self._alarmed(t, run.job_class)]
+        return changes
+
+    def _alarmed(self, track: _Track, job_class: str) -> bool:
+        """Enough evidence, and clearly more than any GPU it shared its slow runs with:
+        partners that only ever ran together are indistinguishable, so they wait until one
+        of them runs without the other (its own runs, or a partner's normal ones, decide)."""
+        if track.score < self.alarm or len(track.entries) < self.min_runs:
+            return False
+        margin = self.alarm / self.min_runs / 2
+        partners = {g for e in track.entries if e.accused > 1 and e.llr > 0 for g in e.gpus}
+        for partner in partners:
+            other = self._tracks.get((partner, job_class))
+            if other is not None and other is not track and other.score > track.score - margin:
+                return False
+        return True
+
+    def _explain_away(self, gpu: str, job_class: str, track: _Track) -> None:
+        """The runs ``gpu`` (now suspect) shared stop counting against its partners."""
+        partners = {g for e in track.entries for g in e.gpus} - {gpu}
+        for partner in partners:
+            other = self._tracks.get((partner, job_class))
+            if other is None or other.suspicion is not None:
+                continue
+            kept = [e for e in other.entries if gpu not in e.gpus]
+            if len(kept) != len(other.entries):
+                other.entries = kept
+                other.score = _cusum(kept)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _track(self, gpu: str, job_class: str) -> _Track:
+        return self._tracks.setdefault((gpu, job_class), _Track())
+
+    def _sigma(self) -> float:
+        """The residuals' noise, pooled over recent runs no suspect GPU explains: one
+        application's few runs would make a noisy estimate, and a low one false alarms."""
+        if len(self._residuals) < self.min_noise_runs:
+            return max(self.noise, self.noise_floor)
+        spread = 1.4826 * float(np.median(np.fromiter(self._residuals, dtype=float)))
+        return max(spread, self.noise_floor)
+
+    def _is_suspect(self, gpu: str, job_class: str) -> bool:
+        track = self._tracks.get((gpu, job_class))
+        return track is not None and track.suspicion is not None
+
+    def _suspect(
+        self, gpu: str, job_class: str, track: _Track, now: float, onset: float, cause: str
+    ) -> list[Change]:
+        entries = track.entries
+        slowdown = (
+            math.exp(float(np.median([e.log_residual for e in entries]))) if entries else math.nan
+        )
+        if track.suspicion is not None:  # already suspect for the other reason: add to it
+            old = track.suspicion
+            track.suspicion = Suspicion(
+                gpu, job_class, old.since_s, min(old.onset_s, onset), f"{old.cause}; {cause}",
+                slowdown if math.isfinite(slowdown) else old.slowdown,
+                len(entries) or old.runs, tuple(e.evidence for e in entries[-self.n_examples :]),
+            )  # fmt: skip
+            return []
+        track.suspicion = Suspicion(
+            gpu, job_class, now, onset, cause, slowdown, len(entries),
+            tuple(e.evidence for e in entries[-self.n_examples :]),
+        )  # fmt: skip
+        self._suspect_keys.add((gpu, job_class))
+        why = cause if not entries else f"{cause}: {len(entries)} run(s), {slowdown:.2f}x expected"
+        return [Change(gpu, job_class, True, now, why)]
+
+    def _maybe_clear(
+        self, gpu: str, job_class: str, track: _Track, now: float, why: str
+    ) -> list[Change]:
+        if track.runtime or track.signal or track.suspicion is None:
+            return []
+        track.suspicion = None
+        track.score = 0.0
+        track.entries = []
+        self._suspect_keys.discard((gpu, job_class))
+        return [Change(gpu, job_class, False, now, why)]
+
+
+def _own_runs(track: _Track) -> int:
+    return sum(1 for e in track.entries if e.accused == 1 and e.llr > 0)
+
+
+def _cusum(entries: list[_Entry]) -> float:
+    score = 0.0
+    for entry in entries:
+        score = max(0.0, score + entry.llr)
+    return score
+
+
+def outlier_scores(
+    scores: Mapping[str, Mapping[str, float]], suspects: Iterable[Suspicion], floor: float
+) -> dict[str, dict[str, float]]:
+    """The campaign's scores with each suspect (GPU, class) made an outlier for placement:
+    its score times the slowdown seen, and at least ``floor`` (pass one above the policy's
+    ``avoid_above``), so the class is kept off it while the other classes still use it."""
+    out = {gpu: dict(per) for gpu, per in scores.items()}
+    for s in suspects:
+        if s.gpu not in out or s.job_class not in out[s.gpu]:
+            continue
+        base = out[s.gpu][s.job_class]
+        seen = base * s.slowdown if math.isfinite(s.slowdown) else base
+        out[s.gpu][s.job_class] = max(seen, floor)
+    return out

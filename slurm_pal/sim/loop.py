@@ -1,0 +1,301 @@
+"""The closed loop in simulation: GPUs that turn slow between campaigns, found and steered around.
+
+Pieces (pure, seeded):
+
+- :func:`fault_model` draws faults (per 1,000 GPU-days, slowdown factors, repair times, the
+  share NVML can see as thermal/hardware clock slowdowns); :class:`Fault` is one of them, so
+  tests and benchmarks can also place faults by hand.
+- :func:`application_workload` turns a trace into repeated runs of applications with a run-to-run
+  noise (coefficient of variation), which is what the runtime evidence needs: the same work
+  measured again on other GPUs.
+- :class:`FaultLoop` is the engine's :class:`~slurm_pal.sim.engine.SimHooks`: it degrades and
+  repairs GPUs in the simulated truth, turns each ended job into the record the Prolog/Epilog
+  would send (runtime, GPUs, NVML clock-event shares), and, by ``mode``, leaves placement
+  alone (``"none"``: the advisor without the loop), feeds the records to
+  :class:`~slurm_pal.core.suspicion.SuspicionDetector` and hands placement its suspects as
+  outliers (``"detector"``), or tells placement each fault the moment it happens
+  (``"oracle"``). It keeps what the benchmark reports: per fault, the jobs and hours until the
+  GPU was suspect for the fault's most sensitive class; every suspicion of a healthy GPU.
+
+A fault slows a GPU by ``factor`` for the most compute-bound class and by ``sensitivity``
+times as much for the others (as :func:`~slurm_pal.sim.variability.few_slow_gpus`); jobs
+that started before it keep their pace (the engine fixes a job's rate when it starts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from slurm_pal.core.drift import JobRun
+from slurm_pal.core.suspicion import (
+    GpuSignals,
+    JobRecord,
+    Suspicion,
+    SuspicionDetector,
+    outlier_scores,
+)
+from slurm_pal.core.workload import SimJob
+from slurm_pal.sim.engine import JobEnd
+from slurm_pal.sim.variability import SimGpus
+
+__all__ = [
+    "DEFAULT_SENSITIVITY",
+    "Fault",
+    "FaultLoop",
+    "FaultOutcome",
+    "application_workload",
+    "fault_model",
+]
+
+DEFAULT_SENSITIVITY: tuple[float, ...] = (1.0, 0.5, 0.1, 0.0)
+"""How much of a fault each class feels, in class order (compute-bound first)."""
+MODES = ("none", "detector", "oracle")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """GPU ``gpu`` (simulated index) turns ``factor`` x slower for the most sensitive class at
+    ``at_s`` until ``repair_s``; ``visible``: NVML reports thermal/hardware clock slowdowns."""
+
+    gpu: int
+    at_s: float
+    factor: float
+    repair_s: float = math.inf
+    visible: bool = False
+
+    def factors(self, classes: Sequence[str], sensitivity: Sequence[float]) -> dict[str, float]:
+        """The slowdown per class."""
+        weights = list(sensitivity) + [0.0] * max(0, len(classes) - len(sensitivity))
+        return {c: 1.0 + (self.factor - 1.0) * w for c, w in zip(classes, weights, strict=False)}
+
+
+def fault_model(
+    n_gpus: int,
+    days: float,
+    *,
+    per_1000_gpu_days: float = 2.0,
+    factors: Sequence[float] = (1.5, 2.0),
+    repair_days: float = 14.0,
+    visible_share: float = 0.5,
+    start_days: float = 0.0,
+    seed: int = 0,
+) -> list[Fault]:
+    """Faults over ``days`` from ``start_days`` on ``n_gpus``: a Poisson count at
+    ``per_1000_gpu_days``, uniform times and GPUs (a GPU faults at most once), a factor drawn
+    from ``factors``, repaired after an exponential time of mean ``repair_days`` (inf: never),
+    visible to NVML with probability ``visible_share``."""
+    if per_1000_gpu_days < 0 or not factors or days <= 0 or n_gpus < 1:
+        raise ValueError("need a rate >= 0, at least one factor, days > 0 and GPUs")
+    rng = np.random.default_rng(seed)
+    count = min(n_gpus, int(rng.poisson(per_1000_gpu_days * n_gpus * days / 1000.0)))
+    gpus = rng.choice(n_gpus, count, replace=False)
+    times = rng.uniform(start_days * 86400.0, (start_days + days) * 86400.0, count)
+    picks = rng.integers(0, len(factors), count)
+    repairs = (
+        rng.exponential(repair_days * 86400.0, count)
+        if math.isfinite(repair_days)
+        else np.full(count, math.inf)
+    )
+    visible = rng.uniform(0, 1, count) < visible_share
+    faults = [
+        Fault(int(g), float(t), float(factors[int(k)]), float(t + r), bool(v))
+        for g, t, k, r, v in zip(gpus, times, picks, repairs, visible, strict=True)
+    ]
+    return sorted(faults, key=lambda f: (f.at_s, f.gpu))
+
+
+def application_workload(
+    jobs: Sequence[SimJob],
+    *,
+    runs_per_app: int = 20,
+    cv: float = 0.07,
+    seed: int = 0,
+    max_work_s: float = 7 * 24 * 3600.0,
+) -> list[SimJob]:
+    """The same jobs as repeated runs of applications: per class, jobs ranked by work are cut
+    into groups of ``runs_per_app`` (an application's runs last about as long); each job's work
+    becomes its group's geometric mean times a log-normal noise of coefficient of variation
+    ``cv``. ``SimJob.model`` names the application. The trace's sizes, times, classes and
+    limits stay (a tight limit may now be a little short: the simulator does not kill)."""
+    if runs_per_app < 2 or not 0 <= cv < 1:
+        raise ValueError("need runs_per_app >= 2 and 0 <= cv < 1")
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(math.log(1.0 + cv * cv))
+    noise = rng.lognormal(-sigma * sigma / 2, sigma, len(jobs)) if cv else np.ones(len(jobs))
+    out = list(jobs)
+    by_class: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_class.setdefault(job.job_class, []).append(i)
+    for job_class, members in sorted(by_class.items()):
+        ranked = sorted(members, key=lambda i: (jobs[i].work, i))
+        for start in range(0, len(ranked), runs_per_app):
+            group = ranked[start : start + runs_per_app]
+            base = math.exp(float(np.mean([math.log(jobs[i].work) for i in group])))
+            app = f"{job_class}-app{start // runs_per_app:04d}"
+            for i in group:
+                work = float(min(max(base * noise[i], 1.0), max_work_s))
+                out[i] = replace(jobs[i], work=round(work, 3), model=app)
+    return out
+
+
+@dataclass
+class FaultOutcome:
+    """What happened to one fault: when (and after how many jobs) its GPU became suspect for
+    the fault's most sensitive class; None while it was not."""
+
+    fault: Fault
+    suspected_s: float | None = None
+    jobs: int = 0  # jobs that ran on the faulty GPU (started after the fault) until then
+    sensitive_jobs: int = 0  # those of the most sensitive class
+
+    @property
+    def delay_s(self) -> float | None:
+        return None if self.suspected_s is None else self.suspected_s - self.fault.at_s
+
+
+@dataclass
+class FaultLoop:
+    """The engine's hooks for one simulated run (see the module docstring).
+
+    ``floor``: the score a suspect (GPU, class) gets at least, above the policy's
+    ``avoid_above`` so it is an outlier; ``min_slowdown``: a class the fault slows less than
+    this is not steered by the oracle (the detector's own ``min_slowdown`` says it for the
+    loop). ``signal_share``: the share of busy time a visible fault shows as hardware slowdown.
+    """
+
+    gpus: SimGpus
+    faults: Sequence[Fault]
+    mode: str = "none"
+    detector: SuspicionDetector | None = None
+    sensitivity: Sequence[float] = DEFAULT_SENSITIVITY
+    floor: float = 1.51
+    min_slowdown: float = 1.3
+    signal_share: float = 0.6
+    seed: int = 0
+    outcomes: list[FaultOutcome] = field(default_factory=list, init=False)
+    false_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
+    """(GPU, class, when) of every suspicion of a GPU no fault had slowed at all."""
+    late_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
+    """Suspicions of a GPU after its fault was repaired."""
+    weak_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
+    """Suspicions of a faulty GPU for a class the fault slows less than ``min_slowdown``."""
+    records: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.mode == "detector" and self.detector is None:
+            self.detector = SuspicionDetector(min_slowdown=self.min_slowdown)
+        self.classes = self.gpus.classes
+        self.uuids = [spec.uuid for spec in self.gpus.specs()]
+        self.index = {uuid: gpu for gpu, uuid in enumerate(self.uuids)}
+        self.base_truth = {
+            c: np.asarray(v, dtype=float) for c, v in self.gpus.true_slowdown.items()
+        }
+        self.base_scores = {
+            uuid: {c: float(self.gpus.placement_scores[c][gpu]) for c in self.classes}
+            for gpu, uuid in enumerate(self.uuids)
+        }
+        if self.detector is not None:
+            self.detector.fit(self.base_scores)
+        self.outcomes = [FaultOutcome(f) for f in self.faults]
+        self._events = sorted(
+            [(f.at_s, 1, n) for n, f in enumerate(self.faults)]
+            + [(f.repair_s, 0, n) for n, f in enumerate(self.faults) if math.isfinite(f.repair_s)]
+        )
+        self._next = 0
+        self._active: dict[int, int] = {}  # GPU -> index of its active fault
+        self._dirty = False
+        self._rng = np.random.default_rng(self.seed)
+
+    # -- SimHooks -------------------------------------------------------------------------
+
+    def advance(self, now: float, truth: dict[str, list[float]]) -> None:
+        while self._next < len(self._events) and self._events[self._next][0] <= now:
+            _, starts, n = self._events[self._next]
+            self._next += 1
+            fault = self.faults[n]
+            if starts:
+                self._active[fault.gpu] = n
+            elif self._active.get(fault.gpu) == n:
+                del self._active[fault.gpu]
+            per_class = fault.factors(self.classes, self.sensitivity) if starts else {}
+            for c in self.classes:
+                truth[c][fault.gpu] = float(self.base_truth[c][fault.gpu]) * per_class.get(c, 1.0)
+            if self.mode == "oracle":
+                self._dirty = True
+
+    def job_ended(self, job: JobEnd) -> None:
+        self.records += 1
+        gpu_ids = [self.index[uuid] for uuid in job.gpus]
+        signals: dict[str, GpuSignals] = {}
+        for uuid, gpu in zip(job.gpus, gpu_ids, strict=True):
+            fault = self._fault_during(gpu, job.start)
+            if fault is not None:
+                outcome = self.outcomes[fault]
+                if outcome.suspected_s is None:
+                    outcome.jobs += 1
+                    outcome.sensitive_jobs += job.job_class == self.classes[0]
+            capped = float(self._rng.uniform(0.0, 0.9))  # power capping: normal, no fault
+            events = {"sw_power_cap": capped}
+            if fault is not None and self.faults[fault].visible:
+                events["hw_slowdown"] = self.signal_share
+            signals[uuid] = GpuSignals(clock_events=events)
+        if self.detector is None:
+            return
+        run = JobRun(
+            job.job_id, job.app or job.job_id, job.job_class, job.gpus, job.end - job.start
+        )
+        changes = self.detector.update(JobRecord(run, job.end, signals, job.penalty))
+        for change in changes:
+            self._dirty = True
+            if change.suspect:
+                self._judge(change.gpu, change.job_class, change.at_s)
+
+    def scores(self) -> Mapping[str, Sequence[float]] | None:
+        if not self._dirty:
+            return None
+        self._dirty = False
+        if self.mode == "oracle":
+            suspects = [
+                Suspicion(self.uuids[gpu], c, f.at_s, f.at_s, "oracle", factor, 0)
+                for gpu, n in self._active.items()
+                for f in [self.faults[n]]
+                for c, factor in f.factors(self.classes, self.sensitivity).items()
+                if factor >= self.min_slowdown
+            ]
+        else:
+            assert self.detector is not None
+            suspects = self.detector.suspects()
+        table = outlier_scores(self.base_scores, suspects, self.floor)
+        return {c: [table[uuid][c] for uuid in self.uuids] for c in self.classes}
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _fault_during(self, gpu: int, start: float) -> int | None:
+        """The fault that slowed a job started at ``start`` on ``gpu`` (None: healthy then)."""
+        n = self._active.get(gpu)
+        if n is None or self.faults[n].at_s > start:
+            return None
+        return n
+
+    def _judge(self, uuid: str, job_class: str, at: float) -> None:
+        gpu = self.index[uuid]
+        n = self._active.get(gpu)
+        if n is None:
+            repaired = any(f.gpu == gpu and f.at_s <= at for f in self.faults)
+            # Evidence from runs made before a repair can still arrive after it.
+            (self.late_suspicions if repaired else self.false_suspicions).append(
+                (uuid, job_class, at)
+            )
+            return
+        fault = self.faults[n]
+        if fault.factors(self.classes, self.sensitivity)[job_class] < self.min_slowdown:
+            self.weak_suspicions.append((uuid, job_class, at))
+        outcome = self.outcomes[n]
+        if job_class == self.classes[0] and outcome.suspected_s is None:
+            outcome.suspected_s = at

@@ -1,0 +1,160 @@
+"""The simulator's closed loop: GPUs degraded and repaired through the engine's hooks, the
+records the hooks hear, the oracle and the detector steering placement, the fault model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.suspicion import SuspicionDetector
+from slurm_pal.core.workload import SimJob, site_like_workload
+from slurm_pal.sim import SimConfig, SimGpus, simulate, uniform_gpus
+from slurm_pal.sim.engine import JobEnd
+from slurm_pal.sim.loop import Fault, FaultLoop, application_workload, fault_model
+
+CLASSES = ("A", "B", "C", "D")
+
+
+def job(number: int, submit: float, work: float, job_class: str = "A") -> SimJob:
+    return SimJob(str(number), submit, 1, work, job_class, model=f"{job_class}-app")
+
+
+def ends(result) -> dict[str, float | None]:
+    return {j.job_id: j.end for j in result.jobs}
+
+
+class Recorder:
+    """Hooks that change nothing and keep what they hear."""
+
+    def __init__(self) -> None:
+        self.ended: list[JobEnd] = []
+        self.times: list[float] = []
+
+    def advance(self, now: float, truth: dict[str, list[float]]) -> None:
+        self.times.append(now)
+
+    def job_ended(self, job: JobEnd) -> None:
+        self.ended.append(job)
+
+    def scores(self) -> None:
+        return None
+
+
+def test_the_hooks_hear_every_ended_job_with_its_gpus_and_times() -> None:
+    gpus = uniform_gpus(CLASSES, 2, 2)
+    trace = [job(0, 0, 100), SimJob("1", 5, 4, 50, "B", model="B-app")]
+    recorder = Recorder()
+    result = simulate(
+        trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"), hooks=recorder
+    )
+    plain = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
+    assert ends(result) == ends(plain)  # hooks that change nothing change nothing
+    by_id = {e.job_id: e for e in recorder.ended}
+    assert by_id["0"] == JobEnd("0", "A-app", "A", ("sim-gpu-00000",), 0.0, 100.0, 1.0)
+    assert len(by_id["1"].gpus) == 4 and by_id["1"].penalty > 1.0  # across the two nodes
+    assert recorder.times == sorted(recorder.times)
+
+
+def test_hooks_need_the_slurm_mode() -> None:
+    with pytest.raises(ValueError, match="Slurm mode"):
+        simulate([job(0, 0, 10)], uniform_gpus(CLASSES, 1, 2), SimConfig(), hooks=Recorder())
+
+
+def test_a_fault_slows_jobs_started_after_it_until_the_repair() -> None:
+    gpus = uniform_gpus(CLASSES, 1, 1)
+    fault = Fault(gpu=0, at_s=50.0, factor=2.0, repair_s=1000.0)
+    trace = [job(0, 0, 100), job(1, 200, 100), job(2, 300, 100, "D"), job(3, 1100, 100)]
+    loop = FaultLoop(gpus, [fault], mode="none")
+    result = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"), hooks=loop)
+    # Job 0 started before the fault (keeps its pace); job 1 runs 2x; class D does not feel
+    # it (sensitivity 0); job 3 starts after the repair.
+    assert ends(result) == {"0": 100.0, "1": 400.0, "2": 500.0, "3": 1200.0}
+    assert loop.outcomes[0].jobs == 2 and loop.outcomes[0].sensitive_jobs == 1
+
+
+def test_the_oracle_keeps_the_class_a_fault_hurts_off_the_gpu_and_others_on_it() -> None:
+    gpus = uniform_gpus(CLASSES, 1, 2)
+    faults = [Fault(gpu=0, at_s=0.0, factor=2.0)]
+    trace = [job(0, 10, 100), job(1, 20, 100, "D"), job(2, 500, 100)]
+    config = SimConfig(placement="advisor", mode="slurm", advisor_settings=(("avoid_above", 1.5),))
+    blind = simulate(trace, gpus, config, hooks=FaultLoop(gpus, faults, mode="none"))
+    oracle = simulate(trace, gpus, config, hooks=FaultLoop(gpus, faults, mode="oracle"))
+    assert ends(blind)["0"] == 210.0  # packing's first GPU, now 2x for class A
+    assert ends(oracle)["0"] == 110.0  # kept off it
+    assert ends(oracle)["1"] == 120.0  # class D takes the faulty GPU, at full speed
+    assert ends(oracle)["2"] == 600.0
+
+
+def test_rescored_keeps_the_free_state_and_expected_ends() -> None:
+    cluster = Cluster.from_gpus(uniform_gpus(CLASSES, 2, 2).specs())
+    cluster.allocate([1, 2])
+    cluster.expect_free_at([1, 2], 500.0)
+    cluster.clock = 42.0
+    other = cluster.rescored({"A": [3.0, 1.0, 1.0, 1.0]})
+    assert other.free.tolist() == cluster.free.tolist()
+    assert other.busy_until.tolist() == cluster.busy_until.tolist() and other.clock == 42.0
+    assert other.classes["A"].scores.tolist() == [3.0, 1.0, 1.0, 1.0]
+    assert other.classes["B"].scores.tolist() == [1.0] * 4
+    other.release([1])  # its own state
+    assert not cluster.free[1]
+    with pytest.raises(ValueError, match="class"):
+        cluster.rescored({"Z": [1.0] * 4})
+
+
+def _site(n_gpus: int, n_jobs: int, seed: int) -> tuple[list[SimJob], SimGpus]:
+    jobs = site_like_workload(n_gpus, n_jobs=n_jobs, seed=seed)
+    return application_workload(jobs, cv=0.07, seed=seed), uniform_gpus(CLASSES, n_gpus // 4, 4)
+
+
+def test_the_loop_finds_a_slow_gpu_from_ordinary_jobs_and_suspects_no_healthy_one() -> None:
+    jobs, gpus = _site(16, 2500, seed=1)
+    # After the first weeks: the detector needs a few runs per application as a baseline (a
+    # site's store has them from before).
+    faults = [Fault(gpu=5, at_s=86400.0 * 40, factor=2.0)]
+    detector = SuspicionDetector(signal_classes=("A", "B"))
+    loop = FaultLoop(gpus, faults, mode="detector", detector=detector)
+    config = SimConfig(placement="advisor", mode="slurm", default_class="A")
+    simulate(jobs, gpus, config, hooks=loop)
+    outcome = loop.outcomes[0]
+    assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 4
+    assert loop.false_suspicions == [] and loop.records == len(jobs)
+    assert ("sim-gpu-00005", "A", True) in {
+        (c.gpu, c.job_class, c.suspect) for c in detector.changes_
+    }
+
+
+def test_a_visible_fault_is_suspected_at_its_first_job() -> None:
+    jobs, gpus = _site(16, 800, seed=2)
+    faults = [Fault(gpu=3, at_s=86400.0, factor=1.5, visible=True)]
+    loop = FaultLoop(
+        gpus, faults, mode="detector", detector=SuspicionDetector(signal_classes=("A",))
+    )
+    simulate(jobs, gpus, SimConfig(placement="advisor", mode="slurm"), hooks=loop)
+    assert loop.outcomes[0].jobs == 1 and loop.outcomes[0].suspected_s is not None
+
+
+def test_the_fault_model_follows_its_rate_and_seed() -> None:
+    faults = fault_model(1000, 30.0, per_1000_gpu_days=2.0, repair_days=math.inf, seed=3)
+    assert 40 <= len(faults) <= 85  # Poisson(60)
+    assert faults == fault_model(1000, 30.0, per_1000_gpu_days=2.0, repair_days=math.inf, seed=3)
+    assert len({f.gpu for f in faults}) == len(faults)
+    assert {f.factor for f in faults} == {1.5, 2.0}
+    assert all(0 <= f.at_s <= 30 * 86400 and f.repair_s == math.inf for f in faults)
+    assert fault_model(100, 30.0, per_1000_gpu_days=0.0) == []
+
+
+def test_applications_repeat_with_the_noise_asked_for() -> None:
+    jobs = site_like_workload(64, n_jobs=2000, seed=0)
+    apps = application_workload(jobs, runs_per_app=20, cv=0.1, seed=0)
+    assert [(j.job_id, j.gpus, j.job_class, j.submit_time) for j in apps] == [
+        (j.job_id, j.gpus, j.job_class, j.submit_time) for j in jobs
+    ]
+    by_app: dict[str, list[float]] = {}
+    for j in apps:
+        assert j.model.startswith(j.job_class)
+        by_app.setdefault(j.model, []).append(math.log(j.work))
+    spreads = [np.std(v) for v in by_app.values() if len(v) >= 10]
+    assert 0.07 < float(np.median(spreads)) < 0.13
