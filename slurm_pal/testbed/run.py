@@ -1,13 +1,21 @@
-"""One trace, two arms, a real Slurm: the measured gain of the advisor over stock placement.
+"""One trace, its arms, a real Slurm: the measured gain of the advisor over plain packing.
 
 Why: the PAL paper checked its simulator against a real cluster (Table IV). We have no GPUs but
 a real Slurm, so the testbed emulates the variability (:mod:`slurm_pal.testbed.emulate`) and
 runs the same trace twice on the same emulated cluster:
 
-* ``stock``: cons_tres places untyped GPU requests (no job_submit.lua);
 * ``advisor``: the rendered job_submit.lua asks ``slurm-pal serve`` (PROTOCOL.md), which steers
   jobs to GPU types by class (jobs name their application: ``--comment=pal:app=emu-a``; the
-  applications are registered in the store with their class).
+  applications are registered in the store with their class);
+* ``control``: the same job_submit.lua, Prolog/Epilog and service, serving ``policy =
+  "packed"``: the advisor leaves every job to Slurm's packing. It differs from ``advisor`` only
+  in the policy, so the ratio advisor / control is the placement's own effect (the default);
+* ``stock``: cons_tres places untyped GPU requests (no job_submit.lua, no hooks, no service):
+  what a site has today. Against it the advisor's ratio also holds what the machinery costs or
+  shifts in Slurm's timing (on the demo's trace the control measured ~0.91 x stock).
+
+``--repeats N`` runs the arms N times, alternating which goes first (evidence.py), and reports
+each repeat's ratio, their median and range, beside the simulator's prediction of the same pair.
 
 Both arms submit with plain ``sbatch`` at the trace's (compressed) arrival times, under strict
 FIFO (``sched/builtin``): Slurm's time limits are whole minutes, so backfill cannot be told
@@ -64,18 +72,26 @@ from slurm_pal.testbed.emulate import (
     TraceJob,
     arm_metrics,
     campaign_frame,
-    compare,
     emulated_gpus,
     job_slowdown,
     make_trace,
     score_table,
     source_profile,
 )
+from slurm_pal.testbed.evidence import (
+    RATIO_KEYS,
+    arm_order,
+    baseline_arm,
+    pair_ratios,
+    summarize_pair,
+)
 from slurm_pal.testbed.hosts import CONTROLLER_OCTET, SUBNET
 from slurm_pal.testbed.multihost import MultiHostSlurm
 
 __all__ = [
     "ARMS",
+    "CONTROL_POLICY",
+    "DEFAULT_ARMS",
     "AdvisorArm",
     "Arm",
     "ArmResult",
@@ -92,7 +108,10 @@ __all__ = [
     "simulate_prediction",
 ]
 
-ARMS = ("stock", "advisor")
+ARMS = ("stock", "control", "advisor")
+DEFAULT_ARMS = ("control", "advisor")
+CONTROL_POLICY = "packed"
+"""What the control arm's service serves: every job left to Slurm's packing."""
 NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
 """Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
@@ -125,7 +144,9 @@ class RunSettings:
     trace: str = "mixed48"
     trace_seed: int = 0
     scale: float = 1.0
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    repeats: int = 1
+    """Runs of every arm; the arms alternate which goes first (:func:`arm_order`)."""
     policy: str | None = None
     """The advisor's policy; None: ``advisor.policy`` of ``config`` (shipped: packed-pm), so
     the testbed measures the advisor a site would deploy. ``pal`` reproduces the paper's."""
@@ -152,6 +173,10 @@ class RunSettings:
             raise EmulationError(
                 f"unknown policy {self.advisor_policy!r}; valid: {', '.join(ADVISOR_POLICIES)}"
             )
+        if self.repeats < 1:
+            raise EmulationError(f"repeats must be >= 1, got {self.repeats}")
+        if len(set(self.arms)) != len(self.arms):
+            raise EmulationError(f"an arm is named twice in {self.arms}")
         if not self.replan_s >= 0:
             raise EmulationError(f"replan_s must be >= 0 (0 = off), got {self.replan_s}")
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -161,6 +186,11 @@ class RunSettings:
     def advisor_policy(self) -> str:
         """The policy the advisor arm serves."""
         return self.config.advisor.policy if self.policy is None else self.policy
+
+    @property
+    def baseline(self) -> str | None:
+        """The arm the advisor's ratios are taken against (control, else stock)."""
+        return baseline_arm(self.arms)
 
     @property
     def replans_on_epilog(self) -> bool:
@@ -209,11 +239,20 @@ class Prepared:
     specs: tuple[NodeSpec, ...]
     job_script: Path
     socket_path: Path
+    control_config_path: Path | None = None
+    """The control arm's config: the advisor's with ``policy = "packed"``."""
 
-    def served_config(self) -> SiteConfig:
-        """The config the advisor arm's ``slurm-pal serve`` runs with (it reads this file and
-        gets no overrides): what the simulator's prediction simulates."""
-        return load_config(self.config_path)
+    def served_config(self, arm: str = "advisor") -> SiteConfig:
+        """The config ``arm``'s ``slurm-pal serve`` runs with (it reads this file and gets no
+        overrides): what the simulator's prediction simulates."""
+        return load_config(self.arm_config_path(arm))
+
+    def arm_config_path(self, arm: str) -> Path:
+        if arm == "control":
+            if self.control_config_path is None:
+                raise EmulationError("this testbed was prepared without a control config")
+            return self.control_config_path
+        return self.config_path
 
 
 def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepared:
@@ -248,6 +287,9 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
     socket_path = settings.socket_path
     config_path = work / "slurm-pal.toml"
     config_path.write_text(_site_config(cfg, settings, socket_path))
+    # Everything but the policy as the advisor's: the arms then differ in nothing else.
+    control_config_path = work / "slurm-pal-control.toml"
+    control_config_path.write_text(_site_config(cfg, settings, socket_path, policy=CONTROL_POLICY))
     with Store(db) as store:
         store.ingest(
             [read_campaign_csv(csv, gpu_model=cfg.profiling.gpu_model)],
@@ -300,20 +342,23 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
         tuple(specs),
         job_script,
         socket_path,
+        control_config_path,
     )
 
 
-def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> str:
+def _site_config(
+    cfg: SiteConfig, settings: RunSettings, socket_path: Path, *, policy: str | None = None
+) -> str:
     """The advisor's config for the testbed: its socket, root only, fast refresh and the run's
     re-planning (compressed time), no telemetry, the run's policy. Every other ``[advisor]``
     setting (pack_tolerance, avoid_above, ...), the classes and the locality penalty are the
     site's, so the served advisor places as the site's would, and the prediction (which reads
-    this file) simulates that advisor."""
+    this file) simulates that advisor. ``policy`` overrides the run's (the control arm's)."""
     testbed: dict[str, object] = {
         "socket": str(socket_path),
         "allowed_users": ("root",),
         "socket_group": "root",
-        "policy": settings.advisor_policy,
+        "policy": settings.advisor_policy if policy is None else policy,
         "refresh_s": settings.refresh_s,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
@@ -392,11 +437,13 @@ class StockArm(Arm):
 
 class AdvisorArm(Arm):
     """The rendered job_submit.lua + Prolog/Epilog and a `slurm-pal serve` on the testbed's
-    socket, with the testbed's store and config."""
+    socket, with the testbed's store and config. Named ``control``, the service reads the
+    control config (the same but ``policy = "packed"``): the same machinery, packing's GPUs."""
 
-    name = "advisor"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str = "advisor") -> None:
+        if name not in ("advisor", "control"):
+            raise EmulationError(f"an advisor arm is 'advisor' or 'control', not {name!r}")
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.health: dict[str, object] = {}
@@ -429,7 +476,7 @@ class AdvisorArm(Arm):
         (prep.settings.work / "spool").mkdir(exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             prep.socket_path.unlink()
-        self.log = prep.settings.work / "advisor.log"
+        self.log = prep.settings.work / f"{self.name}.log"
         cmd = [
             sys.executable,
             "-m",
@@ -437,7 +484,7 @@ class AdvisorArm(Arm):
             "--db",
             str(prep.db),
             "--config",
-            str(prep.config_path),
+            str(prep.arm_config_path(self.name)),
             "serve",
             "--socket",
             str(prep.socket_path),
@@ -527,8 +574,8 @@ def advisor_request(path: Path, request: Mapping[str, object], timeout_s: float 
 def make_arm(name: str) -> Arm:
     if name == "stock":
         return StockArm()
-    if name == "advisor":
-        return AdvisorArm()
+    if name in ("advisor", "control"):
+        return AdvisorArm(name)
     raise EmulationError(f"unknown arm {name!r}; valid: {', '.join(ARMS)}")
 
 
@@ -777,17 +824,22 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     composition ``sim run --config`` uses (the advisor believes the config's locality penalty,
     jobs pay the site's: here the emulation's). ``advisor_at_submit``: the same advisor deciding
     only at each job's submission (Slurm places a job that waited), what the advisor does
-    without the Epilog's re-planning. All in Slurm mode without backfill: the testbed runs
-    strict FIFO."""
+    without the Epilog's re-planning. ``control``: the control arm's service, simulated from its
+    own config the same way (when the testbed was prepared with one). All in Slurm mode without
+    backfill: the testbed runs strict FIFO."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
     testbed = {"mode": "slurm", "backfill": False}
-    advisor = advisor_sim_options(prep.served_config())
-    advisor |= testbed | {"site_locality_penalty": penalty}
-    return {
+    site = {"site_locality_penalty": penalty}
+    advisor = advisor_sim_options(prep.served_config()) | testbed | site
+    configs = {
         "stock": SimConfig(placement="packed-sticky", locality_penalty=penalty, **testbed),  # type: ignore[arg-type]
         "advisor": SimConfig(**advisor),  # type: ignore[arg-type]
         "advisor_at_submit": SimConfig(**(advisor | {"decisions": "at-submit"})),  # type: ignore[arg-type]
     }
+    if prep.control_config_path is not None:
+        control = advisor_sim_options(prep.served_config("control")) | testbed | site
+        configs["control"] = SimConfig(**control)  # type: ignore[arg-type]
+    return configs
 
 
 PREDICTED = ("avg_jct", "p99_jct", "makespan", "avg_wait")
@@ -818,12 +870,25 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
     for key in ("avg_jct", "p99_jct", "makespan"):
         for prefix, arm in (("", "advisor"), ("at_submit_", "advisor_at_submit")):
             out[f"{prefix}{key}_ratio"] = round(out[arm][key] / stock[key], 4)  # type: ignore[index]
+    # The pairs the testbed measures, named arm/baseline, so a report puts each beside its own.
+    pairs: dict[str, dict[str, float]] = {}
+    for arm, base in (("advisor", "stock"), ("advisor", "control"), ("control", "stock")):
+        if arm in out and base in out:
+            pairs[f"{arm}/{base}"] = {
+                f"{key}_ratio": round(out[arm][key] / out[base][key], 4)  # type: ignore[index]
+                for key in RATIO_KEYS
+            }
+    out["pairs"] = pairs
     advisor = configs["advisor"]
     out["advisor_policy"] = advisor.advisor_policy
     out["advisor_settings"] = dict(advisor.advisor_settings)
     out["decisions"] = advisor.decisions
     timed = {(j.job_id, j.start, j.end) for j in results["stock"].jobs}
     out["jobs_as_stock"] = sum((j.job_id, j.start, j.end) in timed for j in results["advisor"].jobs)
+    if "control" in results:
+        out["control_jobs_as_stock"] = sum(
+            (j.job_id, j.start, j.end) in timed for j in results["control"].jobs
+        )
     return out
 
 
@@ -867,9 +932,13 @@ def _run_testbed(
 ) -> dict[str, object]:
     prep = prepare(settings, progress)
     prediction = simulate_prediction(prep, trace)
+    baseline = settings.baseline
+    pairs: dict[str, dict[str, float]] = prediction["pairs"]  # type: ignore[assignment]
+    predicted = pairs.get(f"advisor/{baseline}", {})
     progress(
         f"simulator (Slurm mode, FIFO), advisor {prediction['advisor_policy']} deciding "
-        f"{prediction['decisions']}: predicted avg JCT ratio advisor/stock "
+        f"{prediction['decisions']}: predicted avg JCT ratio advisor/control "
+        f"{pairs['advisor/control']['avg_jct_ratio']}, advisor/stock "
         f"{prediction['avg_jct_ratio']} (deciding at submit only: "
         f"{prediction['at_submit_avg_jct_ratio']}); {prediction['jobs_as_stock']} of "
         f"{len(trace)} jobs timed as under packing"
@@ -883,6 +952,9 @@ def _run_testbed(
         "profile_seed": settings.profile_seed,
         "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
         "policy": settings.advisor_policy,
+        "control_policy": CONTROL_POLICY,
+        "baseline": baseline,
+        "repeats": settings.repeats,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
         "hosts": (
@@ -896,34 +968,76 @@ def _run_testbed(
         "arms": {},
         "unavailable": {},
     }
-    results: dict[str, ArmResult] = {}
+    runnable = []
     for name in settings.arms:
-        arm = make_arm(name)
         try:
-            arm.check()
+            make_arm(name).check()
         except ArmUnavailable as exc:
             report["unavailable"][name] = str(exc)  # type: ignore[index]
             progress(f"{name}: skipped: {exc}")
             continue
-        results[name] = run_arm(arm, prep, trace, progress)
-        report["arms"][name] = results[name].to_dict()  # type: ignore[index]
-    ratios: dict[str, float | None] = dict.fromkeys(
-        ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio")
-    )
-    if "stock" in results and "advisor" in results:
-        ratios.update(compare(results["advisor"].metrics, results["stock"].metrics))
-    report.update(ratios)
-    report["sim_predicted_avg_jct_ratio"] = prediction["avg_jct_ratio"]
-    report["sim_predicted_p99_jct_ratio"] = prediction["p99_jct_ratio"]
-    report["sim_predicted_makespan_ratio"] = prediction["makespan_ratio"]
+        runnable.append(name)
+    runs: list[dict[str, object]] = []
+    results: dict[str, ArmResult] = {}
+    for repeat in range(settings.repeats):
+        order = arm_order(runnable, repeat)
+        if settings.repeats > 1:
+            progress(f"repeat {repeat + 1}/{settings.repeats}: arms in order {', '.join(order)}")
+        results = {}
+        for name in order:
+            results[name] = run_arm(make_arm(name), prep, trace, progress)
+        figures = {name: results[name].to_dict() for name in runnable}
+        run: dict[str, object] = {"order": list(order), "arms": figures}
+        for arm, base in (("advisor", "stock"), ("advisor", "control"), ("control", "stock")):
+            if arm in figures and base in figures:
+                run[f"{arm}/{base}"] = pair_ratios(figures[arm], figures[base])  # type: ignore[arg-type]
+        runs.append(run)
+        if settings.repeats > 1:
+            _keep_repeat(prep, runnable, repeat)
+            measured = run.get(f"advisor/{baseline}") or {}
+            progress(
+                f"repeat {repeat + 1}: avg JCT advisor/{baseline} "
+                f"{measured.get('avg_jct_ratio')} (simulator {predicted.get('avg_jct_ratio')})"
+            )
+    report["arms"] = runs[-1]["arms"] if runs else {}
+    report["runs"] = runs
+    report["pairs"] = {
+        pair: summarize_pair([r[pair] for r in runs if pair in r], pairs.get(pair, {}))  # type: ignore[misc]
+        for pair in ("advisor/control", "advisor/stock", "control/stock")
+        if runs and pair in runs[0]
+    }
+    # The headline: the advisor against its baseline, median over the repeats.
+    head = report["pairs"].get(f"advisor/{baseline}", {})  # type: ignore[attr-defined]
+    for key in RATIO_KEYS:
+        name = f"{key}_ratio"
+        report[name] = head[name]["median"] if name in head else None
+        report[f"sim_predicted_{name}"] = predicted.get(name)
+        report[f"{name}_range"] = [head[name]["min"], head[name]["max"]] if name in head else None
     report["sim_at_submit_avg_jct_ratio"] = prediction.get("at_submit_avg_jct_ratio")
-    measured = ratios["avg_jct_ratio"]
+    measured = report["avg_jct_ratio"]
+    sim_ratio = predicted.get("avg_jct_ratio")
     report["prediction_error"] = (
-        None if measured is None else round(float(prediction["avg_jct_ratio"]) / measured - 1.0, 4)  # type: ignore[arg-type]
+        None
+        if measured is None or sim_ratio is None
+        else round(float(sim_ratio) / float(measured) - 1.0, 4)  # type: ignore[arg-type]
     )
     report["sim"] = prediction
-    report["_results"] = results  # for callers that show jobs; dropped from JSON
+    report["_results"] = results  # the last repeat's, for callers that show jobs; not in JSON
     return report
+
+
+def _keep_repeat(prep: Prepared, arms: Sequence[str], repeat: int) -> None:
+    """Move a repeat's records, Slurm's view and the services' logs into ``repeat-N/`` (the
+    next repeat writes the same names)."""
+    kept = prep.settings.work / f"repeat-{repeat + 1}"
+    kept.mkdir(exist_ok=True)
+    for arm in arms:
+        for name in (f"records-{arm}", f"slurm-jobs-{arm}.json", f"{arm}.log"):
+            path = prep.settings.work / name
+            if path.is_dir():
+                shutil.copytree(path, kept / name, dirs_exist_ok=True)
+            elif path.exists():
+                shutil.copy2(path, kept)
 
 
 def public_report(report: Mapping[str, object]) -> dict[str, object]:
