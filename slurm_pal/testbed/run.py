@@ -521,7 +521,8 @@ class AdvisorArm(Arm):
                 if answer.get("ok"):
                     self.health = answer
                     progress(
-                        f"advisor up (pid {self.proc.pid}): policy {answer.get('policy')}, "
+                        f"{self.name}: advisor up (pid {self.proc.pid}): policy "
+                        f"{answer.get('policy')}, "
                         f"{answer.get('gpus')} GPUs, campaign {answer.get('campaign')}"
                     )
                     return
