@@ -113,3 +113,26 @@ def test_control_arm_is_the_advisor_arm_serving_packing(tmp_path: Path) -> None:
     }
     assert p["pairs"]["advisor/control"] == p["pairs"]["advisor/stock"]
     assert p["pairs"]["advisor/stock"]["avg_jct_ratio"] == p["avg_jct_ratio"]
+
+
+def test_simulated_gpus_are_in_slurms_order(tmp_path: Path) -> None:
+    """cons_tres gives a job a node's lowest free Slurm indices, and Slurm numbers a node's GPUs
+    by type: the simulator's packing (lowest local index first) must see them in that order,
+    or it packs jobs onto other GPUs than Slurm does (the example profile's 2.31x GPU is n02's
+    second in the campaign and its last in Slurm)."""
+    import json
+
+    from slurm_pal.testbed.run import sim_gpus, slurm_order
+
+    prep = prepare(RunSettings(tmp_path / "tb"))
+    gpus = sim_gpus(prep)
+    labels = json.loads((prep.site_dir / "labels.json").read_text())["nodes"]
+    table = prep.table["nodes"]
+    for n, node in enumerate(prep.settings.node_names):
+        by_slurm = {int(g["slurm_index"]): int(g["index"]) for g in labels[node]}
+        assert slurm_order(prep, node) == [by_slurm[i] for i in sorted(by_slurm)]
+        for position, slurm_index in enumerate(sorted(by_slurm)):
+            gpu = next(g for g in table[node].values() if g["index"] == by_slurm[slurm_index])
+            assert gpus.placement_scores["A"][4 * n + position] == gpu["scores"]["A"]
+    n02 = list(gpus.placement_scores["A"][4:8])
+    assert n02.index(max(n02)) == 3 and max(n02) > 2.0  # the slow GPU is the one Slurm gives last

@@ -804,7 +804,13 @@ def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str,
 def sim_gpus(prep: Prepared) -> SimGpus:
     """The emulated GPUs as the simulator takes them: the store's PM-scores are both what the
     policies see and what jobs feel (the job script sleeps by them too). Classes in the
-    config's order, which is the campaign's and so the served advisor's."""
+    config's order, which is the campaign's and so the served advisor's.
+
+    Each node's GPUs in Slurm's order (labels.json's ``slurm_index``): cons_tres gives a job the
+    lowest free Slurm indices of a node, and Slurm numbers a node's GPUs grouped by type, not
+    in the campaign's order. Packing in the simulator takes the lowest local index first, so in
+    the campaign's order it would put jobs on other GPUs of the node than Slurm does (on the
+    example profile, an A job on n02's 2.31x GPU where Slurm gives it a median one)."""
     nodes = prep.table["nodes"]  # type: ignore[index]
     gpn = prep.settings.gpus_per_node
     present = {c for n in nodes.values() for g in n.values() for c in g["scores"]}
@@ -814,9 +820,21 @@ def sim_gpus(prep: Prepared) -> SimGpus:
     for node, gpus in nodes.items():
         for gpu in gpus.values():
             by_slot[(node, int(gpu["index"]))] = gpu["scores"]
-    order = [(node, i) for node in prep.settings.node_names for i in range(gpn)]
+    order = [(node, i) for node in prep.settings.node_names for i in slurm_order(prep, node)]
     scores = {c: np.array([by_slot[slot][c] for slot in order]) for c in classes}
     return SimGpus(len(prep.settings.node_names), gpn, scores, scores, source="testbed emulation")
+
+
+def slurm_order(prep: Prepared, node: str) -> list[int]:
+    """A node's campaign indices in Slurm's order (by ``slurm_index`` in labels.json; the
+    campaign's order where labels.json is absent or does not list the node)."""
+    gpn = prep.settings.gpus_per_node
+    path = prep.site_dir / "labels.json"
+    entries = json.loads(path.read_text())["nodes"].get(node) if path.is_file() else None
+    if not entries:
+        return list(range(gpn))
+    ranked = sorted(entries, key=lambda g: int(g.get("slurm_index", g["index"])))
+    return [int(g["index"]) for g in ranked]
 
 
 def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
