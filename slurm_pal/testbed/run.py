@@ -702,7 +702,7 @@ def run_arm(
             time.sleep(1.0)
         progress(f"{arm.name}: all {len(trace)} jobs ended after {time.time() - t0:.0f} s")
         watcher.stop()
-        slurm_jobs = _squeue_jobs(tb, jobs)
+        slurm_jobs = _ended_jobs(tb, jobs)
         for trace_id, job in slurm_jobs.items():  # ended jobs show no gres_detail any more
             job["gres_detail"] = watcher.gres.get(jobs[trace_id], job.get("gres_detail"))
         (prep.settings.work / f"slurm-jobs-{arm.name}.json").write_text(
@@ -767,6 +767,25 @@ class _GresWatcher:
         if self._thread is not None:
             self._thread.join(timeout=15)
             self._thread = None
+
+
+LEFT_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"})
+
+
+def _ended_jobs(
+    tb: LocalSlurm, jobs: Mapping[str, int], timeout_s: float = 30.0
+) -> dict[str, dict[str, object]]:
+    """Slurm's record of our jobs once they have left: a job writes its record before it exits,
+    and with the hooks its Epilog (up to the advisor's round) still runs, so Slurm shows it
+    COMPLETING for a moment after the last record appears."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _squeue_jobs(tb, jobs)
+        if time.monotonic() > deadline or not any(
+            j.get("job_state") in LEFT_STATES for j in found.values()
+        ):
+            return found
+        time.sleep(0.5)
 
 
 def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str, object]]:
