@@ -136,3 +136,37 @@ def test_simulated_gpus_are_in_slurms_order(tmp_path: Path) -> None:
             assert gpus.placement_scores["A"][4 * n + position] == gpu["scores"]["A"]
     n02 = list(gpus.placement_scores["A"][4:8])
     assert n02.index(max(n02)) == 3 and max(n02) > 2.0  # the slow GPU is the one Slurm gives last
+
+
+def test_calibrated_latency_is_the_one_that_reproduces_the_control() -> None:
+    from slurm_pal.testbed.evidence import calibrated_latency
+
+    simulated = {0.0: 15.4, 0.5: 16.2, 1.0: 17.0, 1.5: 19.5}
+    assert calibrated_latency(simulated, 17.6) == 1.0
+    assert calibrated_latency(simulated, 3.0) == 0.0
+    assert calibrated_latency({0.0: 10.0, 1.0: 12.0}, 11.0) == 0.0  # a tie: the smaller
+    with pytest.raises(ValueError, match="no simulated latencies"):
+        calibrated_latency({}, 1.0)
+
+
+def test_latency_model_without_latency_is_the_prediction(tmp_path: Path) -> None:
+    """At no latency the latency model is the plain prediction; with latency every job holds
+    its GPUs longer, so the arms wait longer, and the calibrated latency is one of the grid's."""
+    from slurm_pal.testbed.run import latency_figures, latency_prediction
+
+    prep = prepare(RunSettings(tmp_path / "tb"))
+    trace = make_trace("demo32")
+    plain = simulate_prediction(prep, trace)
+    none = latency_figures(prep, trace, 0.0, ("control", "advisor"))
+    for arm in ("control", "advisor"):
+        for key in ("avg_jct", "p99_jct", "makespan", "avg_wait"):
+            assert none[arm][key] == pytest.approx(plain[arm][key], abs=2e-3)
+    slow = latency_figures(prep, trace, 2.0, ("control",))
+    assert slow["control"]["avg_wait"] > none["control"]["avg_wait"]
+    model = latency_prediction(prep, trace, "control", measured_baseline_avg_jct_s=9.0)
+    assert [g["latency_s"] for g in model["grid"]] == [0.25 * i for i in range(9)]
+    first = model["grid"][0]
+    assert first["avg_jct_ratio"] == plain["pairs"]["advisor/control"]["avg_jct_ratio"]
+    assert model["calibrated"] in model["grid"]
+    band = model["avg_jct_ratio_band"]
+    assert band["min"] <= first["avg_jct_ratio"] <= band["max"]

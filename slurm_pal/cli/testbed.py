@@ -362,6 +362,19 @@ def print_report(report: dict) -> None:
                 f"{spread}, simulator {f['sim']:.3f}{against}",
                 highlight=False,
             )
+    model = report.get("latency_model")
+    if model:
+        band = model["avg_jct_ratio_band"]
+        console.print(
+            f"simulator with Slurm's scheduling latency modelled (each job's GPUs held "
+            f"{report['sim_latency_s']} s longer, the latency that reproduces the measured "
+            f"{report['baseline']} arm's average JCT): avg_jct_ratio "
+            f"{report['sim_latency_avg_jct_ratio']:.3f}, p99 "
+            f"{report['sim_latency_p99_jct_ratio']:.3f}, makespan "
+            f"{report['sim_latency_makespan_ratio']:.3f}; over latencies 0-2 s the avg_jct_ratio "
+            f"moves {band['min']:.3f}-{band['max']:.3f} (median {band['median']:.3f})",
+            highlight=False,
+        )
     late = report.get("sim_at_submit_avg_jct_ratio")
     if late is not None:
         console.print(

@@ -15,15 +15,21 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "BASELINES",
+    "LATENCIES_S",
     "RATIO_KEYS",
     "arm_order",
     "baseline_arm",
+    "calibrated_latency",
     "pair_ratios",
     "spread",
     "summarize_pair",
 ]
 
 RATIO_KEYS = ("avg_jct", "p99_jct", "makespan")
+LATENCIES_S = tuple(0.25 * i for i in range(9))
+"""Slurm's scheduling latency the prediction is also simulated with (0-2 s per job start):
+on the testbed a job's GPUs are taken again only after its Epilog and the next scheduling
+pass, which the simulator does not model."""
 BASELINES = ("control", "stock")
 """What the advisor is compared with, best first: the control differs from it only in the
 policy; stock also lacks the plugin, the hooks and the service."""
@@ -89,3 +95,12 @@ def summarize_pair(
         )
         out[name] = figures
     return out
+
+
+def calibrated_latency(control_avg_jct_s: Mapping[float, float], measured_s: float) -> float:
+    """The latency whose simulated control arm's average JCT is nearest the measured control's
+    (the smaller latency on a tie). Calibrated on the control only, which changes no job: the
+    advisor's figures play no part in it."""
+    if not control_avg_jct_s:
+        raise ValueError("no simulated latencies to calibrate on")
+    return min(sorted(control_avg_jct_s), key=lambda d: abs(control_avg_jct_s[d] - measured_s))
