@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policy", default=None, help="the advisor's policy (default: the config's advisor.policy)"
     )
+    parser.add_argument("--replan-s", type=float, default=0.0, help="advisor re-planning (0: off)")
+    parser.add_argument(
+        "--no-replan-on-epilog",
+        action="store_const",
+        const=False,
+        default=None,
+        dest="replan_on_epilog",
+        help="the advisor decides at submit only (default: the config's replan_on_epilog)",
+    )
     parser.add_argument("--single-host", action="store_true", help="every daemon on one host")
     parser.add_argument("--dir", type=Path, default=None, help="testbed folder (default: temp)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -72,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
             repeats=args.repeats,
             policy=args.policy,
+            replan_s=args.replan_s,
+            replan_on_epilog=args.replan_on_epilog,
             config=load_config(args.config),
             multihost=not args.single_host,
         )
@@ -92,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['repeats']} repeats, advisor {report['policy']} vs control "
         f"{report['control_policy']}; kept in {root}/emulation/repeat-N"
     )
+    if "sim_latency_s" in report:
+        band = report["latency_model"]["avg_jct_ratio_band"]  # type: ignore[index]
+        print(
+            f"simulator with Slurm's latency modelled ({report['sim_latency_s']} s per job, "
+            f"calibrated on the {report['baseline']} arm): avg_jct_ratio "
+            f"{report['sim_latency_avg_jct_ratio']}; over 0-2 s {band['min']}-{band['max']}"
+        )
     for pair, figures in report["pairs"].items():  # type: ignore[union-attr]
         for key, f in figures.items():
             print(
