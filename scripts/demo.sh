@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one-command demo (see README): set up the .venv, install Slurm's Debian packages (root or
 # password-less sudo), then `slurm-pal demo`: the example campaign, a local Slurm with fake GPUs,
-# the advisor, a small workload through plain sbatch, where each job went and why, and the gain
-# over stock Slurm, and slurm-pal-demo.png comparing the two arms (the `plot` extra, matplotlib,
-# is installed for it; without it the demo says the PNG was skipped). Without root or Slurm the
+# the advisor, a small workload through plain sbatch, where each job went and why, the effect
+# against a packing control (the same plugin, hooks and service), and slurm-pal-demo.png
+# comparing the two arms (the `plot` extra, matplotlib, is installed for it; without it the demo
+# says the PNG was skipped). Without root or Slurm the
 # demo says what is missing. Options go to `slurm-pal demo` (e.g. --offline, --png PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -218,7 +218,7 @@ def test_sbatch_args_ask_whole_nodes_above_one_node(tmp_path: Path) -> None:
     assert "--comment=pal:app=emu-b" in eight and "class=B" in eight
     two = sbatch_args(TraceJob("j2", 0.0, 2, "A", 3.0), Prep, tmp_path, 5.0)  # type: ignore[arg-type]
     assert "--gres=gpu:2" in two and "-N" not in two
-    with pytest.raises(EmulationError, match="valid: stock, advisor"):
+    with pytest.raises(EmulationError, match="valid: stock, control, advisor"):
         RunSettings(tmp_path, arms=("stock", "magic"))
 
 

@@ -129,7 +129,8 @@ def demo(
     """The one-command demo: ingest the bundled example campaign and show its bins and labels;
     then (root, Slurm installed) start a local Slurm with fake GPUs and the advisor, submit a
     small mixed workload with plain sbatch, show where each job went and why, the measured
-    gain over stock Slurm and a PNG comparing the two. Stops everything it started.
+    gain over a packing control (the same plugin, hooks and service serving policy packed) and
+    a PNG comparing the two. Stops everything it started.
 
     Uses a throw-away store unless --db (or SLURM_PAL_DB) names one.
     """

@@ -1,6 +1,7 @@
 """`slurm-pal testbed ...`: a private Slurm on loopback (real daemons, fake GPUs) for trying
-things out and for tests, and `run`: the advisor against stock Slurm on an emulated-variability
-trace (slurm_pal/testbed/run.py). Runs as root; see slurm_pal/testbed/cluster.py for the layout."""
+things out and for tests, and `run`: the advisor against a packing control (and stock Slurm)
+on an emulated-variability trace (slurm_pal/testbed/run.py). Runs as root; see
+slurm_pal/testbed/cluster.py for the layout."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from slurm_pal.testbed.multihost import MultiHostSlurm
 
 app = typer.Typer(
     rich_markup_mode=None,
-    help="A private Slurm testbed on loopback: up, status, down; run: advisor vs stock Slurm.",
+    help="A private Slurm testbed on loopback: up, status, down; run: advisor vs packing.",
     no_args_is_help=True,
 )
 
@@ -191,9 +192,29 @@ TraceOption = Annotated[
 TraceSeedOption = Annotated[int, typer.Option("--trace-seed", help="Seed of the trace.")]
 ScaleOption = Annotated[
     float,
-    typer.Option("--scale", help="Stretch arrivals and durations (2 = twice as long)."),
+    typer.Option(
+        "--scale",
+        help="Stretch arrivals and durations (2 = twice as long): Slurm's scheduling latency "
+        "(up to a second per start, not simulated) then weighs less against the jobs.",
+    ),
 ]
-ArmsOption = Annotated[str, typer.Option("--arms", help="Arms to run: stock, advisor.")]
+ArmsOption = Annotated[
+    str,
+    typer.Option(
+        "--arms",
+        help="Arms to run: control (the same plugin, hooks and service serving plain packing), "
+        "advisor, stock (no plugin, hooks or service). The advisor is compared with the "
+        "control when it runs, else with stock.",
+    ),
+]
+RepeatsOption = Annotated[
+    int,
+    typer.Option(
+        "--repeats",
+        help="Runs of every arm, alternating which arm goes first; the report gives each "
+        "repeat's ratios, their median and range.",
+    ),
+]
 PolicyOption = Annotated[
     str | None,
     typer.Option(
@@ -244,18 +265,21 @@ def run(
     trace: TraceOption = "mixed48",
     trace_seed: TraceSeedOption = 0,
     scale: ScaleOption = 1.0,
-    arms: ArmsOption = "stock,advisor",
+    arms: ArmsOption = "control,advisor",
+    repeats: RepeatsOption = 1,
     policy: PolicyOption = None,
     replan_s: ReplanOption = 0.0,
     replan_on_epilog: ReplanOnEpilogOption = None,
     multihost: HostsOption = True,
     as_json: JsonOption = False,
 ) -> None:
-    """Bring a testbed up with emulated GPU variability, run the trace under stock Slurm and
-    with the advisor, report JCTs and ratios (advisor / stock) next to the simulator's
-    prediction, and take down everything it started. The advisor runs as the site config
-    (the global --config) sets it up, with the testbed's socket, refresh and re-planning; the
-    prediction simulates that advisor, as `slurm-pal sim run --config` does."""
+    """Bring a testbed up with emulated GPU variability, run the trace with the advisor and with
+    a control that runs the same plugin, hooks and service serving plain packing (the arms
+    differ only in the policy), report JCTs and ratios (advisor / control; with --arms
+    ...,stock also against stock Slurm) next to the simulator's prediction of the same pair,
+    and take down everything it started. The advisor runs as the site config (the global
+    --config) sets it up, with the testbed's socket, refresh and re-planning; the prediction
+    simulates that advisor and the control, as `slurm-pal sim run --config` does."""
     from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
 
     cfg = state(ctx).config
@@ -272,6 +296,7 @@ def run(
                 trace_seed=trace_seed,
                 scale=scale,
                 arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
+                repeats=repeats,
                 policy=policy,
                 replan_s=replan_s,
                 replan_on_epilog=replan_on_epilog,
@@ -299,18 +324,20 @@ def run(
 
 
 def print_report(report: dict) -> None:
-    """The per-arm figures, the ratios and the simulator's prediction as tables."""
+    """Per-arm figures (the last repeat) beside the simulator's, then each pair's ratios per
+    repeat with their median and range beside the simulator's prediction of the same pair."""
     arms = report.get("arms", {})
+    sim = report.get("sim", {})
     table = Table(
-        title=f"trace {report['trace']} ({report['jobs']} jobs), profile {report['profile']} "
-        f"(seed {report['profile_seed']}), {report['cluster']} GPUs, FIFO"
+        title=f"trace {report['trace']} ({report['jobs']} jobs, scale {report['scale']}), "
+        f"profile {report['profile']} (seed {report['profile_seed']}), {report['cluster']} "
+        f"GPUs, FIFO" + (f"; last of {report['repeats']} repeats" if report["repeats"] > 1 else "")
     )
     table.add_column("figure")
     for arm in arms:
         table.add_column(f"{arm} (measured)", justify="right")
-    for arm in ("stock", "advisor"):
+    for arm in arms:
         table.add_column(f"{arm} (sim)", justify="right")
-    sim = report.get("sim", {})
     for key, label in (
         ("avg_jct", "avg JCT (s)"),
         ("p99_jct", "p99 JCT (s)"),
@@ -319,27 +346,47 @@ def print_report(report: dict) -> None:
         ("spread_jobs", "jobs spread for nothing"),
     ):
         cells = [str(arms[a].get(f"{key}_s", arms[a].get(key))) for a in arms]
-        cells += [str(sim.get(a, {}).get(key)) for a in ("stock", "advisor")]
+        cells += [str(sim.get(a, {}).get(key)) for a in arms]
         table.add_row(label, *cells)
     console.print(table)
-    for key in ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio"):
-        measured = report.get(key)
-        predicted = report.get(f"sim_predicted_{key}")
+    for pair, figures in (report.get("pairs") or {}).items():
+        for key in ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio"):
+            f = figures[key]
+            if not f["n"]:
+                continue
+            runs = ", ".join(f"{v:.3f}" for v in f["runs"])
+            spread = f" (runs {runs}; {f['min']:.3f}-{f['max']:.3f})" if f["n"] > 1 else ""
+            against = "" if f["vs_sim"] is None else f", measured {100 * f['vs_sim']:+.1f} %"
+            console.print(
+                f"{key} {pair}: measured {f['median']:.3f}{' median' if f['n'] > 1 else ''}"
+                f"{spread}, simulator {f['sim']:.3f}{against}",
+                highlight=False,
+            )
+    model = report.get("latency_model")
+    if model:
+        band = model["avg_jct_ratio_band"]
         console.print(
-            f"{key} (advisor / stock): measured "
-            f"{'-' if measured is None else f'{measured:.3f}'}, simulator {predicted:.3f}"
+            f"simulator with Slurm's scheduling latency modelled (each job's GPUs held "
+            f"{report['sim_latency_s']} s longer, the latency that reproduces the measured "
+            f"{report['baseline']} arm's average JCT): avg_jct_ratio "
+            f"{report['sim_latency_avg_jct_ratio']:.3f}, p99 "
+            f"{report['sim_latency_p99_jct_ratio']:.3f}, makespan "
+            f"{report['sim_latency_makespan_ratio']:.3f}; over latencies 0-2 s the avg_jct_ratio "
+            f"moves {band['min']:.3f}-{band['max']:.3f} (median {band['median']:.3f})",
+            highlight=False,
         )
     late = report.get("sim_at_submit_avg_jct_ratio")
     if late is not None:
         console.print(
             f"simulator with the advisor deciding at submit only (queued jobs placed by Slurm): "
-            f"avg_jct_ratio {late:.3f}"
+            f"avg_jct_ratio advisor/stock {late:.3f}"
         )
     settings = ", ".join(f"{k}={v}" for k, v in (sim.get("advisor_settings") or {}).items())
     console.print(
         f"advisor: policy {sim.get('advisor_policy')} ({settings}), deciding "
-        f"{sim.get('decisions')}; in the simulator {sim.get('jobs_as_stock')} of "
-        f"{report['jobs']} jobs start and end as under packing",
+        f"{sim.get('decisions')}; control: policy {report.get('control_policy')}; in the "
+        f"simulator {sim.get('jobs_as_stock')} of {report['jobs']} jobs start and end under "
+        "the advisor as under packing",
         highlight=False,
     )
     if sim.get("jobs_as_stock") == report["jobs"]:
@@ -347,8 +394,4 @@ def print_report(report: dict) -> None:
             "the advisor's policy places like packing on these GPUs: a ratio of 1.0 is the "
             "expected result (differences are the testbed's noise)",
             highlight=False,
-        )
-    if report.get("prediction_error") is not None:
-        console.print(
-            f"simulator vs measured avg-JCT ratio: {100 * report['prediction_error']:+.1f} %"
         )

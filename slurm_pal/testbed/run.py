@@ -1,13 +1,21 @@
-"""One trace, two arms, a real Slurm: the measured gain of the advisor over stock placement.
+"""One trace, its arms, a real Slurm: the measured gain of the advisor over plain packing.
 
 Why: the PAL paper checked its simulator against a real cluster (Table IV). We have no GPUs but
 a real Slurm, so the testbed emulates the variability (:mod:`slurm_pal.testbed.emulate`) and
 runs the same trace twice on the same emulated cluster:
 
-* ``stock``: cons_tres places untyped GPU requests (no job_submit.lua);
 * ``advisor``: the rendered job_submit.lua asks ``slurm-pal serve`` (PROTOCOL.md), which steers
   jobs to GPU types by class (jobs name their application: ``--comment=pal:app=emu-a``; the
-  applications are registered in the store with their class).
+  applications are registered in the store with their class);
+* ``control``: the same job_submit.lua, Prolog/Epilog and service, serving ``policy =
+  "packed"``: the advisor leaves every job to Slurm's packing. It differs from ``advisor`` only
+  in the policy, so the ratio advisor / control is the placement's own effect (the default);
+* ``stock``: cons_tres places untyped GPU requests (no job_submit.lua, no hooks, no service):
+  what a site has today. Against it the advisor's ratio also holds what the machinery costs or
+  shifts in Slurm's timing (on the demo's trace the control measured ~0.91 x stock).
+
+``--repeats N`` runs the arms N times, alternating which goes first (evidence.py), and reports
+each repeat's ratio, their median and range, beside the simulator's prediction of the same pair.
 
 Both arms submit with plain ``sbatch`` at the trace's (compressed) arrival times, under strict
 FIFO (``sched/builtin``): Slurm's time limits are whole minutes, so backfill cannot be told
@@ -64,18 +72,30 @@ from slurm_pal.testbed.emulate import (
     TraceJob,
     arm_metrics,
     campaign_frame,
-    compare,
     emulated_gpus,
     job_slowdown,
     make_trace,
+    p99,
     score_table,
     source_profile,
+)
+from slurm_pal.testbed.evidence import (
+    LATENCIES_S,
+    RATIO_KEYS,
+    arm_order,
+    baseline_arm,
+    calibrated_latency,
+    pair_ratios,
+    spread,
+    summarize_pair,
 )
 from slurm_pal.testbed.hosts import CONTROLLER_OCTET, SUBNET
 from slurm_pal.testbed.multihost import MultiHostSlurm
 
 __all__ = [
     "ARMS",
+    "CONTROL_POLICY",
+    "DEFAULT_ARMS",
     "AdvisorArm",
     "Arm",
     "ArmResult",
@@ -92,7 +112,10 @@ __all__ = [
     "simulate_prediction",
 ]
 
-ARMS = ("stock", "advisor")
+ARMS = ("stock", "control", "advisor")
+DEFAULT_ARMS = ("control", "advisor")
+CONTROL_POLICY = "packed"
+"""What the control arm's service serves: every job left to Slurm's packing."""
 NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
 """Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
@@ -125,7 +148,9 @@ class RunSettings:
     trace: str = "mixed48"
     trace_seed: int = 0
     scale: float = 1.0
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    repeats: int = 1
+    """Runs of every arm; the arms alternate which goes first (:func:`arm_order`)."""
     policy: str | None = None
     """The advisor's policy; None: ``advisor.policy`` of ``config`` (shipped: packed-pm), so
     the testbed measures the advisor a site would deploy. ``pal`` reproduces the paper's."""
@@ -152,6 +177,10 @@ class RunSettings:
             raise EmulationError(
                 f"unknown policy {self.advisor_policy!r}; valid: {', '.join(ADVISOR_POLICIES)}"
             )
+        if self.repeats < 1:
+            raise EmulationError(f"repeats must be >= 1, got {self.repeats}")
+        if len(set(self.arms)) != len(self.arms):
+            raise EmulationError(f"an arm is named twice in {self.arms}")
         if not self.replan_s >= 0:
             raise EmulationError(f"replan_s must be >= 0 (0 = off), got {self.replan_s}")
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -161,6 +190,11 @@ class RunSettings:
     def advisor_policy(self) -> str:
         """The policy the advisor arm serves."""
         return self.config.advisor.policy if self.policy is None else self.policy
+
+    @property
+    def baseline(self) -> str | None:
+        """The arm the advisor's ratios are taken against (control, else stock)."""
+        return baseline_arm(self.arms)
 
     @property
     def replans_on_epilog(self) -> bool:
@@ -209,11 +243,20 @@ class Prepared:
     specs: tuple[NodeSpec, ...]
     job_script: Path
     socket_path: Path
+    control_config_path: Path | None = None
+    """The control arm's config: the advisor's with ``policy = "packed"``."""
 
-    def served_config(self) -> SiteConfig:
-        """The config the advisor arm's ``slurm-pal serve`` runs with (it reads this file and
-        gets no overrides): what the simulator's prediction simulates."""
-        return load_config(self.config_path)
+    def served_config(self, arm: str = "advisor") -> SiteConfig:
+        """The config ``arm``'s ``slurm-pal serve`` runs with (it reads this file and gets no
+        overrides): what the simulator's prediction simulates."""
+        return load_config(self.arm_config_path(arm))
+
+    def arm_config_path(self, arm: str) -> Path:
+        if arm == "control":
+            if self.control_config_path is None:
+                raise EmulationError("this testbed was prepared without a control config")
+            return self.control_config_path
+        return self.config_path
 
 
 def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepared:
@@ -248,6 +291,9 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
     socket_path = settings.socket_path
     config_path = work / "slurm-pal.toml"
     config_path.write_text(_site_config(cfg, settings, socket_path))
+    # Everything but the policy as the advisor's: the arms then differ in nothing else.
+    control_config_path = work / "slurm-pal-control.toml"
+    control_config_path.write_text(_site_config(cfg, settings, socket_path, policy=CONTROL_POLICY))
     with Store(db) as store:
         store.ingest(
             [read_campaign_csv(csv, gpu_model=cfg.profiling.gpu_model)],
@@ -300,20 +346,23 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
         tuple(specs),
         job_script,
         socket_path,
+        control_config_path,
     )
 
 
-def _site_config(cfg: SiteConfig, settings: RunSettings, socket_path: Path) -> str:
+def _site_config(
+    cfg: SiteConfig, settings: RunSettings, socket_path: Path, *, policy: str | None = None
+) -> str:
     """The advisor's config for the testbed: its socket, root only, fast refresh and the run's
     re-planning (compressed time), no telemetry, the run's policy. Every other ``[advisor]``
     setting (pack_tolerance, avoid_above, ...), the classes and the locality penalty are the
     site's, so the served advisor places as the site's would, and the prediction (which reads
-    this file) simulates that advisor."""
+    this file) simulates that advisor. ``policy`` overrides the run's (the control arm's)."""
     testbed: dict[str, object] = {
         "socket": str(socket_path),
         "allowed_users": ("root",),
         "socket_group": "root",
-        "policy": settings.advisor_policy,
+        "policy": settings.advisor_policy if policy is None else policy,
         "refresh_s": settings.refresh_s,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
@@ -392,11 +441,13 @@ class StockArm(Arm):
 
 class AdvisorArm(Arm):
     """The rendered job_submit.lua + Prolog/Epilog and a `slurm-pal serve` on the testbed's
-    socket, with the testbed's store and config."""
+    socket, with the testbed's store and config. Named ``control``, the service reads the
+    control config (the same but ``policy = "packed"``): the same machinery, packing's GPUs."""
 
-    name = "advisor"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str = "advisor") -> None:
+        if name not in ("advisor", "control"):
+            raise EmulationError(f"an advisor arm is 'advisor' or 'control', not {name!r}")
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.health: dict[str, object] = {}
@@ -429,7 +480,7 @@ class AdvisorArm(Arm):
         (prep.settings.work / "spool").mkdir(exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             prep.socket_path.unlink()
-        self.log = prep.settings.work / "advisor.log"
+        self.log = prep.settings.work / f"{self.name}.log"
         cmd = [
             sys.executable,
             "-m",
@@ -437,7 +488,7 @@ class AdvisorArm(Arm):
             "--db",
             str(prep.db),
             "--config",
-            str(prep.config_path),
+            str(prep.arm_config_path(self.name)),
             "serve",
             "--socket",
             str(prep.socket_path),
@@ -474,7 +525,8 @@ class AdvisorArm(Arm):
                 if answer.get("ok"):
                     self.health = answer
                     progress(
-                        f"advisor up (pid {self.proc.pid}): policy {answer.get('policy')}, "
+                        f"{self.name}: advisor up (pid {self.proc.pid}): policy "
+                        f"{answer.get('policy')}, "
                         f"{answer.get('gpus')} GPUs, campaign {answer.get('campaign')}"
                     )
                     return
@@ -527,8 +579,8 @@ def advisor_request(path: Path, request: Mapping[str, object], timeout_s: float 
 def make_arm(name: str) -> Arm:
     if name == "stock":
         return StockArm()
-    if name == "advisor":
-        return AdvisorArm()
+    if name in ("advisor", "control"):
+        return AdvisorArm(name)
     raise EmulationError(f"unknown arm {name!r}; valid: {', '.join(ARMS)}")
 
 
@@ -654,7 +706,7 @@ def run_arm(
             time.sleep(1.0)
         progress(f"{arm.name}: all {len(trace)} jobs ended after {time.time() - t0:.0f} s")
         watcher.stop()
-        slurm_jobs = _squeue_jobs(tb, jobs)
+        slurm_jobs = _ended_jobs(tb, jobs)
         for trace_id, job in slurm_jobs.items():  # ended jobs show no gres_detail any more
             job["gres_detail"] = watcher.gres.get(jobs[trace_id], job.get("gres_detail"))
         (prep.settings.work / f"slurm-jobs-{arm.name}.json").write_text(
@@ -721,6 +773,25 @@ class _GresWatcher:
             self._thread = None
 
 
+LEFT_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"})
+
+
+def _ended_jobs(
+    tb: LocalSlurm, jobs: Mapping[str, int], timeout_s: float = 30.0
+) -> dict[str, dict[str, object]]:
+    """Slurm's record of our jobs once they have left: a job writes its record before it exits,
+    and with the hooks its Epilog (up to the advisor's round) still runs, so Slurm shows it
+    COMPLETING for a moment after the last record appears."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _squeue_jobs(tb, jobs)
+        if time.monotonic() > deadline or not any(
+            j.get("job_state") in LEFT_STATES for j in found.values()
+        ):
+            return found
+        time.sleep(0.5)
+
+
 def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str, object]]:
     """Slurm's record of our jobs (kept for MinJobAge after they end; 22.05 ignores the
     ``--states=all`` 24.11 needs to show them), in 22.05's JSON shapes."""
@@ -756,7 +827,13 @@ def _squeue_jobs(tb: LocalSlurm, jobs: Mapping[str, int]) -> dict[str, dict[str,
 def sim_gpus(prep: Prepared) -> SimGpus:
     """The emulated GPUs as the simulator takes them: the store's PM-scores are both what the
     policies see and what jobs feel (the job script sleeps by them too). Classes in the
-    config's order, which is the campaign's and so the served advisor's."""
+    config's order, which is the campaign's and so the served advisor's.
+
+    Each node's GPUs in Slurm's order (labels.json's ``slurm_index``): cons_tres gives a job the
+    lowest free Slurm indices of a node, and Slurm numbers a node's GPUs grouped by type, not
+    in the campaign's order. Packing in the simulator takes the lowest local index first, so in
+    the campaign's order it would put jobs on other GPUs of the node than Slurm does (on the
+    example profile, an A job on n02's 2.31x GPU where Slurm gives it a median one)."""
     nodes = prep.table["nodes"]  # type: ignore[index]
     gpn = prep.settings.gpus_per_node
     present = {c for n in nodes.values() for g in n.values() for c in g["scores"]}
@@ -766,9 +843,21 @@ def sim_gpus(prep: Prepared) -> SimGpus:
     for node, gpus in nodes.items():
         for gpu in gpus.values():
             by_slot[(node, int(gpu["index"]))] = gpu["scores"]
-    order = [(node, i) for node in prep.settings.node_names for i in range(gpn)]
+    order = [(node, i) for node in prep.settings.node_names for i in slurm_order(prep, node)]
     scores = {c: np.array([by_slot[slot][c] for slot in order]) for c in classes}
     return SimGpus(len(prep.settings.node_names), gpn, scores, scores, source="testbed emulation")
+
+
+def slurm_order(prep: Prepared, node: str) -> list[int]:
+    """A node's campaign indices in Slurm's order (by ``slurm_index`` in labels.json; the
+    campaign's order where labels.json is absent or does not list the node)."""
+    gpn = prep.settings.gpus_per_node
+    path = prep.site_dir / "labels.json"
+    entries = json.loads(path.read_text())["nodes"].get(node) if path.is_file() else None
+    if not entries:
+        return list(range(gpn))
+    ranked = sorted(entries, key=lambda g: int(g.get("slurm_index", g["index"])))
+    return [int(g["index"]) for g in ranked]
 
 
 def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
@@ -777,20 +866,82 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     composition ``sim run --config`` uses (the advisor believes the config's locality penalty,
     jobs pay the site's: here the emulation's). ``advisor_at_submit``: the same advisor deciding
     only at each job's submission (Slurm places a job that waited), what the advisor does
-    without the Epilog's re-planning. All in Slurm mode without backfill: the testbed runs
-    strict FIFO."""
+    without the Epilog's re-planning. ``control``: the control arm's service, simulated from its
+    own config the same way (when the testbed was prepared with one). All in Slurm mode without
+    backfill: the testbed runs strict FIFO."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
     testbed = {"mode": "slurm", "backfill": False}
-    advisor = advisor_sim_options(prep.served_config())
-    advisor |= testbed | {"site_locality_penalty": penalty}
-    return {
+    site = {"site_locality_penalty": penalty}
+    advisor = advisor_sim_options(prep.served_config()) | testbed | site
+    configs = {
         "stock": SimConfig(placement="packed-sticky", locality_penalty=penalty, **testbed),  # type: ignore[arg-type]
         "advisor": SimConfig(**advisor),  # type: ignore[arg-type]
         "advisor_at_submit": SimConfig(**(advisor | {"decisions": "at-submit"})),  # type: ignore[arg-type]
     }
+    if prep.control_config_path is not None:
+        control = advisor_sim_options(prep.served_config("control")) | testbed | site
+        configs["control"] = SimConfig(**control)  # type: ignore[arg-type]
+    return configs
 
 
 PREDICTED = ("avg_jct", "p99_jct", "makespan", "avg_wait")
+
+
+def latency_figures(
+    prep: Prepared, trace: Sequence[TraceJob], latency_s: float, arms: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Each arm simulated with Slurm's scheduling latency modelled: every job holds its GPUs
+    ``latency_s`` longer than it runs (its Epilog, then the next scheduling pass, before Slurm
+    gives them to another job), and its JCT is counted to the end of its run, as the job's own
+    record counts it on the testbed. The simulator itself has no such delay; this is its
+    nearest form through the trace alone."""
+    jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base + latency_s, j.job_class) for j in trace]
+    configs = prediction_configs(prep)
+    gpus = sim_gpus(prep)
+    out: dict[str, dict[str, float]] = {}
+    for arm in arms:
+        result = simulate(jobs, gpus, configs[arm])
+        # the hold's extra share of each job's time on its GPUs, at the job's own slowdown
+        ends = [j.end - latency_s * (j.end - j.start) / j.work for j in result.jobs]
+        jcts = [end - j.submit for end, j in zip(ends, result.jobs, strict=True)]
+        out[arm] = {
+            "avg_jct": round(float(np.mean(jcts)), 3),
+            "p99_jct": round(p99(jcts), 3),
+            "makespan": round(max(ends) - min(j.submit for j in result.jobs), 3),
+            "avg_wait": round(float(np.mean([j.start - j.submit for j in result.jobs])), 3),
+        }
+    return out
+
+
+def latency_prediction(
+    prep: Prepared,
+    trace: Sequence[TraceJob],
+    baseline: str,
+    measured_baseline_avg_jct_s: float | None = None,
+    latencies: Sequence[float] = LATENCIES_S,
+) -> dict[str, object]:
+    """The pair advisor / ``baseline`` simulated at each latency of ``latencies``: the ratios
+    per latency, the average JCT ratio's median and range over them (how much the prediction
+    moves with a delay the simulator does not know), and, given the baseline's measured average
+    JCT, the ratios at the latency that reproduces it (:func:`calibrated_latency`)."""
+    grid = []
+    for d in latencies:
+        figures = latency_figures(prep, trace, d, ("advisor", baseline))
+        ratios = {
+            f"{k}_ratio": round(figures["advisor"][k] / figures[baseline][k], 4) for k in RATIO_KEYS
+        }
+        grid.append({"latency_s": d, f"{baseline}_avg_jct_s": figures[baseline]["avg_jct"]})
+        grid[-1] |= ratios
+    out: dict[str, object] = {
+        "grid": grid,
+        "avg_jct_ratio_band": spread([g["avg_jct_ratio"] for g in grid]),
+    }
+    if measured_baseline_avg_jct_s is not None:
+        d = calibrated_latency(
+            {g["latency_s"]: g[f"{baseline}_avg_jct_s"] for g in grid}, measured_baseline_avg_jct_s
+        )
+        out["calibrated"] = next(g for g in grid if g["latency_s"] == d)
+    return out
 
 
 def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, object]:
@@ -818,12 +969,25 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
     for key in ("avg_jct", "p99_jct", "makespan"):
         for prefix, arm in (("", "advisor"), ("at_submit_", "advisor_at_submit")):
             out[f"{prefix}{key}_ratio"] = round(out[arm][key] / stock[key], 4)  # type: ignore[index]
+    # The pairs the testbed measures, named arm/baseline, so a report puts each beside its own.
+    pairs: dict[str, dict[str, float]] = {}
+    for arm, base in (("advisor", "stock"), ("advisor", "control"), ("control", "stock")):
+        if arm in out and base in out:
+            pairs[f"{arm}/{base}"] = {
+                f"{key}_ratio": round(out[arm][key] / out[base][key], 4)  # type: ignore[index]
+                for key in RATIO_KEYS
+            }
+    out["pairs"] = pairs
     advisor = configs["advisor"]
     out["advisor_policy"] = advisor.advisor_policy
     out["advisor_settings"] = dict(advisor.advisor_settings)
     out["decisions"] = advisor.decisions
     timed = {(j.job_id, j.start, j.end) for j in results["stock"].jobs}
     out["jobs_as_stock"] = sum((j.job_id, j.start, j.end) in timed for j in results["advisor"].jobs)
+    if "control" in results:
+        out["control_jobs_as_stock"] = sum(
+            (j.job_id, j.start, j.end) in timed for j in results["control"].jobs
+        )
     return out
 
 
@@ -867,9 +1031,13 @@ def _run_testbed(
 ) -> dict[str, object]:
     prep = prepare(settings, progress)
     prediction = simulate_prediction(prep, trace)
+    baseline = settings.baseline
+    pairs: dict[str, dict[str, float]] = prediction["pairs"]  # type: ignore[assignment]
+    predicted = pairs.get(f"advisor/{baseline}", {})
     progress(
         f"simulator (Slurm mode, FIFO), advisor {prediction['advisor_policy']} deciding "
-        f"{prediction['decisions']}: predicted avg JCT ratio advisor/stock "
+        f"{prediction['decisions']}: predicted avg JCT ratio advisor/control "
+        f"{pairs['advisor/control']['avg_jct_ratio']}, advisor/stock "
         f"{prediction['avg_jct_ratio']} (deciding at submit only: "
         f"{prediction['at_submit_avg_jct_ratio']}); {prediction['jobs_as_stock']} of "
         f"{len(trace)} jobs timed as under packing"
@@ -883,6 +1051,9 @@ def _run_testbed(
         "profile_seed": settings.profile_seed,
         "cluster": f"{settings.nodes}x{settings.gpus_per_node}",
         "policy": settings.advisor_policy,
+        "control_policy": CONTROL_POLICY,
+        "baseline": baseline,
+        "repeats": settings.repeats,
         "replan_s": settings.replan_s,
         "replan_on_epilog": settings.replans_on_epilog,
         "hosts": (
@@ -896,34 +1067,86 @@ def _run_testbed(
         "arms": {},
         "unavailable": {},
     }
-    results: dict[str, ArmResult] = {}
+    runnable = []
     for name in settings.arms:
-        arm = make_arm(name)
         try:
-            arm.check()
+            make_arm(name).check()
         except ArmUnavailable as exc:
             report["unavailable"][name] = str(exc)  # type: ignore[index]
             progress(f"{name}: skipped: {exc}")
             continue
-        results[name] = run_arm(arm, prep, trace, progress)
-        report["arms"][name] = results[name].to_dict()  # type: ignore[index]
-    ratios: dict[str, float | None] = dict.fromkeys(
-        ("avg_jct_ratio", "p99_jct_ratio", "makespan_ratio")
-    )
-    if "stock" in results and "advisor" in results:
-        ratios.update(compare(results["advisor"].metrics, results["stock"].metrics))
-    report.update(ratios)
-    report["sim_predicted_avg_jct_ratio"] = prediction["avg_jct_ratio"]
-    report["sim_predicted_p99_jct_ratio"] = prediction["p99_jct_ratio"]
-    report["sim_predicted_makespan_ratio"] = prediction["makespan_ratio"]
+        runnable.append(name)
+    runs: list[dict[str, object]] = []
+    results: dict[str, ArmResult] = {}
+    for repeat in range(settings.repeats):
+        order = arm_order(runnable, repeat)
+        if settings.repeats > 1:
+            progress(f"repeat {repeat + 1}/{settings.repeats}: arms in order {', '.join(order)}")
+        results = {}
+        for name in order:
+            results[name] = run_arm(make_arm(name), prep, trace, progress)
+        figures = {name: results[name].to_dict() for name in runnable}
+        run: dict[str, object] = {"order": list(order), "arms": figures}
+        for arm, base in (("advisor", "stock"), ("advisor", "control"), ("control", "stock")):
+            if arm in figures and base in figures:
+                run[f"{arm}/{base}"] = pair_ratios(figures[arm], figures[base])  # type: ignore[arg-type]
+        runs.append(run)
+        if settings.repeats > 1:
+            _keep_repeat(prep, runnable, repeat)
+            measured = run.get(f"advisor/{baseline}") or {}
+            progress(
+                f"repeat {repeat + 1}: avg JCT advisor/{baseline} "
+                f"{measured.get('avg_jct_ratio')} (simulator {predicted.get('avg_jct_ratio')})"
+            )
+    report["arms"] = runs[-1]["arms"] if runs else {}
+    report["runs"] = runs
+    report["pairs"] = {
+        pair: summarize_pair([r[pair] for r in runs if pair in r], pairs.get(pair, {}))  # type: ignore[misc]
+        for pair in ("advisor/control", "advisor/stock", "control/stock")
+        if runs and pair in runs[0]
+    }
+    # The headline: the advisor against its baseline, median over the repeats.
+    head = report["pairs"].get(f"advisor/{baseline}", {})  # type: ignore[attr-defined]
+    for key in RATIO_KEYS:
+        name = f"{key}_ratio"
+        report[name] = head[name]["median"] if name in head else None
+        report[f"sim_predicted_{name}"] = predicted.get(name)
+        report[f"{name}_range"] = [head[name]["min"], head[name]["max"]] if name in head else None
     report["sim_at_submit_avg_jct_ratio"] = prediction.get("at_submit_avg_jct_ratio")
-    measured = ratios["avg_jct_ratio"]
+    if baseline is not None and runs and baseline in runs[0]["arms"]:
+        # Slurm's scheduling latency, which the simulator lacks, modelled and calibrated on the
+        # baseline arm alone: the prediction beside the measurement, and how far it moves.
+        measured_base = spread([r["arms"][baseline]["avg_jct_s"] for r in runs])["median"]  # type: ignore[index]
+        model = latency_prediction(prep, trace, baseline, measured_base)  # type: ignore[arg-type]
+        report["latency_model"] = model
+        calibrated: dict[str, float] = model["calibrated"]  # type: ignore[assignment]
+        report["sim_latency_s"] = calibrated["latency_s"]
+        for key in RATIO_KEYS:
+            report[f"sim_latency_{key}_ratio"] = calibrated[f"{key}_ratio"]
+    measured = report["avg_jct_ratio"]
+    sim_ratio = predicted.get("avg_jct_ratio")
     report["prediction_error"] = (
-        None if measured is None else round(float(prediction["avg_jct_ratio"]) / measured - 1.0, 4)  # type: ignore[arg-type]
+        None
+        if measured is None or sim_ratio is None
+        else round(float(sim_ratio) / float(measured) - 1.0, 4)  # type: ignore[arg-type]
     )
     report["sim"] = prediction
-    report["_results"] = results  # for callers that show jobs; dropped from JSON
+    report["_results"] = results  # the last repeat's, for callers that show jobs; not in JSON
     return report
+
+
+def _keep_repeat(prep: Prepared, arms: Sequence[str], repeat: int) -> None:
+    """Move a repeat's records, Slurm's view and the services' logs into ``repeat-N/`` (the
+    next repeat writes the same names)."""
+    kept = prep.settings.work / f"repeat-{repeat + 1}"
+    kept.mkdir(exist_ok=True)
+    for arm in arms:
+        for name in (f"records-{arm}", f"slurm-jobs-{arm}.json", f"{arm}.log"):
+            path = prep.settings.work / name
+            if path.is_dir():
+                shutil.copytree(path, kept / name, dirs_exist_ok=True)
+            elif path.exists():
+                shutil.copy2(path, kept)
 
 
 def public_report(report: Mapping[str, object]) -> dict[str, object]:

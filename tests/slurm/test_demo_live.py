@@ -25,8 +25,10 @@ def test_demo_runs_both_arms_and_writes_the_png(tmp_path: Path) -> None:
     out = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
     assert "trace demo32, seed 0" in out and "all 32 jobs ended" in out
-    assert "measured average JCT advisor (packed-pm) / stock:" in out
-    assert "advisor beat stock:" in out or "advisor did not beat stock on this run:" in out
+    # the baseline is the control: the same plugin, hooks and service, serving plain packing
+    assert "the control serving policy packed" in out and "policy packed, 16 GPUs" in out
+    assert "measured average JCT advisor (packed-pm) / control:" in out
+    assert "advisor beat control:" in out or "advisor did not beat control on this run:" in out
     pytest.importorskip("matplotlib")
     assert "(the two arms compared)" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "stopped everything the demo started" in out

@@ -74,7 +74,7 @@ def _gres_idx(detail: list[str]) -> list[int]:
 
 
 def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
-    arms = "stock,advisor" if _advisor_available() else "stock"
+    arms = "stock,control,advisor" if _advisor_available() else "stock"
     result = CliRunner().invoke(
         app,
         ["testbed", "run", "--dir", str(testbed_root), "--trace", "tiny", "--arms", arms, "--json"],
@@ -108,18 +108,25 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
     assert all(pid is None for pid in LocalSlurm.attach(testbed_root).running().values())
     if "advisor" in report["arms"]:
         assert report["avg_jct_ratio"] > 0 and report["prediction_error"] is not None
-        # the service ran the policy the prediction simulated
+        # the advisor is compared with the control, which differs from it only in the policy
+        assert report["baseline"] == "control" and report["repeats"] == 1
+        assert set(report["pairs"]) == {"advisor/control", "advisor/stock", "control/stock"}
+        head = report["pairs"]["advisor/control"]["avg_jct_ratio"]
+        assert head["median"] == report["avg_jct_ratio"] and head["n"] == 1
+        assert head["sim"] == report["sim_predicted_avg_jct_ratio"]
+        assert report["runs"][0]["order"] == ["stock", "control", "advisor"]
+        # the services ran the policies the prediction simulated
         assert report["arms"]["advisor"]["served_policy"] == report["sim"]["advisor_policy"]
-        # every job went through job_submit.lua and the advisor, which says so in admin_comment
+        assert report["arms"]["control"]["served_policy"] == "packed"
+        # every job went through job_submit.lua and the advisor, which says so in admin_comment;
+        # the control's leaves every job to Slurm
         from slurm_pal.advisor.decide import parse_admin_comment
 
-        slurm = json.loads((work / "slurm-jobs-advisor.json").read_text())
-        for trace_id, job in slurm.items():
-            parsed = parse_admin_comment(job["admin_comment"] or "")
-            assert parsed is not None and parsed["action"] in ("route", "wait", "pass"), (
-                trace_id,
-                job,
-            )
+        for arm, actions in (("advisor", ("route", "wait", "pass")), ("control", ("pass",))):
+            slurm = json.loads((work / f"slurm-jobs-{arm}.json").read_text())
+            for trace_id, job in slurm.items():
+                parsed = parse_admin_comment(job["admin_comment"] or "")
+                assert parsed is not None and parsed["action"] in actions, (arm, trace_id, job)
     else:
         assert report["avg_jct_ratio"] is None
         pytest.skip("advisor arm not run here (slurm-pal serve not installed); stock arm checked")

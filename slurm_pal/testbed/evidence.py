@@ -1,0 +1,106 @@
+"""Repeated, paired runs of the testbed's arms and what they add up to (pure: no Slurm, no clock).
+
+Why: one run of two arms on a loaded 2-core machine moves by several per cent, and an arm that
+differs from another in more than its policy (hooks, job_submit.lua, the service) measures that
+difference too. So ``testbed run`` compares the advisor with a *control* arm that runs the same
+plugin, hooks and service serving plain packing, repeats the pair, alternates which arm goes
+first in each repeat (the machine's load then falls on both alike), and reports every repeat's
+ratio with its median and range next to the simulator's prediction of the same pair.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "BASELINES",
+    "LATENCIES_S",
+    "RATIO_KEYS",
+    "arm_order",
+    "baseline_arm",
+    "calibrated_latency",
+    "pair_ratios",
+    "spread",
+    "summarize_pair",
+]
+
+RATIO_KEYS = ("avg_jct", "p99_jct", "makespan")
+LATENCIES_S = tuple(0.25 * i for i in range(9))
+"""Slurm's scheduling latency the prediction is also simulated with (0-2 s per job start):
+on the testbed a job's GPUs are taken again only after its Epilog and the next scheduling
+pass, which the simulator does not model."""
+BASELINES = ("control", "stock")
+"""What the advisor is compared with, best first: the control differs from it only in the
+policy; stock also lacks the plugin, the hooks and the service."""
+
+
+def baseline_arm(arms: Sequence[str]) -> str | None:
+    """The arm the advisor's ratios are taken against: the control when it runs, else stock;
+    None when the advisor or every baseline is missing."""
+    if "advisor" not in arms:
+        return None
+    return next((b for b in BASELINES if b in arms), None)
+
+
+def arm_order(arms: Sequence[str], repeat: int) -> tuple[str, ...]:
+    """The order the arms run in repeat ``repeat`` (0-based): as given in even repeats, reversed
+    in odd ones, so that over an even number of repeats each arm goes first as often, and a
+    drift in the machine's load does not favour the arm that always runs second."""
+    ordered = tuple(arms)
+    return ordered if repeat % 2 == 0 else ordered[::-1]
+
+
+def pair_ratios(arm: Mapping[str, float], baseline: Mapping[str, float]) -> dict[str, float | None]:
+    """``arm / baseline`` for each of :data:`RATIO_KEYS` from two arms' figures (keys
+    ``avg_jct_s``, ``p99_jct_s``, ``makespan_s``, as :meth:`ArmMetrics.to_dict` gives them);
+    None where the baseline's figure is missing or zero."""
+    out: dict[str, float | None] = {}
+    for key in RATIO_KEYS:
+        a, b = arm.get(f"{key}_s"), baseline.get(f"{key}_s")
+        out[f"{key}_ratio"] = None if a is None or not b else round(float(a) / float(b), 4)
+    return out
+
+
+def spread(values: Sequence[float | None]) -> dict[str, object]:
+    """Every value (in run order), and their median, minimum and maximum (None without any).
+    No confidence interval: at five repeats the range says as much and assumes nothing."""
+    runs = [float(v) for v in values if v is not None]
+    if not runs:
+        return {"runs": [], "n": 0, "median": None, "min": None, "max": None}
+    return {
+        "runs": [round(v, 4) for v in runs],
+        "n": len(runs),
+        "median": round(statistics.median(runs), 4),
+        "min": round(min(runs), 4),
+        "max": round(max(runs), 4),
+    }
+
+
+def summarize_pair(
+    per_repeat: Sequence[Mapping[str, float | None]], predicted: Mapping[str, float]
+) -> dict[str, object]:
+    """One pair over the repeats: for each ratio its :func:`spread`, the simulator's
+    ``predicted`` ratio beside it, and ``vs_sim``: measured median / predicted - 1 (how far the
+    real Slurm is from the simulator, relative to the prediction)."""
+    out: dict[str, object] = {}
+    for key in RATIO_KEYS:
+        name = f"{key}_ratio"
+        figures = spread([r.get(name) for r in per_repeat])
+        sim = predicted.get(name)
+        median = figures["median"]
+        figures["sim"] = sim
+        figures["vs_sim"] = (
+            None if sim is None or median is None else round(float(median) / float(sim) - 1.0, 4)  # type: ignore[arg-type]
+        )
+        out[name] = figures
+    return out
+
+
+def calibrated_latency(control_avg_jct_s: Mapping[float, float], measured_s: float) -> float:
+    """The latency whose simulated control arm's average JCT is nearest the measured control's
+    (the smaller latency on a tie). Calibrated on the control only, which changes no job: the
+    advisor's figures play no part in it."""
+    if not control_avg_jct_s:
+        raise ValueError("no simulated latencies to calibrate on")
+    return min(sorted(control_avg_jct_s), key=lambda d: abs(control_avg_jct_s[d] - measured_s))
