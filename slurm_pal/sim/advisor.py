@@ -38,6 +38,7 @@ def advisor_sim_options(site: SiteConfig) -> dict[str, object]:
         "advisor_settings": tuple((k, v) for k, v in settings.items() if k in used),
         "locality_penalty": float(site.locality.across_switches),
         "default_class": site.classes.default,
+        "advisor_pin": site.advisor.pin,
         # Without the Epilog's round the advisor decides at submit; a job that waited starts
         # where Slurm puts it (the periodic replan_s round usually comes too late: testbed).
         "decisions": "every-event" if advisor.replan_on_epilog else "at-submit",
