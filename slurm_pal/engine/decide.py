@@ -37,6 +37,7 @@ from slurm_pal.core.labels import LabelEntry, LabelTable, LabelTableError
 from slurm_pal.core.placement.base import Allocation, PlacementPolicy, PlacementResult
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.engine.jobdesc import (
+    SETTABLE,
     TRES_FIELDS,
     GpuAsk,
     JobDescError,
@@ -80,17 +81,7 @@ NO_FIT = "no free GPUs fit now"
 #: accepts the job as written; ``deny`` refuses it (only ``advisor.label_requests = "deny"``).
 ACTIONS = ("route", "wait", "pass", "deny")
 #: The job_desc fields job_submit.lua applies from ``set`` (PROTOCOL.md); others are ignored.
-SET_FIELDS = (
-    "req_nodes",
-    "exc_nodes",
-    "tres_per_node",
-    "tres_per_job",
-    "tres_per_task",
-    "min_nodes",
-    "max_nodes",
-    "begin_time",
-    "admin_comment",
-)
+SET_FIELDS = (*SETTABLE, "admin_comment")
 _PREFIX = "slurm-pal/"
 _TOKEN_SAFE = re.compile(r"^[^\s=;]+$")
 _UNSAFE = re.compile(r"[\s=;]")

@@ -29,6 +29,7 @@ from slurm_pal.core.resolve import JobRequest, app_from_script
 __all__ = [
     "NO_VAL",
     "NO_VAL16",
+    "SETTABLE",
     "TRES_FIELDS",
     "GpuAsk",
     "JobDescError",
@@ -69,7 +70,8 @@ _OPT_STR_FIELDS = (
     "script_hash",
     "script_app",
 )
-_SETTABLE = (
+#: The placement fields ``decide`` may set on a job (``with_set`` refuses others).
+SETTABLE = (
     "req_nodes",
     "exc_nodes",
     "tres_per_node",
@@ -215,8 +217,8 @@ class JobDescription:
         for key, value in set_fields.items():
             if key == "admin_comment":
                 continue
-            if key not in _SETTABLE:
-                raise JobDescError(key, f"not a field decide sets; valid: {', '.join(_SETTABLE)}")
+            if key not in SETTABLE:
+                raise JobDescError(key, f"not a field decide sets; valid: {', '.join(SETTABLE)}")
             if value == "":
                 wire.pop(key, None)
             else:
