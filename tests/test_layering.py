@@ -45,9 +45,8 @@ def _imports_under(path: Path, prefix: str) -> list[str]:
     return sorted(m for m in _imports(path) if m == prefix or m.startswith(prefix + "."))
 
 
-# Known and listed in ARCHITECTURE.md's gaps: the testbed's one-host Slurm (daemons, config,
-# munge, jobs) is still one class. The list may only shrink.
-LONG_CLASSES_KNOWN = {("testbed/cluster.py", "LocalSlurm")}
+# Long classes known and listed in ARCHITECTURE.md's gaps (none now). The list may only shrink.
+LONG_CLASSES_KNOWN: set[tuple[str, str]] = set()
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_pal.testbed.cluster import LocalSlurm, TestbedError, _munge_dir
+from slurm_pal.testbed.cluster import LocalSlurm, TestbedError
 from slurm_pal.testbed.hosts import HostNetwork, HostsError, plan_hosts
+from slurm_pal.testbed.munge import munge_dir
 from slurm_pal.testbed.pinning import pinned
 
 CTLD_PORT = 6817
@@ -180,7 +181,7 @@ class MultiHostSlurm(LocalSlurm):
         network = self.network
         for host in self._hosts:
             hdir = self.root / "hosts" / host.name
-            _munge_dir(hdir / "munge", 0o700)
+            munge_dir(hdir / "munge", 0o700)
             log = self.log_dir / f"munged-{host.name}.log"
             log.touch()
             shutil.chown(log, "munge", "munge")
