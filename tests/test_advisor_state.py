@@ -264,6 +264,27 @@ def test_steered_pinning_leaves_packings_own_picks_to_slurm_but_still_reserves_t
         the_env.close()
 
 
+def test_packings_own_pick_is_the_gpu_slurm_gives_in_its_numbering(tmp_path: Path) -> None:
+    """cons_tres gives a job a node's lowest free Slurm indices, and Slurm numbers a node's
+    GPUs grouped by type (gres.conf), not in the campaign's order: on n01 device 2 is Slurm's
+    1. A job left to Slurm is expected, and its GPUs reserved, where Slurm puts it."""
+    the_env = make_env(tmp_path, policy="packed")
+    try:
+        the_env.slurm.states = {n: "down" for n in the_env.labels["nodes"] if n != "n01"}
+        st = the_env.state()
+        labels = the_env.table
+        assert labels.slurm_index("n01", 2) == 1 and labels.slurm_index("n01", 1) == 2
+        expected = []
+        for _ in range(3):
+            d = st.decide(job(1), {})
+            assert d.left_to_slurm and d.allocation is not None
+            (node,), (index,) = d.allocation.node_names, d.allocation.local_indices
+            expected.append((node, labels.slurm_index(node, index)))
+        assert expected == [("n01", 0), ("n01", 1), ("n01", 2)]
+    finally:
+        the_env.close()
+
+
 def test_each_read_works_out_the_steered_queue_in_priority_order_with_requests(env: Env) -> None:
     """A job-end round (an Epilog waits for it) plans from the queue the last read worked
     out: the steered pending jobs Slurm would start, highest priority first, each with its

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -37,6 +39,29 @@ def test_from_gpus_orders_gpus_by_node_and_index_and_bins_scores() -> None:
     assert cluster.n_free == 3 and cluster.models == ("v100",)
     assert cluster.class_order == ("A", "B")
     assert cluster.max_gpus_per_node == 2
+
+
+def test_a_nodes_gpus_follow_their_order_and_packing_takes_the_lowest_free_first() -> None:
+    """Slurm numbers a node's GPUs grouped by type, so its index need not be the device's: a
+    node's GPUs stand in their ``order`` (Slurm's index), and packing's pick, the GPUs Slurm
+    gives, is the lowest free of them; a rescored cluster keeps the order."""
+    slurm_index = {0: 0, 1: 2, 2: 1, 3: 3}  # devices 0, 2 of one type; 1, 3 of another
+    gpus = [replace(g, order=slurm_index[g.index]) for g in specs(1, 4)]
+    cluster = Cluster.from_gpus(gpus)
+    assert cluster.gpu_local_index.tolist() == [0, 2, 1, 3]
+    packed = get_policy("packed")
+    picks = []
+    for job in range(3):
+        allocation = packed.place(PlacementRequest(str(job), "B", 1), cluster).allocation
+        assert allocation is not None
+        cluster.allocate(allocation)
+        picks.append(allocation.local_indices)
+    assert picks == [(0,), (2,), (1,)]
+    rescored = cluster.rescored({"A": [1.0] * 4})
+    assert rescored.uuids == cluster.uuids
+    assert rescored.gpu_local_index.tolist() == [0, 2, 1, 3]
+    with pytest.raises(ValueError, match="share a place"):
+        Cluster.from_gpus([*gpus[:3], replace(gpus[3], order=0)])
 
 
 @pytest.mark.parametrize(

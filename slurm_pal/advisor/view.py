@@ -156,8 +156,17 @@ def static_from(
     class_names: Sequence[str],
 ) -> Static:
     """The static part of the view: the cluster with every GPU free, its classes in the
-    configured order (``class_names`` first, then the others by name)."""
-    specs = tuple(replace(s, node_features=features.get(s.node, frozenset())) for s in specs)
+    configured order (``class_names`` first, then the others by name), each node's GPUs in
+    Slurm's numbering (labels.json's ``slurm_index``): cons_tres gives a job the lowest free
+    ones, so packing's own pick, a job left to Slurm, is where Slurm puts it."""
+    specs = tuple(
+        replace(
+            s,
+            node_features=features.get(s.node, frozenset()),
+            order=labels.slurm_index(s.node, s.index),
+        )
+        for s in specs
+    )
     classes = {c for s in specs for c in s.scores}
     order = tuple(c for c in class_names if c in classes) + tuple(
         sorted(classes - set(class_names))

@@ -8,8 +8,9 @@ small mutable state.
 
 Layout choices that make placement vectorizable:
 
-- GPUs are stored sorted by (node, local index); ``node_gpus`` is a padded node x slot matrix of
-  GPU ids, so "the GPUs of these nodes" is one fancy-indexing step.
+- GPUs are stored sorted by node, then in the node's order (``GpuSpec.order``); ``node_gpus``
+  is a padded node x slot matrix of GPU ids, so "the GPUs of these nodes" is one
+  fancy-indexing step.
 - Per job class, scores take few distinct values (the K-Means bins plus a few outliers).
   ``np.unique`` turns them into a sorted ``bin_scores`` vector and a ``bin_of`` GPU -> bin index.
 - Per class the cluster keeps, up to date in place, ``sorted_free_bins``: for every node the bins
@@ -48,7 +49,13 @@ BoolArray = NDArray[np.bool_]
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU as the inputs describe it. ``scores`` maps job class -> PM-score (lower = faster,
-    1.0 = the median GPU); ``node_features`` are its node's Slurm features."""
+    1.0 = the median GPU); ``node_features`` are its node's Slurm features.
+
+    ``order``: where the GPU stands among its node's GPUs, lowest first: the order packing
+    takes free GPUs in and ties are broken in. Slurm gives a job a node's lowest free indices
+    in its own numbering (gres.conf grouped by type), which need not be the device ``index``
+    (the campaign's): the advisor passes Slurm's index here, so that packing's pick is the
+    GPUs Slurm would give. None: by ``index``."""
 
     uuid: str
     node: str
@@ -56,6 +63,12 @@ class GpuSpec:
     model: str
     scores: Mapping[str, float]
     node_features: frozenset[str] = field(default_factory=frozenset)
+    order: int | None = None
+
+    @property
+    def position(self) -> int:
+        """Its place among its node's GPUs: ``order``, else ``index``."""
+        return self.index if self.order is None else self.order
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -217,6 +230,7 @@ class Cluster:
     ) -> Cluster:
         """Build the model. ``busy`` lists UUIDs already in use. ``class_order`` ranks classes
         from most variability-sensitive (placed first by the queue) down; default: sorted names.
+        Nodes in order of first appearance, each node's GPUs in their ``GpuSpec.order``.
 
         Raises ValueError on inconsistent data: duplicate UUIDs or (node, index) pairs, a node
         whose GPUs disagree on features, or a GPU lacking a finite positive score for a class
@@ -233,7 +247,7 @@ class Cluster:
             known = features.setdefault(spec.node, frozenset(spec.node_features))
             if known != frozenset(spec.node_features):
                 raise ValueError(f"GPUs of node {spec.node} disagree on its features")
-        specs.sort(key=lambda spec: (node_order[spec.node], spec.index))
+        specs.sort(key=lambda spec: (node_order[spec.node], spec.position, spec.index))
 
         uuids = tuple(spec.uuid for spec in specs)
         if len(set(uuids)) != len(uuids):
@@ -241,6 +255,8 @@ class Cluster:
         slots = {(spec.node, spec.index) for spec in specs}
         if len(slots) != len(specs):
             raise ValueError("two GPUs share a (node, index)")
+        if len({(spec.node, spec.position) for spec in specs}) != len(specs):
+            raise ValueError("two GPUs share a place in their node's order")
         class_names = sorted({name for spec in specs for name in spec.scores})
         if not class_names:
             raise ValueError("no job class scores given")
@@ -538,6 +554,7 @@ def rescore(
             model=cluster.models[int(cluster.gpu_model[gpu])],
             scores={name: values[gpu] for name, values in table.items()},
             node_features=cluster.node_features[int(cluster.gpu_node[gpu])],
+            order=gpu,  # the GPUs keep their order
         )
         for gpu, uuid in enumerate(cluster.uuids)
     ]

@@ -16,7 +16,7 @@ class Allocation:
     """The GPUs chosen for a job, and what the choice costs it.
 
     ``gpu_ids`` are the cluster's internal GPU rows (what :meth:`Cluster.allocate` takes), sorted
-    by (node, local index); ``uuids``, ``nodes`` and ``local_indices`` describe the same GPUs.
+    by (node, the node's order); ``uuids``, ``nodes`` and ``local_indices`` describe the same GPUs.
     ``max_score`` is V (the slowest GPU for the job's class), ``penalty`` is L of the ``level``
     the GPUs span, and ``lv_product = penalty * max_score`` is the job's predicted slowdown.
     """

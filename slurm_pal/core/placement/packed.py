@@ -5,8 +5,10 @@ PAL paper): ignore PM-scores, pack.
 2. else the node with the fewest usable free GPUs that still holds N;
 3. else span nodes, taking from the node with the most usable free GPUs first.
 
-Inside a node the lowest local indices go first. With ``--gpus-per-node`` the same best-fit order
-picks the nodes; with a node list or node bounds, required nodes come first, then the fullest.
+Inside a node the GPUs go in the node's order (``GpuSpec.order``: Slurm's numbering in the
+advisor), as cons_tres gives the lowest free first. With ``--gpus-per-node`` the same best-fit
+order picks the nodes; with a node list or node bounds, required nodes come first, then the
+fullest.
 """
 
 from __future__ import annotations
@@ -83,10 +85,11 @@ def pack_pick(
 ) -> tuple[np.ndarray, str] | None:
     """Packing's GPUs for the request (None: they do not fit) and how they were chosen.
 
-    The nodes and per-node counts are always packing's; inside a node the GPUs go by local index,
-    by score for the job's class (``by_score``), in ``rng``'s random order, or as ``node_take``
-    chooses. Only GPUs of bins up to ``view.top`` are used. ``node_rank`` (lower first) breaks
-    ties between nodes packing finds equal (as many usable free GPUs) before node order does.
+    The nodes and per-node counts are always packing's; inside a node the GPUs go in the
+    node's order, by score for the job's class (``by_score``), in ``rng``'s random order, or as
+    ``node_take`` chooses. Only GPUs of bins up to ``view.top`` are used. ``node_rank`` (lower
+    first) breaks ties between nodes packing finds equal (as many usable free GPUs) before node
+    order does.
     """
     shape = view.shape
     top = view.top

@@ -19,7 +19,7 @@ FIFO + backfill's chaos hides. What pays is keeping jobs off GPUs that are far s
    without an outlier are never left idle for its sake. Without the node guard, single runs
    lost up to 1.41x;
 3. inside a node, GPUs that are outliers for another class but not for this job's go first
-   (a memory-bound job takes the GPU a compute-bound one must not get), then by local index;
+   (a memory-bound job takes the GPU a compute-bound one must not get), then in the node's order;
 4. otherwise, with ``wait``, the job may be held back for other GPUs (unless it could never
    fit without the outliers), but only while the wait it can expect is shorter than what the
    outlier would cost it, and never past ``max_wait_s`` from when it could first have started
@@ -163,7 +163,7 @@ class PackedPMPolicy:
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Inside each chosen node: first the GPUs that are outliers for another class (but
-        usable for this job), then by local index as packing does."""
+        usable for this job), then in the node's order as packing does."""
         outlying = self._others_outlying(view)
         if outlying is None:
             return view.take(nodes, counts, 0, view.top, by_score=False)

@@ -280,7 +280,7 @@ class RequestView:
         self, nodes: IntArray, counts: IntArray, low_bin: int, high_bin: int, *, by_score: bool
     ) -> IntArray:
         """From each node, its first ``counts[i]`` usable GPUs with a bin in [low, high]:
-        best score first (``by_score``) or lowest local index first."""
+        best score first (``by_score``) or first in the node's order."""
         if not nodes.size:
             return _EMPTY
         cluster = self.cluster
