@@ -44,6 +44,8 @@ LIVE_KEYS = frozenset(
         "advisor.replan_s",
         "advisor.replan_on_epilog",
         "advisor.reservation_ttl_s",
+        "advisor.suspicion",
+        "advisor.suspicion_days",
         "advisor.labels_file",
         "advisor.allowed_users",
         "hooks.spool_dir",
