@@ -235,3 +235,22 @@ def test_the_metrics_count_suspect_gpus_per_class(env: Env) -> None:
     families = {f.name: f for f in AdvisorCollector(server).collect()}  # type: ignore[arg-type]
     samples = {s.labels["class"]: s.value for s in families["slurm_pal_suspect_gpus"].samples}
     assert samples == {"A": 1, "B": 0, "C": 0, "D": 0}
+
+
+def test_serve_stats_shows_a_table_of_suspect_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import slurm_pal.cli.serve as serve_cli
+    from slurm_pal.cli.main import app
+
+    answer = {
+        "v": 1, "ok": True, "decide_total": 3, "suspicion": "steer",
+        "suspect_gpus": [{"gpu": "GPU-x", "where": "n03:0", "classes": {"A": {
+            "since_s": 1.8e9, "cause": "runtime", "slowdown": 2.0, "runs": 2,
+            "evidence": ["1005", "1006"]}}}],
+    }  # fmt: skip
+    monkeypatch.setattr(serve_cli, "_ask", lambda *args, **kwargs: dict(answer))
+    out = CliRunner().invoke(app, ["serve", "stats"]).output
+    assert "suspect GPUs" in out and "GPU-x" in out and "n03:0" in out
+    assert "2027-01-15" in out and "2.00x" in out and "1005,1006" in out
+    assert "decide_total" in out
