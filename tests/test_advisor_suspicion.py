@@ -148,6 +148,7 @@ def test_admins_see_it_in_stats_the_store_and_after_a_restart(env: Env) -> None:
     again = env.state()
     assert [(s.gpu, s.job_class) for s in again.suspects.suspects()] == [(target, "A")]
     assert first_pick(again, "resnet") != target
+    assert again.suspects.snapshot()["suspicion_jobs_judged"] == 6
     with Store(env.db) as store:
         assert len(store.suspicions("example", cleared=True)) == 1
 
@@ -254,3 +255,20 @@ def test_serve_stats_shows_a_table_of_suspect_gpus(monkeypatch: pytest.MonkeyPat
     assert "suspect GPUs" in out and "GPU-x" in out and "n03:0" in out
     assert "2027-01-15" in out and "2.00x" in out and "1005,1006" in out
     assert "decide_total" in out
+
+
+def test_a_warm_up_that_fails_starts_cold(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    st = with_mode(env, "steer").state()
+    target = first_pick(st, "resnet")
+    make_suspect(st, Jobs(env), target, "resnet", "A")
+
+    def broken(*args: object, **kwargs: object) -> list[dict[str, object]]:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(Store, "job_records", broken)
+    with caplog.at_level(logging.ERROR, logger="slurm_pal.advisor"):
+        again = env.state()
+    assert "suspicion warm-up failed" in caplog.text
+    assert again.suspects.suspects() == [] and first_pick(again, "resnet") == target

@@ -190,25 +190,29 @@ class SuspectBook:
         now = self.wall_clock()
         detector = None if self.mode == "off" else SuspicionDetector()
         done: list[JobRecord] = []
-        with Store(store_path) as store:
-            if detector is not None and self.days > 0 and warm:
-                records = store.job_records(since=now - self.days * 86400)
-                ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
-                done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
-            if detector is not None:
-                detector.fit(base, done)
-            found = [] if detector is None else detector.suspects()
-            why = "suspicion off" if detector is None else "not found again at start"
-            store.sync_suspicions(campaign, [s.to_dict() for s in found], now, why)
+        found: list[Suspicion] = []
+        if detector is not None:
+            detector.fit(base)
+        if warm:  # else (the store failed us) cold, and the store's rows as they are
+            with Store(store_path) as store:
+                if detector is not None and self.days > 0:
+                    records = store.job_records(since=now - self.days * 86400)
+                    ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
+                    done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
+                    detector.fit(base, done)
+                    found = detector.suspects()
+                why = "suspicion off" if detector is None else "not found again at start"
+                store.sync_suspicions(campaign, [s.to_dict() for s in found], now, why)
         with self._lock:
             self._detector, self._campaign = detector, campaign
             self._base, self._gpu_ids, self._where = base, gpu_ids, where
             self._fed = dict.fromkeys(r.run.job_id for r in done)
-            self.doneed_jobs = len(done)
+            self.warmed_jobs = len(done)
+            self.jobs_fed = 0
             self.version += 1
         if detector is not None:
             log.info(
-                "suspicion (%s): doneed from %d finished job(s) of the last %g day(s): %d "
+                "suspicion (%s): warmed from %d finished job(s) of the last %g day(s): %d "
                 "suspect (GPU, class)", self.mode, len(done), self.days, len(found),
             )  # fmt: skip
             for s in found:
