@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -168,3 +169,26 @@ def test_bins_summary_is_one_line_and_gpus_are_counts(
     assert rows and all(cells[2].strip().isdigit() for cells in rows)
     outlier_rows = [cells for cells in rows if cells[0].strip() == "outlier"]
     assert len(outlier_rows) >= 2 and all(c[3].strip().startswith("GPU-") for c in outlier_rows)
+
+
+def test_gpus_and_show_name_the_gpus_the_advisor_suspects(run_cli, example_csv: Path) -> None:
+    from slurm_pal.adapters.store import Store
+
+    run_cli("profile", "ingest", example_csv, "--campaign", "ex")
+    gpus = json.loads(run_cli("profile", "gpus", "--json").output)["gpus"]
+    uuid = gpus[3]["uuid"]
+    assert all(g["suspect"] == [] for g in gpus)
+    evidence = [{"job_id": "41", "app": "a", "expected_s": 1.0, "observed_s": 2.0, "residual": 2}]
+    with Store(os.environ["SLURM_PAL_DB"]) as store:
+        store.open_suspicion(
+            "ex",
+            {"gpu": uuid, "job_class": "A", "since_s": 1.8e9, "onset_s": 1.8e9 - 60,
+             "cause": "runtime", "slowdown": 2.0, "runs": 2, "evidence": evidence},
+        )  # fmt: skip
+    gpus = json.loads(run_cli("profile", "gpus", "--json").output)["gpus"]
+    assert {g["uuid"]: g["suspect"] for g in gpus if g["suspect"]} == {uuid: ["A"]}
+    assert "suspect for" in run_cli("profile", "gpus").output
+    shown = json.loads(run_cli("profile", "show", uuid, "--json").output)
+    assert [(s["job_class"], s["cause"]) for s in shown["suspect"]] == [("A", "runtime")]
+    text = run_cli("profile", "show", uuid).output
+    assert "suspect for class A since 2027-01-15" in text and "jobs 41" in text

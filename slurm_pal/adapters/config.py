@@ -126,6 +126,7 @@ PIN_CHOICES = ("steered", "every-job")
 LABEL_REQUEST_CHOICES = ("translate", "allow", "deny")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 SLURM_JOB_READS = ("json", "brief")
+SUSPICION_CHOICES = ("off", "report", "steer")
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,16 @@ class AdvisorConfig:
     GPUs PM-First/PAL picks, not where Slurm would put them."""
     reservation_ttl_s: float = 60.0
     """GPUs handed to a job that Slurm has not shown yet are held this long."""
+    suspicion: str = "report"
+    """GPUs that turned slow since their campaign, learnt from every Epilog record
+    (core/suspicion.py): off, report (log line, `serve stats`, metrics and the store name
+    each suspect GPU and the classes it slows; placement unchanged) or steer (also keeps those
+    classes off it from the next decision: its score for them becomes an outlier's). Not steer
+    by default: a false suspicion with outliers = wait holds that class's jobs back (up to
+    max_wait_s), and the loop's gain is measured in simulation only."""
+    suspicion_days: float = 14.0
+    """At start and reload, the detector is warmed from the finished jobs the store kept over
+    this many days (0: starts cold)."""
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"
@@ -518,6 +529,15 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.label_requests' is {a.label_requests!r}; valid values: "
             f"{', '.join(LABEL_REQUEST_CHOICES)}"
+        )
+    if a.suspicion not in SUSPICION_CHOICES:
+        raise ConfigError(
+            f"{src}: 'advisor.suspicion' is {a.suspicion!r}; valid values: "
+            f"{', '.join(SUSPICION_CHOICES)}"
+        )
+    if not (math.isfinite(a.suspicion_days) and a.suspicion_days >= 0):
+        raise ConfigError(
+            f"{src}: 'advisor.suspicion_days' must be >= 0 (0 = start cold), got {a.suspicion_days}"
         )
     if a.pin not in PIN_CHOICES:
         raise ConfigError(

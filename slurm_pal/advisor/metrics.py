@@ -187,6 +187,16 @@ class AdvisorCollector(Collector):
         )
         for name, (text, value) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=value)
+        suspects = GaugeMetricFamily(
+            f"{PREFIX}_suspect_gpus",
+            "GPUs suspect of running slower than their campaign says, per job class "
+            "(advisor.suspicion; steered around with steer).",
+            labels=["class"],
+        )
+        classes = server.state.config.classes.names
+        for job_class, count in server.state.suspects.per_class(classes).items():
+            suspects.add_metric([job_class], count)
+        yield suspects
         info = InfoMetricFamily(f"{PREFIX}_advisor", "What the advisor serves.")
         info.add_metric(
             [],

@@ -6,7 +6,8 @@ say in one log line what changed and what waits for a restart. Reservations, dec
 Slurm view and the counters are never touched here.
 
 Live: the placement policy and its settings, class rules, classes, locality penalties,
-timings (``refresh_s``, ``replan_s``, ``replan_on_epilog``, ``reservation_ttl_s``), label
+timings (``refresh_s``, ``replan_s``, ``replan_on_epilog``, ``reservation_ttl_s``), suspicion
+(``suspicion``, ``suspicion_days``: the detector starts over, warmed from the store), label
 requests, allowed users, the spool folder, retention and labels.json. A restart: what the
 service binds or opens once (socket, its group, the connection bound, the TCP listener, the
 Slurm backend, the store, the metrics endpoint). ``advisor.submit_timeout_ms`` lives in the
@@ -44,6 +45,8 @@ LIVE_KEYS = frozenset(
         "advisor.replan_s",
         "advisor.replan_on_epilog",
         "advisor.reservation_ttl_s",
+        "advisor.suspicion",
+        "advisor.suspicion_days",
         "advisor.labels_file",
         "advisor.allowed_users",
         "hooks.spool_dir",

@@ -161,7 +161,10 @@ class RoundCoordinator:
         with self._end_lock:
             if job_id in self._ended_jobs:
                 return False
-            if job_gpus(self.state.view, job_id, self.state.recorded_gpus(job_id)) is not None:
+            if (
+                job_gpus(self.state.view, job_id, self.state.records.recorded_gpus(job_id))
+                is not None
+            ):
                 self._ended_jobs[job_id] = None
                 while len(self._ended_jobs) > 10_000:
                     self._ended_jobs.popitem(last=False)
@@ -177,7 +180,7 @@ class RoundCoordinator:
         # A multi-node job's first Epilog frees every node the job held (the view knows them)
         job_id = record.get("job_id")
         whole = (
-            job_gpus(self.state.view, job_id, self.state.recorded_gpus(job_id))
+            job_gpus(self.state.view, job_id, self.state.records.recorded_gpus(job_id))
             if isinstance(job_id, int)
             else None
         )
@@ -232,7 +235,7 @@ class RoundCoordinator:
             if job.state not in HOLDING_STATES:
                 continue
             on_nodes[job.job_id] = job.nodes
-            for node, indices in self.state.job_gpu_indices(job).items():
+            for node, indices in self.state.records.job_gpu_indices(job).items():
                 for index in indices:
                     with contextlib.suppress(KeyError):
                         held[labels.uuid_at_slurm_index(node, index)] = job.job_id

@@ -317,7 +317,8 @@ class AdvisorServer:
             if request.op == "health":
                 return {"v": 1, "ok": True, **self.state.health()}
             if request.op == "stats":
-                return {"v": 1, "ok": True, **self.counters.snapshot()}
+                stats = self.counters.snapshot() | self.state.suspects.snapshot()
+                return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}
             if request.op == "reload":
@@ -431,7 +432,7 @@ class AdvisorServer:
         record = body["record"]
         assert isinstance(record, dict)
         start = time.perf_counter()
-        known = self.state.seen_record(record)
+        known = self.state.records.seen(record)
         write = self.state.submit_record(record)
         # The round runs while the store writer catches up (it may hold many decisions queued
         # before this record); the answer waits for both, so an ok means the record is stored.

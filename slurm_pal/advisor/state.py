@@ -34,11 +34,12 @@ from typing import Any
 from slurm_pal import __version__
 from slurm_pal.adapters.config import AdvisorConfig, SiteConfig
 from slurm_pal.adapters.site_topology import topology_from_config
-from slurm_pal.adapters.slurm.state import JobState, SlurmStateReader
+from slurm_pal.adapters.slurm.state import SlurmStateReader
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.loading import build_specs, load_store, stored_requests
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
+from slurm_pal.advisor.suspects import SuspectBook, decision_hint
 from slurm_pal.advisor.view import (
     UNAVAILABLE_FLAGS,
     UNAVAILABLE_STATES,
@@ -115,7 +116,8 @@ class AdvisorState:
         self.topology = topology_from_config(config.locality, source=config.source)
         self.resolve_config = config.resolve_config()
         self.writer = writer or StoreWriter(self.store_path)
-        self.records = RecordBook()
+        self.records = RecordBook()  # ids seen, GPU indices recorded (RecordBook's methods)
+        self.suspects = SuspectBook(config.advisor, wall_clock)
         self._lock = threading.Lock()
         self._static: Static | None = None
         self._view: View | None = None
@@ -158,6 +160,7 @@ class AdvisorState:
             self.policy_name, self.engine = name, engine
             self.topology = topology
             self.resolve_config = config.resolve_config()
+            self.suspects.configure(config.advisor)
 
     def reload(self) -> None:
         """Re-read the store (active campaign, scores, labels, applications, classifier)."""
@@ -166,6 +169,7 @@ class AdvisorState:
             static = None
             if not loaded.problem:
                 assert loaded.labels is not None and loaded.campaign is not None
+                self.suspects.fit(self.store_path, loaded.campaign, loaded.specs, loaded.labels)
                 static = self._static_from(
                     loaded.campaign, loaded.labels, loaded.specs, loaded.skipped, {}
                 )
@@ -207,15 +211,9 @@ class AdvisorState:
         skipped: Iterable[str],
         features: Mapping[str, frozenset[str]],
     ) -> Static:
-        return static_from(
-            campaign,
-            labels,
-            specs,
-            skipped,
-            features,
-            topology=self.topology,
-            class_names=self.config.classes.names,
-        )
+        static = static_from(campaign, labels, specs, skipped, features, topology=self.topology,
+                             class_names=self.config.classes.names)  # fmt: skip
+        return self.suspects.on_static(static)  # scores with the suspects (steer)
 
     # -- refresh ----------------------------------------------------------------------------
     def refresh(self) -> View | None:
@@ -233,7 +231,7 @@ class AdvisorState:
         # twice. The other order dropped the reservation of a job squeue shows RUNNING before
         # sinfo counted its GPUs, and a GPU looked free that was not (a routed job then waits
         # for it: seen in CI, tests/slurm/test_submit_advisor.py).
-        read_start = self.clock()
+        read_start, scored = self.clock(), self.suspects.version
         jobs = self.reader.jobs()
         nodes = self.reader.nodes()
         default_partition = None
@@ -261,6 +259,9 @@ class AdvisorState:
         with self._lock:
             if self._static is not None and self._static.campaign != static.campaign:
                 return None  # a reload raced us; the next refresh uses the new campaign
+            if self.suspects.version != scored:  # suspects changed since: their scores
+                static = self.suspects.on_static(static)
+                view = self.suspects.on_view(view, static)
             self._static = static
             self._view = view
             bound = self._reconcile(view, read_start)
@@ -390,22 +391,25 @@ class AdvisorState:
     def submit_record(self, record: Mapping[str, object]) -> Future[bool]:
         """Queue the record's store write; the future says whether it was new. The caller can
         work (a job-end round) while the writer catches up with the decisions queued before."""
-        classifier = self._classifier
+        classifier, hint = self._classifier, decision_hint(self._view, self._requests, record)
         self.records.note(record)
-        return self.writer.submit(lambda s: store_record(s, dict(record), classifier), urgent=True)
 
-    def recorded_gpus(self, job_id: int) -> dict[str, tuple[int, ...]]:
-        """Node -> the Slurm GPU indices ``job_id``'s records named (empty: none came)."""
-        return self.records.recorded_gpus(job_id)
+        def write(store: Store) -> bool:
+            added = store_record(store, dict(record), classifier)
+            if added and self.suspects.feed(store, record, hint) and self.suspects.steering:
+                self._rescore()  # from the next decision on
+            return added
 
-    def job_gpu_indices(self, job: JobState) -> dict[str, tuple[int, ...]]:
-        """Node -> the Slurm GPU indices ``job`` holds (:meth:`RecordBook.job_gpu_indices`)."""
-        return self.records.job_gpu_indices(job)
+        return self.writer.submit(write, urgent=True)
 
-    def seen_record(self, record: Mapping[str, object]) -> bool:
-        """Was this record id handed in before by this process (a spooled copy, a retry)?
-        The store stays the authority; this only spares a round for a known duplicate."""
-        return self.records.seen(record)
+    def _rescore(self) -> None:
+        """The suspects changed: the view's scores follow (reservations re-applied)."""
+        with self._lock:
+            if self._static is not None:
+                self._static = self.suspects.on_static(self._static)
+            if self._static is not None and self._view is not None:
+                self._view = self.suspects.on_view(self._view, self._static)
+                self._cluster = self._reservations.applied_to(self._view.base)
 
     def requests_for(self, tokens: Iterable[str]) -> dict[str, tuple[JobDescription, str]]:
         """The decided request and class of each token: from memory, and in one store read for

@@ -21,9 +21,9 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.campaigns.stored import stored_clock_events
 from slurm_pal.campaigns.workspace import CampaignError
 from slurm_pal.core.campaigns import ClockEventSummary
-from slurm_pal.core.drift import DriftDetector, GpuDrift, JobInfo, runs_from_records
+from slurm_pal.core.drift import DriftDetector, GpuDrift, runs_from_records
 from slurm_pal.core.hostlist import compress as compress_hostlist
-from slurm_pal.engine.jobdesc import JobDescription
+from slurm_pal.engine.runs import jobs_from_decisions
 from slurm_pal.site.render import plan_from_store
 
 GpuPlace = tuple[str, int | None]
@@ -116,32 +116,6 @@ def read_production_jsonl(path: Path) -> tuple[list[dict], list[dict]]:
                 f"{path}:{number}: 'kind' must be prolog, epilog or decision, got {kind!r}"
             )
     return records, decisions
-
-
-def jobs_from_decisions(decisions: list[dict]) -> tuple[dict[str, JobInfo], dict[str, str]]:
-    """Job id -> (history key, class) from the advisor's decisions; why others were left out.
-
-    The key is what the advisor resolved classes by: (user, job name, script sha256).
-    """
-    jobs: dict[str, JobInfo] = {}
-    skipped: dict[str, str] = {}
-    for d in decisions:
-        job_id = str(d.get("job_id") or "")
-        answer = d.get("answer") if isinstance(d.get("answer"), dict) else {}
-        job_class = answer.get("class")  # type: ignore[union-attr]
-        if not job_id:
-            continue
-        if not isinstance(job_class, str) or not job_class:
-            skipped[job_id] = "the advisor gave it no class"
-            continue
-        try:
-            desc = JobDescription.from_wire(d.get("job") or {})
-        except (ValueError, TypeError) as exc:
-            skipped[job_id] = f"unreadable job description ({exc})"
-            continue
-        key = "|".join((desc.user, desc.name, desc.script_sha256 or ""))
-        jobs[job_id] = JobInfo(key, job_class)
-    return jobs, skipped
 
 
 def gpu_ids_from_labels(path: Path) -> dict[tuple[str, int], str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -205,6 +206,7 @@ def show(
         uuid = store.canonical_uuid(campaign_id, gpu)
         rows = store.gpu_scores(campaign_id, uuid)
         label = store.gpu_labels(campaign_id).get(uuid)
+        suspect = [r for r in store.suspicions(campaign_id) if r["gpu"] == uuid]
     if rows.empty:
         fail(f"GPU {gpu!r} is not in campaign {campaign_id!r}")
     first = rows.iloc[0]
@@ -228,6 +230,7 @@ def show(
             }
             for _, r in rows.iterrows()
         },
+        "suspect": [{k: v for k, v in r.items() if k not in ("campaign", "gpu")} for r in suspect],
     }
     if as_json:
         print_json(info)
@@ -252,6 +255,10 @@ def show(
             "yes" if c["measured"] else "no (fallback)",
         )
     console.print(table)
+    for r in suspect:  # what the advisor service found since the campaign (store)
+        cls, cause = escape(str(r["job_class"])), escape(str(r["cause"]))
+        since, jobs = _utc(r["since_s"]), _jobs(r["evidence"])
+        console.print(f"suspect for class {cls} since {since}: {cause} (advisor; jobs {jobs})")
 
 
 @app.command()
@@ -273,6 +280,9 @@ def gpus(
             return
         frame = store.gpu_scores(campaign_id)
         labels_of = store.gpu_labels(campaign_id)
+        suspect: dict[str, list[str]] = {}
+        for r in store.suspicions(campaign_id):
+            suspect.setdefault(str(r["gpu"]), []).append(str(r["job_class"]))
     if node:
         unknown = sorted(set(node) - set(frame["node"].dropna()))
         if unknown:
@@ -290,6 +300,7 @@ def gpus(
                 "gpu_model": first["gpu_model"],
                 "label": labels_of.get(str(uuid)),
                 "measured": sorted(str(c) for c in group[group["measured"]]["job_class"]),
+                "suspect": sorted(suspect.get(str(uuid), [])),
             }
         )
     rows.sort(key=lambda r: (str(r["node"] or ""), r["gpu_index"] or 0, r["uuid"]))
@@ -297,7 +308,7 @@ def gpus(
         print_json({"campaign": campaign_id, "gpus": rows})
         return
     table = Table(title=f"campaign {escape(campaign_id)}: {len(rows)} GPUs", title_justify="left")
-    for column in ("node", "index", "uuid", "model", "label", "measured classes"):
+    for column in ("node", "index", "uuid", "model", "label", "measured classes", "suspect for"):
         table.add_column(column, justify="right" if column == "index" else "left")
     for r in rows:
         table.add_row(
@@ -307,8 +318,18 @@ def gpus(
             escape(str(r["gpu_model"])),
             escape(str(r["label"] or "-")),
             ",".join(r["measured"]) or "-",
+            ",".join(r["suspect"]) or "-",
         )
     console.print(table)
+
+
+def _utc(epoch: object) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(epoch)))  # type: ignore[arg-type]
+
+
+def _jobs(evidence: object) -> str:
+    ids = [str(e.get("job_id")) for e in evidence if isinstance(e, dict)]  # type: ignore[attr-defined]
+    return ",".join(ids) or "-"
 
 
 def _opt(value: object) -> float | None:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -336,12 +337,31 @@ def stats(
     socket: Path | None = SOCKET_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the counters as JSON."),
 ) -> None:
-    """The running advisor's counters (decides, records, re-plans, latency p50/p99)."""
+    """The running advisor's counters (decides, records, re-plans, latency p50/p99) and the
+    GPUs it suspects of running slower than their campaign says."""
     answer = _ask(ctx, "stats", 5.0, socket, as_json)
     if as_json:
         print_json(answer)
         return
+    suspects = answer.pop("suspect_gpus", None) or []
     _table("advisor stats", answer)
+    if suspects:
+        _suspects_table(suspects)
+
+
+def _suspects_table(rows: list[dict]) -> None:
+    """One line per suspect (GPU, class): since when, why, the slowdown and the jobs seen."""
+    table = Table(title="suspect GPUs")
+    for column in ("GPU", "node:gpu", "class", "since (UTC)", "cause", "slowdown", "jobs"):
+        table.add_column(column)
+    for row in rows:
+        for job_class, s in sorted(row.get("classes", {}).items()):
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(s["since_s"])))
+            slowdown = "-" if s.get("slowdown") is None else f"{s['slowdown']:.2f}x"
+            jobs = ",".join(str(j) for j in s.get("evidence", [])) or "-"
+            table.add_row(str(row.get("gpu")), str(row.get("where") or "-"), job_class, since,
+                          str(s.get("cause")), slowdown, jobs)  # fmt: skip
+    console.print(table)
 
 
 @app.command()

@@ -4,8 +4,8 @@ decisions and records.
 
 One :class:`Store` handle, assembled from one class per responsibility so each part reads on
 its own: :mod:`.schema` (connection, migrations, the write transaction), :mod:`.campaigns`,
-:mod:`.apps`, :mod:`.history` and :mod:`.advisor`. Compute nodes never open this file (no
-SQLite over NFS); they talk to the advisor.
+:mod:`.apps`, :mod:`.history`, :mod:`.advisor` and :mod:`.suspicion`. Compute nodes never open
+this file (no SQLite over NFS); they talk to the advisor.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from slurm_pal.adapters.store.schema import (
     StoreConnection,
     StoreError,
 )
+from slurm_pal.adapters.store.suspicion import SuspicionStore
 
 
-class Store(CampaignStore, AppStore, HistoryStore, AdvisorStore, StoreConnection):
+class Store(CampaignStore, AppStore, HistoryStore, AdvisorStore, SuspicionStore, StoreConnection):
     """A handle on the slurm-pal SQLite database. Use as a context manager or call close()."""
 
 

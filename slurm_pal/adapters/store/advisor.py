@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from slurm_pal.adapters.store.schema import StoreConnection, StoreError, now_utc
@@ -137,11 +138,32 @@ class AdvisorStore(StoreConnection):
             ).rowcount
         return bool(added)
 
-    def job_records(self, job_id: int | None = None) -> list[dict[str, object]]:
-        """Kept records (their payloads), in arrival order; all or one job's."""
+    def job_records(
+        self, job_id: int | None = None, *, since: float | None = None
+    ) -> list[dict[str, object]]:
+        """Kept records (their payloads), in arrival order; all or one job's; ``since``: only
+        jobs with a record whose hook ``time`` is at or after it (epoch seconds), every record
+        of those."""
         query = "SELECT payload FROM job_records"
         params: tuple[object, ...] = ()
         if job_id is not None:
             query += " WHERE job_id = ?"
             params = (job_id,)
+        elif since is not None:
+            query += " WHERE job_id IN (SELECT job_id FROM job_records WHERE time >= ?)"
+            params = (since,)
         return [json.loads(r[0]) for r in self._db.execute(query + " ORDER BY rowid", params)]
+
+    def decisions_for_jobs(self, job_ids: Iterable[int]) -> list[dict[str, object]]:
+        """The latest decision bound to each of these Slurm job ids (those that have one)."""
+        ids = sorted(set(job_ids))
+        out: list[dict[str, object]] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            out += self._decision_rows(
+                f"WHERE rowid IN (SELECT MAX(rowid) FROM advisor_decisions "
+                f"WHERE job_id IN ({marks}) GROUP BY job_id) ORDER BY rowid",
+                tuple(chunk),
+            )
+        return out

@@ -186,6 +186,26 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (campaign_id, node, gpu_index, job_class, repeat)
     );
     """,
+    # 5: GPUs the advisor found slow for a class since their campaign (core/suspicion.py), one
+    # row per suspicion: open while cleared_s is NULL. Times are the job records' epoch
+    # seconds; evidence is the Suspicion's JSON (its recent runs).
+    """
+    CREATE TABLE gpu_suspicions (
+        campaign_id TEXT NOT NULL,
+        uuid TEXT NOT NULL,
+        job_class TEXT NOT NULL,
+        since_s REAL NOT NULL,
+        onset_s REAL NOT NULL,
+        cause TEXT NOT NULL,
+        slowdown REAL,
+        runs INTEGER NOT NULL,
+        evidence TEXT NOT NULL,
+        cleared_s REAL,
+        cleared_why TEXT,
+        PRIMARY KEY (campaign_id, uuid, job_class, since_s)
+    );
+    CREATE INDEX gpu_suspicions_open ON gpu_suspicions(campaign_id, cleared_s);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 DERIVED_TABLES = ("class_bins", "gpu_scores", "labels", "gpu_labels", "gpu_aliases")

@@ -1,0 +1,347 @@
+"""Suspect GPUs in the running advisor: every Epilog record fed to one
+:class:`~slurm_pal.core.suspicion.SuspicionDetector`, what it finds logged, kept in the store
+and (``advisor.suspicion = "steer"``) handed to placement as outlier scores.
+
+Why here and shaped like this: the detector is pure and judges finished runs (application,
+class, GPUs, runtime); the service has the pieces apart. A job's runtime is its first Prolog to
+its last Epilog (records in the store), its application key and class are its decision's (the
+store, or the decide path's memory when the decision is not bound to the job yet), its GPUs
+are Slurm's indices mapped through the labels (the ids the advisor's cluster uses). So a job is
+fed once, at its first new Epilog record, on the store writer's thread, right after that record
+is stored; at start the detector is warmed from the records the store kept over
+``advisor.suspicion_days``, the very same way, so a restart does not start cold.
+
+Placement sees suspicion only through scores (:func:`~slurm_pal.core.suspicion.outlier_scores`,
+:meth:`Cluster.rescored`): the GPU's score for the classes it slows becomes at least
+``avoid_above`` + 0.01, its score for the other classes stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from slurm_pal.adapters.config import AdvisorConfig
+from slurm_pal.adapters.store import Store
+from slurm_pal.advisor.logtext import quoted
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.drift import runs_from_records
+from slurm_pal.core.suspicion import (
+    Change,
+    GpuSignals,
+    JobRecord,
+    Suspicion,
+    SuspicionDetector,
+    outlier_scores,
+)
+from slurm_pal.engine.decide import parse_admin_comment
+from slurm_pal.engine.runs import jobs_from_decisions
+
+if TYPE_CHECKING:
+    from slurm_pal.advisor.view import Static, View
+    from slurm_pal.engine.decide import LabelTable
+
+__all__ = ["FLOOR_ABOVE", "SuspectBook", "decision_hint", "job_records_of"]
+
+log = logging.getLogger("slurm_pal.advisor")
+
+FLOOR_ABOVE = 0.01
+"""A suspect (GPU, class) scores at least ``avoid_above`` + this: an outlier for the policy."""
+MAX_FED = 100_000
+"""Job ids remembered as fed (each job is judged once; oldest forgotten first)."""
+
+GpuIds = Mapping[tuple[str, int], str]
+
+
+def _signals(records: Iterable[Mapping[str, object]], gpu_ids: GpuIds) -> dict[str, GpuSignals]:
+    """The NVML signals an Epilog record carries (``gpu_signals``: Slurm GPU index ->
+    ``{"clock_events": {reason: share of busy time}, "sm_clock_ratio": x}``), by GPU id.
+    The hooks do not send them yet; anything malformed is left out."""
+    out: dict[str, GpuSignals] = {}
+    for record in records:
+        per_gpu = record.get("gpu_signals")
+        if record.get("kind") != "epilog" or not isinstance(per_gpu, Mapping):
+            continue
+        node = str(record.get("node"))
+        for index, raw in per_gpu.items():
+            try:
+                gpu = gpu_ids.get((node, int(index)))
+                events = raw.get("clock_events") or {}
+                clock_events = {str(k): float(v) for k, v in events.items()}
+                ratio = raw.get("sm_clock_ratio")
+                sm_ratio = None if ratio is None else float(ratio)
+            except (AttributeError, TypeError, ValueError):
+                continue
+            if gpu is not None:
+                out[gpu] = GpuSignals(clock_events, sm_ratio)
+    return out
+
+
+def job_records_of(
+    records: Iterable[Mapping[str, object]],
+    decisions: Iterable[Mapping[str, object]],
+    gpu_ids: GpuIds,
+) -> list[JobRecord]:
+    """The detector's records of the finished jobs among ``records`` (Prolog/Epilog payloads)
+    that have a decision (application key and class), in order of their end. GPUs are Slurm's
+    indices mapped through ``gpu_ids`` (the Prolog's NVML UUIDs are not used: the advisor's
+    cluster names GPUs as the labels do). Failed jobs and jobs without both hooks' records are
+    left out (:func:`~slurm_pal.core.drift.runs_from_records`)."""
+    by_job: dict[str, list[Mapping[str, object]]] = {}
+    for r in records:
+        plain = {k: v for k, v in r.items() if k != "uuids"}
+        by_job.setdefault(str(r.get("job_id", "")), []).append(plain)
+    jobs, _ = jobs_from_decisions(decisions)
+    runs, _ = runs_from_records([r for rs in by_job.values() for r in rs], jobs, gpu_ids)
+    out = []
+    for run in runs:
+        mine = by_job[run.job_id]
+        end = max(float(r["time"]) for r in mine if r.get("kind") == "epilog")  # type: ignore[arg-type]
+        out.append(JobRecord(run, end, _signals(mine, gpu_ids)))
+    return sorted(out, key=lambda record: (record.end_s, record.run.job_id))
+
+
+def decision_hint(
+    view: View | None, requests: Mapping[str, tuple[object, ...]], record: Mapping[str, object]
+) -> dict[str, object] | None:
+    """An Epilog record's job's decision as the decide path holds it (``requests``: token ->
+    (request, class, ...)), found through the ``r=<token>`` of the job's admin comment in the
+    last Slurm read: the store binds decisions to job ids at a later refresh, so a short job's
+    Epilog can come first."""
+    job_id = record.get("job_id")
+    job = view.job(job_id) if view is not None and isinstance(job_id, int) else None
+    fields = parse_admin_comment(job.admin_comment) if job is not None else None
+    held = requests.get((fields or {}).get("r", ""))
+    if held is None:
+        return None
+    request, job_class = held[0], held[1]
+    stored = getattr(request, "stored", None)
+    if not callable(stored):
+        return None
+    return {"job_id": job_id, "job": stored(), "answer": {"class": job_class}}
+
+
+class SuspectBook:
+    """The service's detector, its GPU map and what it found (thread-safe).
+
+    :meth:`fit` (start, reload) starts over for the active campaign and warms up from the
+    store; :meth:`feed` takes a stored Epilog record (the writer thread); :meth:`on_static` and
+    :meth:`rescored` give placement the scores with the suspects as outliers (steer only);
+    :meth:`snapshot` is what ``serve stats`` and the metrics show.
+    """
+
+    def __init__(self, advisor: AdvisorConfig, wall_clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
+        self.wall_clock = wall_clock
+        self.mode = advisor.suspicion
+        self.days = advisor.suspicion_days
+        self.floor = advisor.avoid_above + FLOOR_ABOVE
+        self._detector: SuspicionDetector | None = None
+        self._campaign: str | None = None
+        self._base: dict[str, dict[str, float]] = {}
+        self._gpu_ids: dict[tuple[str, int], str] = {}
+        self._where: dict[str, str] = {}  # GPU id -> node:index
+        self._fed: dict[str, None] = {}
+        self.version = 0  # bumped whenever placement's scores must change
+        self.warmed_jobs = 0
+        self.jobs_fed = 0
+
+    def configure(self, advisor: AdvisorConfig) -> None:
+        """A reloaded config (the :meth:`fit` that follows applies it)."""
+        self.mode = advisor.suspicion
+        self.days = advisor.suspicion_days
+        self.floor = advisor.avoid_above + FLOOR_ABOVE
+
+    @property
+    def steering(self) -> bool:
+        return self.mode == "steer"
+
+    # -- learning -----------------------------------------------------------------------------
+    def fit(
+        self, store_path: Path, campaign: str, specs: Sequence[GpuSpec], labels: LabelTable
+    ) -> None:
+        """Start over for ``campaign``: the detector on its scores, warmed from the finished
+        jobs the store kept over ``suspicion_days``; the store's open suspicions made these.
+        A warm-up that fails (an unreadable store) is logged and the detector starts cold."""
+        try:
+            self._fit(store_path, campaign, specs, labels, warm=True)
+        except Exception:
+            log.exception("suspicion warm-up failed; the detector starts cold")
+            self._fit(store_path, campaign, specs, labels, warm=False)
+
+    def _fit(
+        self,
+        store_path: Path,
+        campaign: str,
+        specs: Sequence[GpuSpec],
+        labels: LabelTable,
+        *,
+        warm: bool,
+    ) -> None:
+        base = {s.uuid: dict(s.scores) for s in specs}
+        gpu_ids = {(e.node, e.slurm_index): e.uuid for e in labels.entries}
+        where = {e.uuid: f"{e.node}:{e.slurm_index}" for e in labels.entries}
+        now = self.wall_clock()
+        detector = None if self.mode == "off" else SuspicionDetector()
+        done: list[JobRecord] = []
+        found: list[Suspicion] = []
+        if detector is not None:
+            detector.fit(base)
+        if warm:  # else (the store failed us) cold, and the store's rows as they are
+            with Store(store_path) as store:
+                if detector is not None and self.days > 0:
+                    records = store.job_records(since=now - self.days * 86400)
+                    ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
+                    done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
+                    detector.fit(base, done)
+                    found = detector.suspects()
+                why = "suspicion off" if detector is None else "not found again at start"
+                store.sync_suspicions(campaign, [s.to_dict() for s in found], now, why)
+        with self._lock:
+            self._detector, self._campaign = detector, campaign
+            self._base, self._gpu_ids, self._where = base, gpu_ids, where
+            self._fed = dict.fromkeys(r.run.job_id for r in done)
+            self.warmed_jobs = len(done)
+            self.jobs_fed = 0
+            self.version += 1
+        if detector is not None:
+            log.info(
+                "suspicion (%s): warmed from %d finished job(s) of the last %g day(s): %d "
+                "suspect (GPU, class)", self.mode, len(done), self.days, len(found),
+            )  # fmt: skip
+            for s in found:
+                log.warning("%s", self._line(s.gpu, s.job_class, True, s.cause, s))
+
+    def feed(
+        self, store: Store, record: Mapping[str, object], hint: Mapping[str, object] | None
+    ) -> list[Change]:
+        """Judge the job of a newly stored Epilog ``record`` (once per job), on the writer's
+        ``store``; ``hint``: its decision as the decide path knows it (used when the store has
+        none bound to the job yet). Changes are stored and logged, and returned; when steering
+        they bump :attr:`version`. Never raises (the record's own write must stand)."""
+        try:
+            return self._feed(store, record, hint)
+        except Exception:
+            log.exception("suspicion: job %s not judged", record.get("job_id"))
+            return []
+
+    def _feed(
+        self, store: Store, record: Mapping[str, object], hint: Mapping[str, object] | None
+    ) -> list[Change]:
+        detector = self._detector
+        if detector is None or record.get("kind") != "epilog":
+            return []
+        job_id = record.get("job_id")
+        if not isinstance(job_id, int) or str(job_id) in self._fed:
+            return []
+        decision = store.decision_for_job(job_id) or hint
+        records = store.job_records(job_id)
+        made = job_records_of(records, [decision] if decision else [], self._gpu_ids)
+        if not made:
+            return []
+        with self._lock:
+            if detector is not self._detector:
+                return []  # a reload started over meanwhile
+            self._fed[str(job_id)] = None
+            while len(self._fed) > MAX_FED:
+                self._fed.pop(next(iter(self._fed)))
+            changes = detector.update(made[0])
+            self.jobs_fed += 1
+            current = {(s.gpu, s.job_class): s for s in detector.suspects()}
+            if changes and self.steering:
+                self.version += 1
+        campaign = self._campaign or ""
+        for change in changes:
+            suspicion = current.get((change.gpu, change.job_class))
+            if change.suspect and suspicion is not None:
+                store.open_suspicion(campaign, suspicion.to_dict())
+            elif not change.suspect:
+                store.close_suspicion(
+                    campaign, change.gpu, change.job_class, change.at_s, change.why
+                )
+            log.warning("%s", self._line(change.gpu, change.job_class, change.suspect,
+                                         change.why, suspicion))  # fmt: skip
+        return changes
+
+    def _line(
+        self, gpu: str, job_class: str, suspect: bool, why: str, suspicion: Suspicion | None
+    ) -> str:
+        """One log line (escaped by the service's formatter; user values quoted)."""
+        where = self._where.get(gpu, "?")
+        if not suspect:
+            return f"GPU {gpu} ({where}) cleared for class {job_class}: {why}"
+        acting = "kept off it from the next decision" if self.steering else "report only"
+        text = f"GPU {gpu} ({where}) suspect for class {job_class} ({acting}): {why}"
+        if suspicion is not None and suspicion.evidence:
+            runs = ", ".join(
+                f"job {e.job_id} app={quoted(e.app)} {e.observed_s:.0f}s/{e.expected_s:.0f}s"
+                for e in suspicion.evidence
+            )
+            text += f"; evidence: {runs}"
+        return text
+
+    # -- placement ------------------------------------------------------------------------------
+    def rescored(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with the campaign's scores and, when steering, each suspect (GPU, class)
+        an outlier (unchanged when not steering: its scores are the campaign's)."""
+        if not self.steering:
+            return cluster
+        with self._lock:
+            found = [] if self._detector is None else self._detector.suspects()
+            base = self._base
+        table = outlier_scores(base, found, self.floor)
+        scores = {
+            c: [table.get(u, {}).get(c, float(cluster.classes[c].scores[g]))
+                for g, u in enumerate(cluster.uuids)]
+            for c in cluster.classes
+        }  # fmt: skip
+        return cluster.rescored(scores)
+
+    def on_static(self, static: Static) -> Static:
+        """A static view with :meth:`rescored` scores."""
+        return (
+            static if not self.steering else replace(static, cluster=self.rescored(static.cluster))
+        )
+
+    def on_view(self, view: View, static: Static) -> View:
+        """``view`` (read on an older static) on ``static``, its scores :meth:`rescored`."""
+        if not self.steering:
+            return replace(view, static=static)
+        return replace(view, static=static, base=self.rescored(view.base))
+
+    # -- reading --------------------------------------------------------------------------------
+    def suspects(self) -> list[Suspicion]:
+        with self._lock:
+            return [] if self._detector is None else self._detector.suspects()
+
+    def snapshot(self) -> dict[str, object]:
+        """``serve stats``: the mode and each suspect GPU (since, cause, slowdown, evidence)."""
+        rows: dict[str, dict[str, object]] = {}
+        for s in self.suspects():
+            row = rows.setdefault(s.gpu, {"gpu": s.gpu, "where": self._where.get(s.gpu),
+                                          "classes": {}})  # fmt: skip
+            row["classes"][s.job_class] = {  # type: ignore[index]
+                "since_s": s.since_s,
+                "cause": s.cause,
+                "slowdown": None if math.isnan(s.slowdown) else round(s.slowdown, 3),
+                "runs": s.runs,
+                "evidence": [e.job_id for e in s.evidence],
+            }
+        return {
+            "suspicion": self.mode,
+            "suspicion_jobs_judged": self.jobs_fed + self.warmed_jobs,
+            "suspect_gpus": list(rows.values()),
+        }
+
+    def per_class(self, classes: Iterable[str]) -> dict[str, int]:
+        """Class -> how many GPUs are suspect for it (every class named, zeros included)."""
+        counts = dict.fromkeys(classes, 0)
+        for s in self.suspects():
+            counts[s.job_class] = counts.get(s.job_class, 0) + 1
+        return counts
