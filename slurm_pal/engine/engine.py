@@ -17,6 +17,8 @@ Events and what answers them:
 - a round (a job's end, the periodic tick, a held job's bound) over the pending jobs it
   steered: :meth:`AdvisorEngine.replan` -> :class:`~slurm_pal.engine.replan.ReplanResult`
   (the updates Slurm must be told);
+- a job's end, as what it ran: :meth:`AdvisorEngine.job_ended` (what the site's jobs run
+  teaches the wait rule; :meth:`AdvisorEngine.learn_runtimes` starts it from a history);
 - one placement request at a moment (the simulator's jobs, and underneath both of the above):
   :meth:`AdvisorEngine.place` -> :class:`~slurm_pal.engine.placing.Placement`.
 """
@@ -29,6 +31,7 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.jobchange import ReleaseRules
 from slurm_pal.core.placement import PlacementPolicy
 from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.runtimes import EndedJob, RuntimeModel
 from slurm_pal.engine.advise import Advice, advise
 from slurm_pal.engine.decide import LabelTable
 from slurm_pal.engine.jobdesc import JobDescription
@@ -54,6 +57,10 @@ class AdvisorEngine:
         self.settings = settings
         self.version = version
         self.policy = policy if policy is not None else settings.build_policy()
+        self.runtimes = RuntimeModel()
+        if hasattr(self.policy, "runtimes"):
+            # the policy weighs waits with what the site's jobs ran, as the engine learns it
+            self.policy.runtimes = self.runtimes
 
     def __repr__(self) -> str:
         return f"AdvisorEngine(policy={self.policy.name!r}, pin={self.settings.pin!r})"
@@ -63,6 +70,14 @@ class AdvisorEngine:
         """Does a job's end run a round (``replan_on_epilog``)? Off, the advisor decides only
         at each job's submission, and a job that found no GPUs then is Slurm's to place."""
         return self.settings.replan_on_epilog
+
+    def learn_runtimes(self, ended: Iterable[EndedJob]) -> None:
+        """Start the runtime model over from the site's finished jobs (oldest first)."""
+        self.runtimes.fit(ended)
+
+    def job_ended(self, job: EndedJob) -> None:
+        """A job ran to its end: what it ran teaches the runtime model."""
+        self.runtimes.partial_fit(job)
 
     def place(
         self,

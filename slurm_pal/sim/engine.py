@@ -78,6 +78,7 @@ from slurm_pal.core.placement import (
 )
 from slurm_pal.core.queue import placement_order, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
 from slurm_pal.engine.engine import AdvisorEngine
@@ -605,6 +606,10 @@ class _Simulation:
                 job.end = now
                 job.remaining = 0.0
                 self._stop(job)
+                # what it ran teaches the engine's runtime model, as its Epilog the service's
+                self.engine.job_ended(
+                    EndedJob(job.spec.gpus, job.spec.time_limit, job.end - job.start)
+                )
                 if self.hooks is not None:
                     self._ended(job, now)
             while arrivals and arrivals[-1].spec.submit_time <= now:

@@ -50,6 +50,7 @@ from slurm_pal.core.placement.view import (
     unplaced,
 )
 from slurm_pal.core.request import PlacementRequest
+from slurm_pal.core.runtimes import RuntimeModel
 from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, weigh_wait
 
 __all__ = ["WAIT_REASON", "PackedPMPolicy"]
@@ -65,7 +66,9 @@ class PackedPMPolicy:
     job's class; ``inf`` never avoids (plain packing). ``wait``: a job that cannot leave the
     outliers out now may be held back for other GPUs, while that pays and for ``max_wait_s``
     at most. A job with a time limit is weighed as running ``limit_share`` of it (users ask for
-    more than they use); one without as running ``assumed_runtime_s``.
+    more than they use); one without as running ``assumed_runtime_s``; once ``runtimes`` (the
+    site's finished jobs, given by the engine that drives the policy) knows such jobs, as
+    what it predicts.
     """
 
     name = "packed-pm"
@@ -93,6 +96,7 @@ class PackedPMPolicy:
         self.max_wait_s = float(max_wait_s)
         self.assumed_runtime_s = float(assumed_runtime_s)
         self.limit_share = float(limit_share)
+        self.runtimes: RuntimeModel | None = None
         # (scores array kept alive, so its id is not reused) -> mask
         self._outlying: dict[
             tuple[int, str], tuple[np.ndarray, tuple[np.ndarray, list[bool]] | None]
@@ -150,13 +154,20 @@ class PackedPMPolicy:
         )
 
     def _expected_runtime_s(self, request: PlacementRequest) -> float:
-        """What the job is weighed as running: what it is known to run; else ``limit_share`` of
-        its time limit (weighed at the whole limit, a 16-GPU job that ran a third of it was held
-        41 h and the queue drained behind it at its bound); else, with no limit or an unlimited
-        one, ``assumed_runtime_s``, so an unknown runtime never buys a long wait."""
+        """What the job is weighed as running: what it is known to run; else what the site's
+        finished jobs predict (``runtimes``: the share of their limit limited jobs used, what
+        unlimited jobs of its size ran); else ``limit_share`` of its time limit (weighed at the
+        whole limit, a 16-GPU job that ran a third of it was held 41 h and the queue drained
+        behind it at its bound); else, with no limit or an unlimited one,
+        ``assumed_runtime_s``. Whatever it says, the wait it buys is bounded
+        (:func:`~slurm_pal.core.waiting.weigh_wait`)."""
         if request.runtime_s is not None:
             return request.runtime_s
         limit = request.time_limit_s
+        if self.runtimes is not None:
+            learned = self.runtimes.predict(request.gpus, limit)
+            if learned is not None and learned > 0:
+                return learned
         if limit is not None and math.isfinite(limit):
             return limit * self.limit_share
         return min(self.assumed_runtime_s, self.max_wait_s)
