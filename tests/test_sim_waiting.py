@@ -196,3 +196,24 @@ def test_the_admin_is_told_what_limits_and_holds_mean_for_waiting() -> None:
     assert "lost to packing by more than 3 % in 1 of 2 runs (worst 1.20x)" in note
     never = simulate(trace, one_slow_node(), advisor(wait=False)).summary()
     assert waiting_note("advisor", [never], [1.0]) is None
+
+
+def test_what_the_sites_unlimited_jobs_ran_is_what_an_unlimited_job_is_weighed_at() -> None:
+    # Jobs 0-2 (class A, 2 h limits) hold the good GPUs; job X (class A, UNLIMITED, 4 h of
+    # work) could start at once on the 2.5x outlier. Weighed at the fixed hour an unknown
+    # runtime stands for, 1.5 h lost beats a 2 h wait: it takes the outlier. Once 20 unlimited
+    # 1-GPU jobs of 4 h have ended (class D, which the outlier does not slow), the engine
+    # weighs it at 4 h: 6 h lost, so it waits the 2 h for a good GPU.
+    values = np.array([2.5, 1.0, 1.0, 1.0])
+    gpus = SimGpus(2, 2, {"A": values, "D": np.ones(4)}, {"A": values, "D": np.ones(4)})
+    day = 21 * 3600.0
+    holders = [SimJob(str(i), day, 1, 7200, "A", time_limit=7200) for i in range(3)]
+    late = SimJob("X", day + 10, 1, 4 * 3600, "A", time_limit=INF)
+    history = [SimJob(f"h{i}", 0, 1, 4 * 3600, "D", time_limit=INF) for i in range(20)]
+    config = advisor(max_wait_s=86400)
+    learned = {j.job_id: j for j in simulate([*history, *holders, late], gpus, config).jobs}
+    assert learned["X"].start == pytest.approx(day + 7200)
+    assert learned["X"].end == pytest.approx(day + 7200 + 4 * 3600)
+    cold = {j.job_id: j for j in simulate([*holders, late], gpus, config).jobs}
+    assert cold["X"].start == pytest.approx(day + 10)
+    assert cold["X"].end == pytest.approx(day + 10 + 4 * 3600 * 2.5)
