@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -200,3 +201,34 @@ def test_what_one_finished_job_ran() -> None:
     other = [{**r, "job_id": 8, "time": float(r["time"]) - 50} for r in records]  # type: ignore[arg-type]
     both = ended_jobs(records + other, [{"job_id": 7, **decision}, {"job_id": 8, **decision}])
     assert [job_id for job_id, _ in both] == [8, 7]  # in order of their end
+
+
+def test_serve_stats_and_the_metrics_show_what_was_learned(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import slurm_pal.cli.serve as serve_cli
+    from slurm_pal.advisor.counters import Counters
+    from slurm_pal.advisor.metrics import AdvisorCollector
+    from slurm_pal.cli.main import app
+
+    st = env.state()
+    teach(st, Ends())
+    server = SimpleNamespace(
+        poll_fail_opens=lambda: 0, counters=Counters(), state=st, spool_dir=env.root / "spool"
+    )
+    families = {f.name: f for f in AdvisorCollector(server).collect()}  # type: ignore[arg-type]
+    (share,) = families["slurm_pal_runtime_limit_share"].samples
+    assert share.value == pytest.approx(0.1)
+    medians = {s.labels["size"]: s.value
+               for s in families["slurm_pal_runtime_unlimited_median_seconds"].samples}  # fmt: skip
+    assert medians["2-8 GPUs"] == pytest.approx(20 * HOUR) and math.isnan(medians["1 GPU"])
+    jobs = {s.labels["kind"]: s.value for s in families["slurm_pal_runtime_jobs"].samples}
+    assert jobs["limited"] == 20 and jobs["unlimited any size"] == 20
+
+    answer = {"v": 1, "ok": True, "decide_total": 3, **st.runtimes.snapshot()}
+    monkeypatch.setattr(serve_cli, "_ask", lambda *args, **kwargs: dict(answer))
+    out = CliRunner().invoke(app, ["serve", "stats"]).output
+    assert "learned runtimes" in out and "10% of the limit" in out and "20.00 h" in out
+    assert "runtime_jobs_learned" in out and "decide_total" in out
