@@ -56,7 +56,14 @@ def ended_job(
     Slurm indices its records name on each node, else the Prolog's NVML UUIDs), its time
     limit (not given or UNLIMITED: none, as the policy predicts such a job) and first Prolog
     to last Epilog. None without both hooks' records, GPUs or a readable request."""
-    mine = list(records)
+    ended = _ended(list(records), decision)
+    return None if ended is None else ended[1]
+
+
+def _ended(
+    mine: list[Mapping[str, object]], decision: Mapping[str, object] | None
+) -> tuple[float, EndedJob] | None:
+    """:func:`ended_job`, with when the job ended."""
     span = job_span(mine)
     job = decision.get("job") if decision is not None else None
     if span is None or not isinstance(job, Mapping):
@@ -74,7 +81,7 @@ def ended_job(
         limit_s = JobDescription.from_wire(job).time_limit_s
     except (ValueError, TypeError):
         return None
-    return EndedJob(gpus, limit_s, span[1] - span[0]) if gpus else None
+    return (span[1], EndedJob(gpus, limit_s, span[1] - span[0])) if gpus else None
 
 
 def ended_jobs(
@@ -90,10 +97,9 @@ def ended_jobs(
     found = {d.get("job_id"): d for d in decisions}
     ended: list[tuple[float, int, EndedJob]] = []
     for job_id, mine in by_job.items():
-        job = ended_job(mine, found.get(job_id))
-        span = job_span(mine)
-        if job is not None and span is not None:
-            ended.append((span[1], job_id, job))
+        done = _ended(mine, found.get(job_id))
+        if done is not None:
+            ended.append((done[0], job_id, done[1]))
     return [(job_id, job) for _, job_id, job in sorted(ended, key=lambda e: e[:2])]
 
 
