@@ -92,6 +92,7 @@ def test_decide_answers_equal_decide_on_the_same_state(served) -> None:
     stats = client.request({"op": "stats"})
     assert stats["decide_total"] == 3 and stats["decide_route"] == 3
     assert stats["decide_ms_p50"] is not None and stats["decide_ms_p99"] >= stats["decide_ms_p50"]
+    assert stats["runtimes"]["limited"] == {"limit_share": None, "jobs": 0}  # none ended yet
     wait_saved(env, answer["token"])
     with Store(env.db) as store:
         row = store.decision(answer["token"])

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from slurm_pal.core.drift import DriftDetector, JobInfo, JobRun, runs_from_records
+from slurm_pal.core.drift import DriftDetector, JobInfo, JobRun, job_span, runs_from_records
 
 NODES = 8
 GPUS_PER_NODE = 4
@@ -208,3 +208,16 @@ def test_records_pair_into_runs() -> None:
         "14": "n1 Slurm GPU 1 is not in the labels",
         "15": "the job failed (exit code 137): its runtime says nothing",
     }
+
+
+def test_a_job_ran_from_its_first_prolog_to_its_last_epilog() -> None:
+    records = [
+        {"kind": "prolog", "node": "n2", "time": 101.0},
+        {"kind": "prolog", "node": "n1", "time": 100.0},
+        {"kind": "epilog", "node": "n1", "time": 402.0},
+        {"kind": "epilog", "node": "n2", "time": 400.0},
+    ]
+    assert job_span(records) == (100.0, 402.0)
+    assert job_span(records[:2]) is None  # still running
+    assert job_span(records[2:]) is None  # no Prolog record
+    assert job_span([*records, {"kind": "epilog", "time": "late"}]) is None

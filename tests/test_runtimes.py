@@ -76,3 +76,31 @@ def test_the_engine_teaches_its_policy_what_the_sites_jobs_ran() -> None:
         AdvisorEngine(EngineSettings(policy="packed"), version="t").policy, "runtimes"
     )
     assert get_policy("packed-pm").runtimes is None
+
+
+def test_a_copy_learns_apart_and_says_what_it_learned() -> None:
+    model = RuntimeModel(min_runs=2)
+    for used in (600.0, 1800.0):
+        model.partial_fit(EndedJob(1, 3600.0, used))
+    model.partial_fit(EndedJob(16, None, 50_000.0))
+    snap = model.copy()
+    model.partial_fit(EndedJob(1, 3600.0, 3600.0))
+    model.partial_fit(EndedJob(16, None, 70_000.0))
+    assert snap.limit_share == pytest.approx(1 / 3) and model.limit_share == pytest.approx(0.5)
+    assert snap.predict(16, None) is None and model.predict(16, None) == pytest.approx(60_000.0)
+    assert snap.learned() == {
+        "limited": {"limit_share": pytest.approx(1 / 3), "jobs": 2},
+        "unlimited 1 GPU": {"median_s": None, "jobs": 0},
+        "unlimited 2-8 GPUs": {"median_s": None, "jobs": 0},
+        "unlimited over 8 GPUs": {"median_s": None, "jobs": 1},
+        "unlimited any size": {"median_s": None, "jobs": 1},
+    }
+
+
+def test_an_engine_hands_a_model_learned_elsewhere_to_its_policy() -> None:
+    settings = EngineSettings(policy="packed-pm", policy_settings=(("wait", True),))
+    learned = RuntimeModel().fit(EndedJob(16, None, 80_000.0) for _ in range(20))
+    engine = AdvisorEngine(settings, version="test")
+    engine.use_runtimes(learned)
+    assert engine.runtimes is learned
+    assert weighed_runtime(engine, 16, None) == pytest.approx(80_000.0)

@@ -159,10 +159,12 @@ class AdvisorConfig:
     when the advisor is gone."""
     assumed_runtime_s: float = 3600.0
     """packed-pm with outliers = wait: what a job without a time limit is weighed as running
-    (UNLIMITED, or the partition's default): a wait must cost it less than this x the slowdown."""
+    (UNLIMITED, or the partition's default): a wait must cost it less than this x the slowdown.
+    The fallback until 20 unlimited jobs have ended: then their median runtime (by size)."""
     limit_share: float = 0.5
     """packed-pm with outliers = wait: the share of its time limit a job with one is weighed as
-    running (users ask for more than they use)."""
+    running (users ask for more than they use). The fallback until 20 limited jobs have ended:
+    then the median share of their limit they used (core/runtimes.py)."""
     pin: str = "steered"
     """Which jobs get their GPUs pinned (GRES type and node list): steered (only those the
     policy places other than packing would, or that could get a GPU it avoids for them; the
@@ -202,7 +204,8 @@ class AdvisorConfig:
     max_wait_s), and the loop's gain is measured in simulation only."""
     suspicion_days: float = 14.0
     """At start and reload, the detector is warmed from the finished jobs the store kept over
-    this many days (0: starts cold)."""
+    this many days (0: starts cold); at start, the runtimes a wait is weighed against too
+    (kept, not re-read, at a reload)."""
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +197,7 @@ class AdvisorCollector(Collector):
         for job_class, count in server.state.suspects.per_class(classes).items():
             suspects.add_metric([job_class], count)
         yield suspects
+        yield from _runtimes(server.state.runtimes.current.learned())
         info = InfoMetricFamily(f"{PREFIX}_advisor", "What the advisor serves.")
         info.add_metric(
             [],
@@ -208,6 +209,41 @@ class AdvisorCollector(Collector):
             },
         )
         yield info
+
+
+def _runtimes(learned: Mapping[str, Mapping[str, float | int | None]]) -> Iterator[Metric]:
+    """What the wait rule's runtime model learned (NaN: too few jobs to say yet)."""
+    jobs = GaugeMetricFamily(
+        f"{PREFIX}_runtime_jobs",
+        "Finished jobs the learned runtimes rest on (the last 2000 of each kind): limited, "
+        "or unlimited of a size.",
+        labels=["kind"],
+    )
+    medians = GaugeMetricFamily(
+        f"{PREFIX}_runtime_unlimited_median_seconds",
+        "What an unlimited job of a size is weighed as running (the median of those that "
+        "ended; NaN: too few yet, the policy's assumed_runtime_s stands).",
+        labels=["size"],
+    )
+    share = math.nan
+    for kind, row in learned.items():
+        jobs.add_metric([kind], float(row.get("jobs") or 0))
+        if "limit_share" in row:
+            share = _or_nan(row["limit_share"])
+        else:
+            medians.add_metric([kind.removeprefix("unlimited ")], _or_nan(row.get("median_s")))
+    yield jobs
+    yield medians
+    yield GaugeMetricFamily(
+        f"{PREFIX}_runtime_limit_share",
+        "The share of its time limit a limited job is weighed as running (the median of "
+        "those that ended; NaN: too few yet, the policy's limit_share stands).",
+        value=share,
+    )
+
+
+def _or_nan(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def _histogram(name: str, text: str, hist: Histogram) -> HistogramMetricFamily:

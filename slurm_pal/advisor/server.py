@@ -318,6 +318,7 @@ class AdvisorServer:
                 return {"v": 1, "ok": True, **self.state.health()}
             if request.op == "stats":
                 stats = self.counters.snapshot() | self.state.suspects.snapshot()
+                stats |= self.state.runtimes.snapshot()
                 return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}

@@ -39,6 +39,7 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.loading import build_specs, load_store, stored_requests
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
+from slurm_pal.advisor.runtimes import RuntimeBook
 from slurm_pal.advisor.suspects import SuspectBook, decision_hint
 from slurm_pal.advisor.view import (
     UNAVAILABLE_FLAGS,
@@ -119,6 +120,7 @@ class AdvisorState:
         self.records = RecordBook()  # ids seen, GPU indices recorded (RecordBook's methods)
         self.suspects = SuspectBook(config.advisor, wall_clock)
         self._lock = threading.Lock()
+        self.runtimes = RuntimeBook(lambda: self.engine, self._lock, wall_clock)  # for waits
         self._static: Static | None = None
         self._view: View | None = None
         self._cluster: Cluster | None = None  # the view's base plus the reservations
@@ -157,6 +159,7 @@ class AdvisorState:
         topology = topology_from_config(config.locality, source=config.source)
         with self._lock:
             self._config = config
+            self.runtimes.install(engine)  # what the old engine learned, the new one keeps
             self.policy_name, self.engine = name, engine
             self.topology = topology
             self.resolve_config = config.resolve_config()
@@ -166,6 +169,7 @@ class AdvisorState:
         """Re-read the store (active campaign, scores, labels, applications, classifier)."""
         with self._refresh_lock:
             loaded = load_store(self.config, self.store_path, self.labels_file)
+            self.runtimes.warm(self.store_path, self.config.advisor.suspicion_days)  # at start
             static = None
             if not loaded.problem:
                 assert loaded.labels is not None and loaded.campaign is not None
@@ -283,11 +287,8 @@ class AdvisorState:
         now = self.clock()
         # A received route becomes a job in the same slurmctld call; allow the plugin's timeout
         # and a second for the read to see it.
-        orphan_before = (
-            None
-            if read_start is None
-            else read_start - self.config.advisor.submit_timeout_ms / 1000 - 1.0
-        )
+        timeout_s = self.config.advisor.submit_timeout_ms / 1000
+        orphan_before = None if read_start is None else read_start - timeout_s - 1.0
         seen = view.by_token
         # Every job carrying one of our tokens is bound once (also jobs that already run, and
         # after a restart): the Epilog's record finds the decision through the job id.
@@ -398,6 +399,8 @@ class AdvisorState:
             added = store_record(store, dict(record), classifier)
             if added and self.suspects.feed(store, record, hint) and self.suspects.steering:
                 self._rescore()  # from the next decision on
+            if added:  # what it ran weighs the next waits
+                self.runtimes.feed(store, record, hint)
             return added
 
         return self.writer.submit(write, urgent=True)

@@ -337,16 +337,40 @@ def stats(
     socket: Path | None = SOCKET_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the counters as JSON."),
 ) -> None:
-    """The running advisor's counters (decides, records, re-plans, latency p50/p99) and the
+    """The running advisor's counters (decides, records, re-plans, latency p50/p99), the
+    runtimes it learned from the jobs that ended (what a wait is weighed against) and the
     GPUs it suspects of running slower than their campaign says."""
     answer = _ask(ctx, "stats", 5.0, socket, as_json)
     if as_json:
         print_json(answer)
         return
     suspects = answer.pop("suspect_gpus", None) or []
+    runtimes = answer.pop("runtimes", None) or {}
     _table("advisor stats", answer)
+    if runtimes:
+        _runtimes_table(runtimes)
     if suspects:
         _suspects_table(suspects)
+
+
+def _runtimes_table(rows: dict) -> None:
+    """What a job is weighed as running: the share of its limit a limited job is expected to
+    use, what an unlimited one of each size runs; "-" where too few jobs ended to say."""
+    table = Table(
+        title="learned runtimes (waits are weighed against them)",
+        caption="-: too few jobs ended yet; the policy's limit_share or assumed_runtime_s "
+        "stands (a size with too few unlimited jobs takes any size's)",
+    )
+    for column in ("jobs of", "expected", "jobs it rests on"):
+        table.add_column(column)
+    for kind, row in rows.items():
+        share, median = row.get("limit_share"), row.get("median_s")
+        if "limit_share" in row:
+            expected = "-" if share is None else f"{float(share):.0%} of the limit"
+        else:
+            expected = "-" if median is None else f"{float(median) / 3600:.2f} h"
+        table.add_row(kind, expected, str(row.get("jobs", 0)))
+    console.print(table)
 
 
 def _suspects_table(rows: list[dict]) -> None:

@@ -307,6 +307,24 @@ class JobInfo:
     job_class: str
 
 
+def job_span(records: Iterable[Mapping[str, object]]) -> tuple[float, float] | None:
+    """When a job ran, from its Prolog/Epilog records (PROTOCOL.md op ``record``; one job's,
+    over all its nodes): its first Prolog's ``time`` and its last Epilog's. None without a
+    Prolog or an Epilog record, or with a record whose ``time`` is not a number."""
+    starts: list[float] = []
+    ends: list[float] = []
+    try:
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "prolog":
+                starts.append(float(rec["time"]))  # type: ignore[arg-type]
+            elif kind == "epilog":
+                ends.append(float(rec["time"]))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (min(starts), max(ends)) if starts and ends else None
+
+
 def runs_from_records(
     records: Iterable[Mapping[str, object]],
     jobs: Mapping[str, JobInfo],
@@ -356,11 +374,10 @@ def runs_from_records(
         if problem:
             skipped[job_id] = problem
             continue
-        try:
-            start = min(float(r["time"]) for r in pro)  # type: ignore[arg-type]
-            end = max(float(r["time"]) for r in epi)  # type: ignore[arg-type]
-        except (KeyError, TypeError, ValueError):
+        span = job_span(pro + epi)
+        if span is None:
             skipped[job_id] = "a record without a numeric 'time'"
             continue
+        start, end = span
         runs.append(JobRun(job_id, info.app, info.job_class, tuple(gpus), end - start))
     return runs, skipped

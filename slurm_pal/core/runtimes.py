@@ -82,6 +82,17 @@ class RuntimeModel:
             self.partial_fit(job)
         return self
 
+    def copy(self) -> RuntimeModel:
+        """A model that knows what this one knows and learns apart from it (a driver that
+        learns on one thread hands copies to the threads that predict)."""
+        other = RuntimeModel(min_runs=self.min_runs, window=self.window)
+        other._shares.extend(self._shares)
+        other._any_unlimited.extend(self._any_unlimited)
+        for bucket, runtimes in self._unlimited.items():
+            other._unlimited[bucket] = deque(runtimes, maxlen=self.window)
+        other._median.update(self._median)
+        return other
+
     def partial_fit(self, job: EndedJob) -> RuntimeModel:
         """One more job that ended. A runtime that is not a positive number is ignored (a
         record without a start)."""
@@ -118,8 +129,26 @@ class RuntimeModel:
             return None if share is None else time_limit_s * share
         return self.unlimited_runtime_s(gpus)
 
+    def learned(self) -> dict[str, dict[str, float | int | None]]:
+        """What the model knows, for admins: the limit share (``limited``), the unlimited
+        median of each size and of all sizes (``unlimited <size>``, ``unlimited any size``),
+        each with the jobs it rests on (the last ``window``); None where they are fewer than
+        ``min_runs``."""
+        out: dict[str, dict[str, float | int | None]] = {
+            "limited": {"limit_share": self.limit_share, "jobs": len(self._shares)}
+        }
+        for _, bucket in SIZE_BUCKETS:
+            runtimes = self._unlimited.get(bucket, ())
+            median = self._cached(bucket, runtimes)
+            out[f"unlimited {bucket}"] = {"median_s": median, "jobs": len(runtimes)}
+        median = self._cached("any", self._any_unlimited)
+        out["unlimited any size"] = {"median_s": median, "jobs": len(self._any_unlimited)}
+        return out
+
     def _cached(self, key: str, values: Iterable[float]) -> float | None:
-        if key not in self._median:
-            data = list(values)
-            self._median[key] = float(np.median(data)) if len(data) >= self.min_runs else None
-        return self._median[key]
+        if key in self._median:
+            return self._median[key]
+        data = list(values)
+        median = float(np.median(data)) if len(data) >= self.min_runs else None
+        self._median[key] = median
+        return median

@@ -18,7 +18,9 @@ Events and what answers them:
   steered: :meth:`AdvisorEngine.replan` -> :class:`~slurm_pal.engine.replan.ReplanResult`
   (the updates Slurm must be told);
 - a job's end, as what it ran: :meth:`AdvisorEngine.job_ended` (what the site's jobs run
-  teaches the wait rule; :meth:`AdvisorEngine.learn_runtimes` starts it from a history);
+  teaches the wait rule; :meth:`AdvisorEngine.learn_runtimes` starts it from a history;
+  :meth:`AdvisorEngine.use_runtimes` takes a model learned elsewhere: the service learns on
+  its store writer's thread and hands copies over);
 - one placement request at a moment (the simulator's jobs, and underneath both of the above):
   :meth:`AdvisorEngine.place` -> :class:`~slurm_pal.engine.placing.Placement`.
 """
@@ -58,9 +60,7 @@ class AdvisorEngine:
         self.version = version
         self.policy = policy if policy is not None else settings.build_policy()
         self.runtimes = RuntimeModel()
-        if hasattr(self.policy, "runtimes"):
-            # the policy weighs waits with what the site's jobs ran, as the engine learns it
-            self.policy.runtimes = self.runtimes
+        self.use_runtimes(self.runtimes)
 
     def __repr__(self) -> str:
         return f"AdvisorEngine(policy={self.policy.name!r}, pin={self.settings.pin!r})"
@@ -78,6 +78,15 @@ class AdvisorEngine:
     def job_ended(self, job: EndedJob) -> None:
         """A job ran to its end: what it ran teaches the runtime model."""
         self.runtimes.partial_fit(job)
+
+    def use_runtimes(self, model: RuntimeModel) -> None:
+        """Weigh waits with ``model`` from now on (the policy is handed it too): a driver
+        that learns apart from the threads that decide (the service) hands each new fit
+        over, and a rebuilt engine keeps what the one before it learned."""
+        self.runtimes = model
+        if hasattr(self.policy, "runtimes"):
+            # the policy weighs waits with what the site's jobs ran, as the engine learns it
+            self.policy.runtimes = model
 
     def place(
         self,
