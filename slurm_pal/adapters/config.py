@@ -203,6 +203,19 @@ class AdvisorConfig:
     suspicion_days: float = 14.0
     """At start and reload, the detector is warmed from the finished jobs the store kept over
     this many days (0: starts cold)."""
+    remeasure: bool = False
+    """Settle suspect GPUs by measurement (advisor/remeasure.py): the service submits the
+    campaign's benchmark for the suspect class (the [campaign] settings, one repeat) as an
+    ordinary low-priority job (sbatch --nice) pinned to the GPU's node while that node is
+    idle in its view; a result remeasure_slower x the GPU's own campaign time or more confirms
+    (a new campaign, the active one with that GPU's runs of the class replaced, is ingested
+    and activated), a faster one clears the suspicion. Off by default: it spends GPU time."""
+    remeasure_per_hour: int = 2
+    """At most this many re-measure jobs submitted in any hour (one in flight per node)."""
+    remeasure_retry_s: float = 86400.0
+    """A suspect (GPU, class) is benchmarked at most once per this many seconds."""
+    remeasure_slower: float = 1.15
+    """A re-measurement this many times the GPU's own campaign time (or more) confirms."""
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"
@@ -538,6 +551,17 @@ def _validate_advisor(config: SiteConfig) -> None:
     if not (math.isfinite(a.suspicion_days) and a.suspicion_days >= 0):
         raise ConfigError(
             f"{src}: 'advisor.suspicion_days' must be >= 0 (0 = start cold), got {a.suspicion_days}"
+        )
+    if a.remeasure_per_hour < 0 or not (
+        math.isfinite(a.remeasure_retry_s) and a.remeasure_retry_s >= 0
+    ):
+        raise ConfigError(
+            f"{src}: 'advisor.remeasure_per_hour' and 'advisor.remeasure_retry_s' must be >= 0, "
+            f"got {a.remeasure_per_hour} and {a.remeasure_retry_s}"
+        )
+    if not (math.isfinite(a.remeasure_slower) and a.remeasure_slower > 1):
+        raise ConfigError(
+            f"{src}: 'advisor.remeasure_slower' must be > 1, got {a.remeasure_slower}"
         )
     if a.pin not in PIN_CHOICES:
         raise ConfigError(
