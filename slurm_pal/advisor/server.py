@@ -36,6 +36,7 @@ from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
 from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pause, sweep_spool
+from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
@@ -164,6 +165,7 @@ class AdvisorServer:
             poll_fail_opens=self.poll_fail_opens,
             wake=self._refresh_now,
             heap=heap,
+            remeasure=Remeasurer(state).tick,  # does nothing unless advisor.remeasure
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
