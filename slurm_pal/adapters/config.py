@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_pal.campaigns.settings import SECTION as CAMPAIGN_SECTION
+from slurm_pal.campaigns.settings import (
+    CampaignSettings,
+    CampaignSettingsError,
+    load_campaign_settings,
+)
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
@@ -302,6 +308,8 @@ class SiteConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     site: SiteLabelsConfig = field(default_factory=SiteLabelsConfig)
+    campaign: CampaignSettings = field(default_factory=CampaignSettings)
+    """``[campaign]``: campaigns' defaults (campaigns/settings.py, its own loader)."""
     source: str = "<defaults>"
 
     def resolve_config(self) -> ResolveConfig:
@@ -328,8 +336,15 @@ def load_config(path: Path | str | None = None) -> SiteConfig:
         raise ConfigError(f"{path}: config file not found") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    campaign = data.pop(CAMPAIGN_SECTION, None)
     config = _build(SiteConfig, data, str(path), prefix="")
     config = dataclasses.replace(config, source=str(path))
+    if campaign is not None:
+        try:
+            settings = load_campaign_settings(campaign, str(path), config.classes.names)
+        except CampaignSettingsError as exc:
+            raise ConfigError(str(exc)) from None
+        config = dataclasses.replace(config, campaign=settings)
     _validate(config)
     return config
 
