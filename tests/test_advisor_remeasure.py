@@ -99,7 +99,8 @@ def test_a_confirmed_suspicion_becomes_a_campaign_increment(
         rm.tick()  # submits
         ((script, array),) = slurm.submitted
         text = script.read_text()
-        node, index = Jobs(env).place[target]
+        (entry,) = [e for e in env.table.entries if e.uuid == target]
+        node, index = entry.node, entry.index  # the device minor, as a campaign task's
         assert f"--nodelist={node}" in text and f"--nice={NICE}" in text and "--exclusive" in text
         assert array == str(index)
         rm.tick()  # judges the landed record

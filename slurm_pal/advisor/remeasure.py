@@ -76,8 +76,9 @@ MISSES = 2
 
 
 def idle_gpus(view: View) -> dict[str, tuple[str, int]]:
-    """GPU id -> (node, Slurm index) of the GPUs on nodes whose GPUs are all free in ``view``
-    (and not left out of routing): a campaign task holds its whole node."""
+    """GPU id -> (node, device minor) of the GPUs on nodes whose GPUs are all free in ``view``
+    (and not left out of routing): a campaign task holds its whole node, and its array task id
+    is the device minor (``/dev/nvidiaN``), which Slurm's own index need not be."""
     cluster = view.base
     free = cluster.node_free
     out: dict[str, tuple[str, int]] = {}
@@ -85,7 +86,7 @@ def idle_gpus(view: View) -> dict[str, tuple[str, int]]:
         n = cluster.node_index.get(entry.node)
         if n is None or entry.node in view.excluded or free[n] != cluster.node_size[n]:
             continue
-        out[entry.uuid] = (entry.node, entry.slurm_index)
+        out[entry.uuid] = (entry.node, entry.index)
     return out
 
 
@@ -163,7 +164,7 @@ class Remeasurer:
                 out.append(self._submit(attempt, index, size, view.static.campaign))
             except Exception as exc:
                 self._done(attempt)
-                log.warning("re-measurement of GPU %s (%s:%d) for class %s not submitted: %s",
+                log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
                             w.gpu, node, index, w.job_class, exc)  # fmt: skip
         return out
 
@@ -186,9 +187,9 @@ class Remeasurer:
         flight = Flight(attempt, plan, directory, job_id, campaign)
         self.flights.append(flight)
         log.warning(
-            "GPU %s (%s:%d) suspect for class %s: re-measure job %s submitted (benchmark %s, "
-            "low priority, campaign directory %s)", attempt.gpu, node, index, attempt.job_class,
-            job_id, plan.benchmarks[attempt.job_class].name, directory,
+            "GPU %s (%s device %d) suspect for class %s: re-measure job %s submitted "
+            "(benchmark %s, low priority, campaign directory %s)", attempt.gpu, node, index,
+            attempt.job_class, job_id, plan.benchmarks[attempt.job_class].name, directory,
         )  # fmt: skip
         return flight
 
