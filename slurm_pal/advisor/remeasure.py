@@ -256,10 +256,11 @@ class Remeasurer:
                 why = f"cleared by re-measurement ({done})"
             store.close_suspicion(active, a.gpu, a.job_class, now, why)
         self.state.suspects.settle(a.gpu, a.job_class, now, why)
-        self.state.rescore()  # steering: the class may use the GPU again from the next decision
-        if v.confirmed:
-            self.state.reload()  # the increment is active: its scores, the detector refitted
-            self.state.refresh()  # and the view on them before the next decision
+        if v.confirmed:  # the increment is active: its scores, the detector refitted, and
+            self.state.reload()  # the view on them (not the old scores without the suspicion
+            self.state.refresh()  # between: the GPU stays avoided throughout)
+        else:
+            self.state.rescore()  # steering: the class may use the GPU again from now on
         return v
 
     def _increment(

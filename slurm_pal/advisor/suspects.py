@@ -334,7 +334,8 @@ class SuspectBook:
         with self._lock:
             self._settled[(gpu, job_class)] = at_s
             self.version += 1
-        log.warning("%s", self._line(gpu, job_class, False, why, None))
+        where = self._where.get(gpu, "?")
+        log.warning("GPU %s (%s) suspicion for class %s settled: %s", gpu, where, job_class, why)
 
     def snapshot(self) -> dict[str, object]:
         """``serve stats``: the mode and each suspect GPU (since, cause, slowdown, evidence)."""
