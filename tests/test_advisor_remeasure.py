@@ -169,3 +169,36 @@ def test_a_job_that_leaves_without_a_result_is_given_up_and_the_budget_holds(env
     assert rm.flights == [] and len(slurm.submitted) == 1  # per_hour = 1: not again yet
     with Store(env.db) as store:
         assert store.active_campaign_id() == "example"
+
+
+def test_a_gpu_found_slow_is_measured_again_and_recovers_as_another_increment(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    st, target, seconds, bench = suspect(env)
+    old_score = Jobs(env).score(st, target, "A")
+    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    now = [1.9e9]
+    rm = Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: now[0])
+    rm.tick()
+    rm.tick()
+    assert st.view is not None and st.view.static.campaign == "example-r1"
+    now[0] += 3600  # not yet: remeasure_retry_s after the confirmation
+    rm.tick()
+    assert len(slurm.submitted) == 1
+    now[0] += 86400
+    slurm.factor = 2.0  # still slow: measured again, nothing changes
+    rm.tick()
+    rm.tick()
+    assert len(slurm.submitted) == 2 and st.view.static.campaign == "example-r1"
+    now[0] += 86400
+    slurm.factor = 1.0  # repaired: back to its first campaign's time
+    with caplog.at_level(logging.INFO, logger="slurm_pal.advisor"):
+        rm.tick()
+        rm.tick()
+    assert len(slurm.submitted) == 3
+    assert st.view is not None and st.view.static.campaign == "example-r2"
+    assert Jobs(env).score(st, target, "A") == pytest.approx(old_score, rel=0.05)
+    assert any("recovered for class A" in r.getMessage() for r in caplog.records)
+    now[0] += 86400 * 2
+    rm.tick()
+    assert len(slurm.submitted) == 3

@@ -12,6 +12,7 @@ from slurm_pal.core.remeasure import (
     Wanted,
     increment_id,
     increment_rows,
+    recovered,
     to_remeasure,
     verdict,
 )
@@ -83,3 +84,15 @@ def test_increment_rows_replace_only_that_gpu_and_class():
     assert sorted(map(tuple, out.values.tolist())) == [
         ("A", "g0", "gemm", 2.0), ("A", "g1", "gemm", 1.0), ("B", "g0", "stream", 2.0),
     ]  # fmt: skip
+
+
+def test_rechecks_come_after_every_suspect():
+    wanted = [Wanted("g3", "A", 1.0, recheck=True), Wanted("g2", "A", 50.0)]
+    limits = RemeasureLimits(per_hour=1)
+    assert [w.gpu for w in to_remeasure(wanted, IDLE, [], 100.0, limits)] == ["g2"]
+
+
+def test_recovered_when_faster_by_the_factor():
+    assert recovered(1.0, 2.0, 1.15).confirmed
+    assert not recovered(1.9, 2.0, 1.15).confirmed
+    assert "still as slow" in recovered(2.0, 2.0, 1.15).why

@@ -32,6 +32,8 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from slurm_pal.adapters.campaign_csv import read_campaign_csv
 from slurm_pal.adapters.store import Store
 from slurm_pal.campaigns.planning import PlanRequest, SiteClasses, new_plan
@@ -57,6 +59,7 @@ from slurm_pal.core.remeasure import (
     Wanted,
     increment_id,
     increment_rows,
+    recovered,
     to_remeasure,
     verdict,
 )
@@ -73,6 +76,10 @@ NICE = 10000
 """``sbatch --nice``: a re-measurement waits behind every ordinary job."""
 MISSES = 2
 """Reads that must find a job gone from the queue without a record before it is given up."""
+CONFIRMED = "confirmed by re-measurement"
+"""How a closed suspicion row a re-measurement confirmed starts (its ``cleared_why``)."""
+RECHECK_READ_S = 60.0
+"""How often the store's confirmed rows are read for GPUs to measure again."""
 
 
 def idle_gpus(view: View) -> dict[str, tuple[str, int]]:
@@ -100,6 +107,7 @@ class Flight:
     job_id: str
     campaign: str  # the active campaign it was submitted against
     misses: int = 0
+    recheck: bool = False  # a GPU found slow, measured again to see it recover
 
 
 def _safe(text: str) -> str:
@@ -122,6 +130,7 @@ class Remeasurer:
         self.wall_clock = wall_clock
         self.attempts: list[Attempt] = []
         self.flights: list[Flight] = []
+        self._confirmed: tuple[float, dict[tuple[str, str], float]] | None = None
 
     @property
     def settings(self) -> CampaignSettings:
@@ -152,6 +161,8 @@ class Remeasurer:
         idle = idle_gpus(view)
         wanted = [Wanted(s.gpu, s.job_class, s.since_s) for s in self.state.suspects.suspects()]
         now = self.wall_clock()
+        suspect = {(w.gpu, w.job_class) for w in wanted}
+        wanted += [w for w in self._rechecks(view, now) if (w.gpu, w.job_class) not in suspect]
         picks = to_remeasure(wanted, {g: n for g, (n, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
         out = []
@@ -161,14 +172,40 @@ class Remeasurer:
             attempt = Attempt(w.gpu, w.job_class, node, now)
             self.attempts.append(attempt)  # counted against the budget even when it fails
             try:
-                out.append(self._submit(attempt, index, size, view.static.campaign))
+                out.append(
+                    self._submit(attempt, index, size, view.static.campaign, recheck=w.recheck)
+                )
             except Exception as exc:
                 self._done(attempt)
                 log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
                             w.gpu, node, index, w.job_class, exc)  # fmt: skip
         return out
 
-    def _submit(self, attempt: Attempt, index: int, node_gpus: int, campaign: str) -> Flight:
+    def _rechecks(self, view: View, now: float) -> list[Wanted]:
+        """GPUs a re-measurement confirmed slow (the store's closed rows, read once a minute)
+        whose active score for the class still says so (``remeasure_slower`` or more),
+        ``remeasure_retry_s`` after the confirmation: measured again, to see them recover."""
+        a = self.state.config.advisor
+        if self._confirmed is None or now - self._confirmed[0] >= RECHECK_READ_S:
+            found: dict[tuple[str, str], float] = {}
+            with Store(self.state.store_path) as store:
+                for row in store.suspicions(cleared=True):
+                    if str(row["cleared_why"] or "").startswith(CONFIRMED):
+                        key = (str(row["gpu"]), str(row["job_class"]))
+                        at = float(row["cleared_s"])  # type: ignore[arg-type]
+                        found[key] = max(at, found.get(key, at))
+            self._confirmed = (now, found)
+        scores = {spec.uuid: spec.scores for spec in view.static.specs}
+        return [
+            Wanted(gpu, job_class, at, recheck=True)
+            for (gpu, job_class), at in self._confirmed[1].items()
+            if scores.get(gpu, {}).get(job_class, 0.0) >= a.remeasure_slower
+            and now - at >= a.remeasure_retry_s
+        ]
+
+    def _submit(
+        self, attempt: Attempt, index: int, node_gpus: int, campaign: str, *, recheck: bool = False
+    ) -> Flight:
         cfg = self.state.config
         settings = self.settings
         node = attempt.node
@@ -184,12 +221,13 @@ class Remeasurer:
         script = directory / SBATCH_DIR / f"{node}.sbatch"
         job_id = self.slurm.submit(script, array=str(index), cwd=directory)
         add_submission(directory, Submission(node, job_id, (index,), datetime.now(UTC).isoformat()))
-        flight = Flight(attempt, plan, directory, job_id, campaign)
+        flight = Flight(attempt, plan, directory, job_id, campaign, recheck=recheck)
         self.flights.append(flight)
         log.warning(
-            "GPU %s (%s device %d) suspect for class %s: re-measure job %s submitted "
+            "GPU %s (%s device %d) %s for class %s: re-measure job %s submitted "
             "(benchmark %s, low priority, campaign directory %s)", attempt.gpu, node, index,
-            attempt.job_class, job_id, plan.benchmarks[attempt.job_class].name, directory,
+            "found slow, to see it recover," if recheck else "suspect", attempt.job_class,
+            job_id, plan.benchmarks[attempt.job_class].name, directory,
         )  # fmt: skip
         return flight
 
@@ -246,12 +284,21 @@ class Remeasurer:
                 )  # fmt: skip
                 return None
             seen = median(float(r.duration_s) for r in ok)  # type: ignore[arg-type]
-            v = verdict(seen, float(same["duration"].median()), self.state.config.advisor.
-                        remeasure_slower)  # fmt: skip
+            slower = self.state.config.advisor.remeasure_slower
+            if flight.recheck:
+                v = self._recheck(store, active, flight, ok, same, seen)
+            else:
+                v = verdict(seen, float(same["duration"].median()), slower)
+        if flight.recheck:
+            if v.confirmed:  # back to speed: its new scores, from the next decision on
+                self.state.reload()
+                self.state.refresh()
+            return v
+        with Store(self.state.store_path) as store:
             done = f"job {flight.job_id}: {v.why}"
             if v.confirmed:
                 new_id = self._increment(store, active, flight, ok, str(same["uuid"].iloc[0]))
-                why = f"confirmed by re-measurement ({done}); its scores are campaign {new_id}'s"
+                why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
             else:
                 why = f"cleared by re-measurement ({done})"
             store.close_suspicion(active, a.gpu, a.job_class, now, why)
@@ -261,6 +308,30 @@ class Remeasurer:
             self.state.refresh()  # between: the GPU stays avoided throughout)
         else:
             self.state.rescore()  # steering: the class may use the GPU again from now on
+        return v
+
+    def _recheck(
+        self,
+        store: Store,
+        active: str,
+        flight: Flight,
+        ok: list[RunRecord],
+        same: pd.DataFrame,
+        seen: float,
+    ) -> Verdict:
+        """A GPU found slow, measured again: back to speed, an increment with the new runs."""
+        a = flight.attempt
+        v = recovered(
+            seen, float(same["duration"].median()), self.state.config.advisor.remeasure_slower
+        )
+        if not v.confirmed:
+            log.info("GPU %s for class %s measured again (job %s): %s", a.gpu, a.job_class,
+                     flight.job_id, v.why)  # fmt: skip
+            return v
+        new_id = self._increment(store, active, flight, ok, str(same["uuid"].iloc[0]))
+        self._confirmed = None  # read again
+        log.warning("GPU %s recovered for class %s (job %s: %s); its scores are campaign %s's",
+                    a.gpu, a.job_class, flight.job_id, v.why, new_id)  # fmt: skip
         return v
 
     def _increment(

@@ -7,7 +7,9 @@ for the class, run alone on the GPU, settles it. The planner is opt-in and rate-
 at most ``per_hour`` submissions in any hour, one in flight per GPU and per node (a campaign
 task holds its whole node), only on GPUs the caller sees idle, and a (GPU, class) tried at
 most once per ``retry_s`` whatever came of it. The verdict compares the new run with the same
-GPU's own run in the campaign (same benchmark): ``slower`` times that or more confirms.
+GPU's own run in the campaign (same benchmark): ``slower`` times that or more confirms. A
+GPU a re-measurement found slow is measured again now and then (after every suspect): back
+to ``1 / slower`` of its (slow) campaign time or less, it recovered.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "Wanted",
     "increment_id",
     "increment_rows",
+    "recovered",
     "to_remeasure",
     "verdict",
 ]
@@ -55,11 +58,14 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Wanted:
-    """A suspect (GPU, class) and when it became suspect (oldest first is measured first)."""
+    """A suspect (GPU, class) and when it became suspect (oldest first is measured first);
+    ``recheck``: a (GPU, class) a re-measurement found slow, measured again to see whether
+    it recovered (after every suspect)."""
 
     gpu: str
     job_class: str
     since_s: float
+    recheck: bool = False
 
 
 def to_remeasure(
@@ -81,7 +87,7 @@ def to_remeasure(
         key = (a.gpu, a.job_class)
         last[key] = max(last.get(key, a.submitted_s), a.submitted_s)
     out: list[Wanted] = []
-    for s in sorted(suspects, key=lambda s: (s.since_s, s.gpu, s.job_class)):
+    for s in sorted(suspects, key=lambda s: (s.recheck, s.since_s, s.gpu, s.job_class)):
         if len(out) >= budget:
             break
         node = idle.get(s.gpu)
@@ -119,6 +125,18 @@ def verdict(measured_s: float, campaign_s: float, slower: float) -> Verdict:
         f"under {slower:g}x: as the campaign says"
     )
     return Verdict(False, ratio, why)
+
+
+def recovered(measured_s: float, campaign_s: float, slower: float) -> Verdict:
+    """Judge a GPU a re-measurement found slow (its campaign time is that run's) measured
+    again: ``confirmed`` when it is back, ``slower`` times faster or more."""
+    if not (measured_s > 0 and campaign_s > 0):
+        raise ValueError(f"durations must be > 0, got {measured_s} and {campaign_s}")
+    ratio = measured_s / campaign_s
+    times = f"{ratio:.2f}x its campaign time ({measured_s:.3g}s/{campaign_s:.3g}s)"
+    if ratio * slower <= 1:
+        return Verdict(True, ratio, f"re-measured {times}: recovered")
+    return Verdict(False, ratio, f"re-measured {times}: still as slow")
 
 
 _SUFFIX = re.compile(r"-r(\d+)$")
