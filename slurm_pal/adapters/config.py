@@ -219,7 +219,8 @@ class AdvisorConfig:
     remeasure_per_hour: int = 2
     """At most this many re-measure jobs submitted in any hour (one in flight per node)."""
     remeasure_retry_s: float = 86400.0
-    """A suspect (GPU, class) is benchmarked at most once per this many seconds."""
+    """A suspect (GPU, class) is benchmarked at most once per this many seconds; one a
+    re-measurement found slow is measured again at this pace, to see it recover."""
     remeasure_slower: float = 1.15
     """A re-measurement this many times the GPU's own campaign time (or more) confirms."""
     labels_file: str | None = None
