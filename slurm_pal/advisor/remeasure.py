@@ -159,8 +159,10 @@ class Remeasurer:
         a = self.state.config.advisor
         limits = RemeasureLimits(a.remeasure_per_hour, a.remeasure_retry_s, a.remeasure_slower)
         idle = idle_gpus(view)
-        wanted = [Wanted(s.gpu, s.job_class, s.since_s) for s in self.state.suspects.suspects()]
         now = self.wall_clock()
+        keep_s = max(3600.0, a.remeasure_retry_s)  # what the budget and the retry delay read
+        self.attempts = [t for t in self.attempts if not t.done or now - t.submitted_s < keep_s]
+        wanted = [Wanted(s.gpu, s.job_class, s.since_s) for s in self.state.suspects.suspects()]
         suspect = {(w.gpu, w.job_class) for w in wanted}
         wanted += [w for w in self._rechecks(view, now) if (w.gpu, w.job_class) not in suspect]
         picks = to_remeasure(wanted, {g: n for g, (n, _) in idle.items()}, self.attempts,
