@@ -163,6 +163,9 @@ def test_a_job_that_leaves_without_a_result_is_given_up_and_the_budget_holds(env
     rm.tick()
     rm.tick()
     assert len(rm.flights) == 1  # still queued
+    assert rm.snapshot() == {
+        "remeasure": True, "remeasure_in_flight": 1, "remeasure_last_hour": 1
+    }  # fmt: skip
     slurm.waiting.clear()  # gone, no record
     rm.tick()
     rm.tick()

@@ -151,6 +151,15 @@ class Remeasurer:
         except Exception:
             log.exception("re-measurement: tick failed")
 
+    def snapshot(self) -> dict[str, object]:
+        """``serve stats``: on or off, re-measure jobs in flight and submitted in the last hour."""
+        now = self.wall_clock()
+        return {
+            "remeasure": self.state.config.advisor.remeasure,
+            "remeasure_in_flight": len(self.flights),
+            "remeasure_last_hour": sum(1 for t in self.attempts if now - t.submitted_s < 3600),
+        }
+
     # -- submitting -----------------------------------------------------------------------------
     def submit_due(self) -> list[Flight]:
         view = self.state.view

@@ -156,6 +156,7 @@ class AdvisorServer:
             refresh_now=self._refresh_now,
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
+        self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
         self.refresher = RefreshLoop(
             state,
             self.counters,
@@ -165,7 +166,7 @@ class AdvisorServer:
             poll_fail_opens=self.poll_fail_opens,
             wake=self._refresh_now,
             heap=heap,
-            remeasure=Remeasurer(state).tick,  # does nothing unless advisor.remeasure
+            remeasure=self.remeasurer.tick,  # does nothing unless advisor.remeasure
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -320,6 +321,7 @@ class AdvisorServer:
                 return {"v": 1, "ok": True, **self.state.health()}
             if request.op == "stats":
                 stats = self.counters.snapshot() | self.state.suspects.snapshot()
+                stats |= self.remeasurer.snapshot()
                 return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}

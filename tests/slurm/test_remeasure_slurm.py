@@ -133,7 +133,9 @@ def test_a_suspect_gpu_is_re_measured_through_slurm_and_its_scores_updated(
     (row,) = closed
     assert "2.00x its campaign time" in str(row["cleared_why"]), row
     assert "GPU-00000000" in str(diff.to_dict()), diff.to_dict()  # `campaign diff` names it
-    assert lab.ask("stats")["suspect_gpus"] == []  # its scores say it now, no suspicion left
+    stats = lab.ask("stats")
+    assert stats["suspect_gpus"] == []  # its scores say it now, no suspicion left
+    assert stats["remeasure_last_hour"] == 1 and stats["remeasure_in_flight"] == 0, stats
     # the next class-A job: packing's tightest node is n01; its new score keeps the job off it
     lab.wait_advisor_sees_all_free(sum(GPUS.values()))
     job = lab.sbatch("--gres=gpu:1", str(train))
