@@ -65,7 +65,7 @@ def test_values_are_read(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[binning]\nk_maks = 3\n", r"unknown key 'binning.k_maks'; valid keys here: .*k_max"),
-        ("[bining]\n", r"unknown key 'bining'; valid keys here: advisor, binning, classes"),
+        ("[bining]\n", r"unknown key 'bining'; valid keys here: advisor, binning, campaign, cl"),
         ("[binning]\nk_max = 'ten'\n", r"'binning.k_max' must be an integer, got 'ten'"),
         ("[binning]\npal_artifact = 1\n", r"'binning.pal_artifact' must be true or false"),
         ('[classes]\ndefault = "Z"\n', r"'classes.default' is 'Z'; valid values: A, B, C, D"),
@@ -81,6 +81,14 @@ def test_errors_name_the_file_and_the_key(tmp_path: Path, text: str, message: st
     with pytest.raises(ConfigError, match=message) as info:
         load_config(path)
     assert str(info.value).startswith(str(path))
+
+
+def test_the_campaign_section_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, '[campaign]\nrepeats = 2\n[campaign.commands]\nA = "sh bench.sh"\n')
+    got = load_config(path).campaign
+    assert got.repeats == 2 and got.command_map == {"A": "sh bench.sh"}
+    with pytest.raises(ConfigError, match="campaign.commands.*E"):
+        load_config(write(tmp_path, '[campaign.commands]\nE = "sh bench.sh"\n'))
 
 
 def test_missing_file(tmp_path: Path) -> None:

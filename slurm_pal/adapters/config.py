@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_pal.campaigns.settings import SECTION as CAMPAIGN_SECTION
+from slurm_pal.campaigns.settings import (
+    CampaignSettings,
+    CampaignSettingsError,
+    load_campaign_settings,
+)
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
@@ -206,6 +212,20 @@ class AdvisorConfig:
     """At start and reload, the detector is warmed from the finished jobs the store kept over
     this many days (0: starts cold); at start, the runtimes a wait is weighed against too
     (kept, not re-read, at a reload)."""
+    remeasure: bool = False
+    """Settle suspect GPUs by measurement (advisor/remeasure.py): the service submits the
+    campaign's benchmark for the suspect class (the [campaign] settings, one repeat) as an
+    ordinary low-priority job (sbatch --nice) pinned to the GPU's node while that node is
+    idle in its view; a result remeasure_slower x the GPU's own campaign time or more confirms
+    (a new campaign, the active one with that GPU's runs of the class replaced, is ingested
+    and activated), a faster one clears the suspicion. Off by default: it spends GPU time."""
+    remeasure_per_hour: int = 2
+    """At most this many re-measure jobs submitted in any hour (one in flight per node)."""
+    remeasure_retry_s: float = 86400.0
+    """A suspect (GPU, class) is benchmarked at most once per this many seconds; one a
+    re-measurement found slow is measured again at this pace, to see it recover."""
+    remeasure_slower: float = 1.15
+    """A re-measurement this many times the GPU's own campaign time (or more) confirms."""
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"
@@ -292,6 +312,8 @@ class SiteConfig:
     hooks: HooksConfig = field(default_factory=HooksConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     site: SiteLabelsConfig = field(default_factory=SiteLabelsConfig)
+    campaign: CampaignSettings = field(default_factory=CampaignSettings)
+    """``[campaign]``: campaigns' defaults (campaigns/settings.py, its own loader)."""
     source: str = "<defaults>"
 
     def resolve_config(self) -> ResolveConfig:
@@ -318,8 +340,15 @@ def load_config(path: Path | str | None = None) -> SiteConfig:
         raise ConfigError(f"{path}: config file not found") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    campaign = data.pop(CAMPAIGN_SECTION, None)
     config = _build(SiteConfig, data, str(path), prefix="")
     config = dataclasses.replace(config, source=str(path))
+    if campaign is not None:
+        try:
+            settings = load_campaign_settings(campaign, str(path), config.classes.names)
+        except CampaignSettingsError as exc:
+            raise ConfigError(str(exc)) from None
+        config = dataclasses.replace(config, campaign=settings)
     _validate(config)
     return config
 
@@ -541,6 +570,17 @@ def _validate_advisor(config: SiteConfig) -> None:
     if not (math.isfinite(a.suspicion_days) and a.suspicion_days >= 0):
         raise ConfigError(
             f"{src}: 'advisor.suspicion_days' must be >= 0 (0 = start cold), got {a.suspicion_days}"
+        )
+    if a.remeasure_per_hour < 0 or not (
+        math.isfinite(a.remeasure_retry_s) and a.remeasure_retry_s >= 0
+    ):
+        raise ConfigError(
+            f"{src}: 'advisor.remeasure_per_hour' and 'advisor.remeasure_retry_s' must be >= 0, "
+            f"got {a.remeasure_per_hour} and {a.remeasure_retry_s}"
+        )
+    if not (math.isfinite(a.remeasure_slower) and a.remeasure_slower > 1):
+        raise ConfigError(
+            f"{src}: 'advisor.remeasure_slower' must be > 1, got {a.remeasure_slower}"
         )
     if a.pin not in PIN_CHOICES:
         raise ConfigError(

@@ -96,7 +96,8 @@ class RefreshLoop:
     """Reads Slurm into ``state`` (:meth:`refresh_once`, also for a reload or the ``replan``
     op) and runs the refresh thread (:meth:`run`). ``due_holds`` starts the round for held
     jobs whose bound has come; ``poll_fail_opens`` counts the plugin's fail-open lines;
-    ``wake`` ends the current pause early."""
+    ``wake`` ends the current pause early; ``remeasure`` (suspect GPUs' re-measure jobs) runs
+    after each read."""
 
     def __init__(
         self,
@@ -109,6 +110,7 @@ class RefreshLoop:
         poll_fail_opens: Callable[[], object],
         wake: threading.Event,
         heap: FrozenHeap | None = None,
+        remeasure: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.counters = counters
@@ -118,6 +120,7 @@ class RefreshLoop:
         self.wake = wake  # set: read Slurm at once (a refused write, a stop)
         self._due_holds = due_holds
         self._poll_fail_opens = poll_fail_opens
+        self._remeasure = remeasure  # suspect GPUs' re-measure jobs (advisor/remeasure.py)
         self._last_purge: float | None = None
 
     def refresh_once(self) -> None:
@@ -158,6 +161,8 @@ class RefreshLoop:
             started = time.perf_counter()
             self.refresh_once()
             self._due_holds()
+            if self._remeasure is not None:
+                self._remeasure()
             if self.heap is not None:
                 self.heap.after_read()
             pause = self.pause(time.perf_counter() - started, pause)

@@ -36,6 +36,7 @@ from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
 from slurm_pal.advisor.heap import FrozenHeap
 from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pause, sweep_spool
+from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
@@ -155,6 +156,7 @@ class AdvisorServer:
             refresh_now=self._refresh_now,
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
+        self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
         self.refresher = RefreshLoop(
             state,
             self.counters,
@@ -164,6 +166,7 @@ class AdvisorServer:
             poll_fail_opens=self.poll_fail_opens,
             wake=self._refresh_now,
             heap=heap,
+            remeasure=self.remeasurer.tick,  # does nothing unless advisor.remeasure
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -319,6 +322,7 @@ class AdvisorServer:
             if request.op == "stats":
                 stats = self.counters.snapshot() | self.state.suspects.snapshot()
                 stats |= self.state.runtimes.snapshot()
+                stats |= self.remeasurer.snapshot()
                 return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}

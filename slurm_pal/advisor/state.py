@@ -398,14 +398,14 @@ class AdvisorState:
         def write(store: Store) -> bool:
             added = store_record(store, dict(record), classifier)
             if added and self.suspects.feed(store, record, hint) and self.suspects.steering:
-                self._rescore()  # from the next decision on
+                self.rescore()  # from the next decision on
             if added:  # what it ran weighs the next waits
                 self.runtimes.feed(store, record, hint)
             return added
 
         return self.writer.submit(write, urgent=True)
 
-    def _rescore(self) -> None:
+    def rescore(self) -> None:
         """The suspects changed: the view's scores follow (reservations re-applied)."""
         with self._lock:
             if self._static is not None:

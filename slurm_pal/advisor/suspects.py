@@ -148,6 +148,8 @@ class SuspectBook:
         self._gpu_ids: dict[tuple[str, int], str] = {}
         self._where: dict[str, str] = {}  # GPU id -> node:index
         self._fed: dict[str, None] = {}
+        # (GPU, class) -> when a re-measurement settled it: suspicions from before are hidden
+        self._settled: dict[tuple[str, str], float] = {}
         self.version = 0  # bumped whenever placement's scores must change
         self.warmed_jobs = 0
         self.jobs_fed = 0
@@ -200,7 +202,7 @@ class SuspectBook:
                     ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
                     done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
                     detector.fit(base, done)
-                    found = detector.suspects()
+                    found = self._unsettled(detector.suspects())
                 why = "suspicion off" if detector is None else "not found again at start"
                 store.sync_suspicions(campaign, [s.to_dict() for s in found], now, why)
         with self._lock:
@@ -293,7 +295,7 @@ class SuspectBook:
         if not self.steering:
             return cluster
         with self._lock:
-            found = [] if self._detector is None else self._detector.suspects()
+            found = [] if self._detector is None else self._unsettled(self._detector.suspects())
             base = self._base
         table = outlier_scores(base, found, self.floor)
         scores = {
@@ -318,7 +320,22 @@ class SuspectBook:
     # -- reading --------------------------------------------------------------------------------
     def suspects(self) -> list[Suspicion]:
         with self._lock:
-            return [] if self._detector is None else self._detector.suspects()
+            return [] if self._detector is None else self._unsettled(self._detector.suspects())
+
+    def _unsettled(self, found: list[Suspicion]) -> list[Suspicion]:
+        """``found`` less the suspicions a re-measurement settled (made before it)."""
+        settled = self._settled
+        return [s for s in found if s.since_s > settled.get((s.gpu, s.job_class), -math.inf)]
+
+    def settle(self, gpu: str, job_class: str, at_s: float, why: str) -> None:
+        """A re-measurement settled (GPU, class) at ``at_s`` (advisor/remeasure.py): the
+        suspicion found before is no longer shown nor steered by, here or after a refit; a
+        new one (a later onset) is. Logged; the caller closes the store's row."""
+        with self._lock:
+            self._settled[(gpu, job_class)] = at_s
+            self.version += 1
+        where = self._where.get(gpu, "?")
+        log.warning("GPU %s (%s) suspicion for class %s settled: %s", gpu, where, job_class, why)
 
     def snapshot(self) -> dict[str, object]:
         """``serve stats``: the mode and each suspect GPU (since, cause, slowdown, evidence)."""

@@ -1,0 +1,380 @@
+"""Re-measuring suspect GPUs through Slurm (``advisor.remeasure``; off by default).
+
+On the refresh thread, after each read (:meth:`Remeasurer.tick`): first the results of the
+re-measure jobs in flight are judged, then the planner (:func:`~slurm_pal.core.remeasure.
+to_remeasure`) picks the suspect (GPU, class) pairs to benchmark now, among the GPUs on nodes
+the view shows wholly free. Each becomes a one-GPU, one-class, one-repeat campaign directory
+(the campaign machinery: ``new_plan``, ``create_campaign``, the runner and the site's benchmark
+for the class) submitted as an ordinary job (pinned to its node, the whole node held, as a
+campaign task is) at low priority (``--nice``). Its result is judged against the same GPU's
+runs of the class in the active campaign (same benchmark):
+
+- confirmed: a campaign increment (``<active>-r<n>``: the active campaign's measurements with
+  that GPU's runs of the class replaced by the new run, binned as the active one was) is
+  ingested and activated, the suspicion's row closed, and the service reloads: the GPU's new
+  score is placement's, and ``campaign diff`` shows what changed;
+- cleared: the suspicion's row is closed and the detector's suspicion set aside
+  (:meth:`SuspectBook.settle`).
+
+What is in flight lives in this object only: a restart forgets it (the jobs' results are not
+judged, and a suspect found again at the warm-up may be measured again).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from slurm_pal.adapters.campaign_csv import read_campaign_csv
+from slurm_pal.adapters.store import Store
+from slurm_pal.campaigns.planning import PlanRequest, SiteClasses, new_plan
+from slurm_pal.campaigns.settings import CampaignSettings
+from slurm_pal.campaigns.slurm import CampaignSlurm, SlurmCommands
+from slurm_pal.campaigns.workspace import (
+    COLLECTED_DIR,
+    SBATCH_DIR,
+    CampaignPlan,
+    Submission,
+    add_submission,
+    campaigns_root,
+    create_campaign,
+    job_name,
+    read_records,
+)
+from slurm_pal.core.binning import PMBinner
+from slurm_pal.core.campaigns import CSV_COLUMNS, PlannedGpu, RunRecord, measurement_rows
+from slurm_pal.core.remeasure import (
+    Attempt,
+    RemeasureLimits,
+    Verdict,
+    Wanted,
+    increment_id,
+    increment_rows,
+    recovered,
+    to_remeasure,
+    verdict,
+)
+
+if TYPE_CHECKING:
+    from slurm_pal.advisor.state import AdvisorState
+    from slurm_pal.advisor.view import View
+
+__all__ = ["NICE", "Flight", "Remeasurer", "idle_gpus"]
+
+log = logging.getLogger("slurm_pal.advisor")
+
+NICE = 10000
+"""``sbatch --nice``: a re-measurement waits behind every ordinary job."""
+MISSES = 2
+"""Reads that must find a job gone from the queue without a record before it is given up."""
+CONFIRMED = "confirmed by re-measurement"
+"""How a closed suspicion row a re-measurement confirmed starts (its ``cleared_why``)."""
+RECHECK_READ_S = 60.0
+"""How often the store's confirmed rows are read for GPUs to measure again."""
+
+
+def idle_gpus(view: View) -> dict[str, tuple[str, int]]:
+    """GPU id -> (node, device minor) of the GPUs on nodes whose GPUs are all free in ``view``
+    (and not left out of routing): a campaign task holds its whole node, and its array task id
+    is the device minor (``/dev/nvidiaN``), which Slurm's own index need not be."""
+    cluster = view.base
+    free = cluster.node_free
+    out: dict[str, tuple[str, int]] = {}
+    for entry in view.static.labels.entries:
+        n = cluster.node_index.get(entry.node)
+        if n is None or entry.node in view.excluded or free[n] != cluster.node_size[n]:
+            continue
+        out[entry.uuid] = (entry.node, entry.index)
+    return out
+
+
+@dataclass
+class Flight:
+    """One re-measure job: what it measures, its campaign directory and Slurm job."""
+
+    attempt: Attempt
+    plan: CampaignPlan
+    directory: Path
+    job_id: str
+    campaign: str  # the active campaign it was submitted against
+    misses: int = 0
+    recheck: bool = False  # a GPU found slow, measured again to see it recover
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+class Remeasurer:
+    """The service's re-measurements: :meth:`tick` on each refresh (never raises)."""
+
+    def __init__(
+        self,
+        state: AdvisorState,
+        slurm: CampaignSlurm | None = None,
+        root: Path | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.slurm = slurm or SlurmCommands()
+        self._root = root
+        self.wall_clock = wall_clock
+        self.attempts: list[Attempt] = []
+        self.flights: list[Flight] = []
+        self._confirmed: tuple[float, dict[tuple[str, str], float]] | None = None
+
+    @property
+    def settings(self) -> CampaignSettings:
+        found = getattr(self.state.config, "campaign", None)
+        return found if isinstance(found, CampaignSettings) else CampaignSettings()
+
+    @property
+    def root(self) -> Path:
+        return campaigns_root(self._root, self.state.store_path, self.settings.root)
+
+    def tick(self) -> None:
+        """Judge what landed, then submit what is due (``advisor.remeasure`` on only)."""
+        if not self.state.config.advisor.remeasure:
+            return
+        try:
+            self.settle()
+            self.submit_due()
+        except Exception:
+            log.exception("re-measurement: tick failed")
+
+    def snapshot(self) -> dict[str, object]:
+        """``serve stats``: on or off, re-measure jobs in flight and submitted in the last hour."""
+        now = self.wall_clock()
+        return {
+            "remeasure": self.state.config.advisor.remeasure,
+            "remeasure_in_flight": len(self.flights),
+            "remeasure_last_hour": sum(1 for t in self.attempts if now - t.submitted_s < 3600),
+        }
+
+    # -- submitting -----------------------------------------------------------------------------
+    def submit_due(self) -> list[Flight]:
+        view = self.state.view
+        if view is None:
+            return []
+        a = self.state.config.advisor
+        limits = RemeasureLimits(a.remeasure_per_hour, a.remeasure_retry_s, a.remeasure_slower)
+        idle = idle_gpus(view)
+        now = self.wall_clock()
+        keep_s = max(3600.0, a.remeasure_retry_s)  # what the budget and the retry delay read
+        self.attempts = [t for t in self.attempts if not t.done or now - t.submitted_s < keep_s]
+        wanted = [Wanted(s.gpu, s.job_class, s.since_s) for s in self.state.suspects.suspects()]
+        suspect = {(w.gpu, w.job_class) for w in wanted}
+        wanted += [w for w in self._rechecks(view, now) if (w.gpu, w.job_class) not in suspect]
+        picks = to_remeasure(wanted, {g: n for g, (n, _) in idle.items()}, self.attempts,
+                             now, limits)  # fmt: skip
+        out = []
+        for w in picks:
+            node, index = idle[w.gpu]
+            size = int(view.base.node_size[view.base.node_index[node]])
+            attempt = Attempt(w.gpu, w.job_class, node, now)
+            self.attempts.append(attempt)  # counted against the budget even when it fails
+            try:
+                out.append(
+                    self._submit(attempt, index, size, view.static.campaign, recheck=w.recheck)
+                )
+            except Exception as exc:
+                self._done(attempt)
+                log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
+                            w.gpu, node, index, w.job_class, exc)  # fmt: skip
+        return out
+
+    def _rechecks(self, view: View, now: float) -> list[Wanted]:
+        """GPUs a re-measurement confirmed slow (the store's closed rows, read once a minute)
+        whose active score for the class still says so (``remeasure_slower`` or more),
+        ``remeasure_retry_s`` after the confirmation: measured again, to see them recover."""
+        a = self.state.config.advisor
+        if self._confirmed is None or now - self._confirmed[0] >= RECHECK_READ_S:
+            found: dict[tuple[str, str], float] = {}
+            with Store(self.state.store_path) as store:
+                for row in store.suspicions(cleared=True):
+                    if str(row["cleared_why"] or "").startswith(CONFIRMED):
+                        key = (str(row["gpu"]), str(row["job_class"]))
+                        at = float(row["cleared_s"])  # type: ignore[arg-type]
+                        found[key] = max(at, found.get(key, at))
+            self._confirmed = (now, found)
+        scores = {spec.uuid: spec.scores for spec in view.static.specs}
+        return [
+            Wanted(gpu, job_class, at, recheck=True)
+            for (gpu, job_class), at in self._confirmed[1].items()
+            if scores.get(gpu, {}).get(job_class, 0.0) >= a.remeasure_slower
+            and now - at >= a.remeasure_retry_s
+        ]
+
+    def _submit(
+        self, attempt: Attempt, index: int, node_gpus: int, campaign: str, *, recheck: bool = False
+    ) -> Flight:
+        cfg = self.state.config
+        settings = self.settings
+        node = attempt.node
+        stamp = datetime.fromtimestamp(attempt.submitted_s, UTC).strftime("%Y%m%d-%H%M%S")
+        cid = _safe(f"rm-{node}-{index}-{attempt.job_class}-{stamp}")[:64]
+        request = PlanRequest(
+            classes=attempt.job_class, repeats=1, campaign_id=cid, sbatch_args=(f"--nice={NICE}",)
+        )
+        site = SiteClasses(cfg.classes.names, cfg.profiling.gpu_model, cfg.source)
+        gpus = [PlannedGpu(node, index, attempt.gpu)]
+        plan = new_plan(request, settings, site, gpus, {node: node_gpus}, settings.partition)
+        directory = create_campaign(self.root, plan)
+        script = directory / SBATCH_DIR / f"{node}.sbatch"
+        job_id = self.slurm.submit(script, array=str(index), cwd=directory)
+        add_submission(directory, Submission(node, job_id, (index,), datetime.now(UTC).isoformat()))
+        flight = Flight(attempt, plan, directory, job_id, campaign, recheck=recheck)
+        self.flights.append(flight)
+        log.warning(
+            "GPU %s (%s device %d) %s for class %s: re-measure job %s submitted "
+            "(benchmark %s, low priority, campaign directory %s)", attempt.gpu, node, index,
+            "found slow, to see it recover," if recheck else "suspect", attempt.job_class,
+            job_id, plan.benchmarks[attempt.job_class].name, directory,
+        )  # fmt: skip
+        return flight
+
+    def _done(self, attempt: Attempt) -> None:
+        self.attempts = [replace(a, done=True) if a is attempt else a for a in self.attempts]
+        self.flights = [f for f in self.flights if f.attempt is not attempt]
+
+    # -- results --------------------------------------------------------------------------------
+    def settle(self) -> list[tuple[Flight, Verdict | None]]:
+        """Judge the flights whose record landed; give up those gone without one."""
+        out: list[tuple[Flight, Verdict | None]] = []
+        flights = list(self.flights)
+        queued = self.slurm.queued(job_name(f.plan.campaign, f.attempt.node) for f in flights)
+        for flight in flights:
+            records, _ = read_records(flight.directory, flight.plan.campaign)
+            ok = [r for r in records if r.ok and r.job_class == flight.attempt.job_class]
+            if ok or records:
+                self._done(flight.attempt)
+                out.append((flight, self._judge(flight, ok) if ok else None))
+                if not ok:
+                    why = records[0].reason or records[0].status
+                    log.warning("re-measure job %s of GPU %s failed: %s", flight.job_id,
+                                flight.attempt.gpu, why)  # fmt: skip
+                continue
+            if any(k.split("_")[0] == flight.job_id for k in queued):
+                flight.misses = 0
+                continue
+            flight.misses += 1
+            if flight.misses >= MISSES:
+                self._done(flight.attempt)
+                out.append((flight, None))
+                log.warning("re-measure job %s of GPU %s left the queue without a result",
+                            flight.job_id, flight.attempt.gpu)  # fmt: skip
+        return out
+
+    def _judge(self, flight: Flight, ok: list[RunRecord]) -> Verdict | None:
+        a = flight.attempt
+        now = self.wall_clock()
+        with Store(self.state.store_path) as store:
+            active = store.active_campaign_id()
+            if active is None:
+                return None
+            rows = store.measurements(active)
+            names = {u: store.canonical_uuid(active, u) for u in set(rows["uuid"].astype(str))}
+            mine = rows[(rows["uuid"].astype(str).map(names) == a.gpu)
+                        & (rows["job_class"] == a.job_class)]  # fmt: skip
+            bench = ok[0].benchmark
+            same = mine[mine["benchmark"] == bench]
+            if same.empty:
+                log.warning(
+                    "re-measure job %s of GPU %s for class %s not judged: campaign %s has no run "
+                    "of benchmark %s for it (it ran %s)", flight.job_id, a.gpu, a.job_class,
+                    active, bench, ", ".join(sorted(set(mine["benchmark"]))) or "none",
+                )  # fmt: skip
+                return None
+            seen = median(float(r.duration_s) for r in ok)  # type: ignore[arg-type]
+            slower = self.state.config.advisor.remeasure_slower
+            if flight.recheck:
+                v = self._recheck(store, active, flight, ok, same, seen)
+            else:
+                v = verdict(seen, float(same["duration"].median()), slower)
+        if flight.recheck:
+            if v.confirmed:  # back to speed: its new scores, from the next decision on
+                self.state.reload()
+                self.state.refresh()
+            return v
+        with Store(self.state.store_path) as store:
+            done = f"job {flight.job_id}: {v.why}"
+            if v.confirmed:
+                new_id = self._increment(store, active, flight, ok, str(same["uuid"].iloc[0]))
+                why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
+            else:
+                why = f"cleared by re-measurement ({done})"
+            store.close_suspicion(active, a.gpu, a.job_class, now, why)
+        self.state.suspects.settle(a.gpu, a.job_class, now, why)
+        if v.confirmed:  # the increment is active: its scores, the detector refitted, and
+            self.state.reload()  # the view on them (not the old scores without the suspicion
+            self.state.refresh()  # between: the GPU stays avoided throughout)
+        else:
+            self.state.rescore()  # steering: the class may use the GPU again from now on
+        return v
+
+    def _recheck(
+        self,
+        store: Store,
+        active: str,
+        flight: Flight,
+        ok: list[RunRecord],
+        same: pd.DataFrame,
+        seen: float,
+    ) -> Verdict:
+        """A GPU found slow, measured again: back to speed, an increment with the new runs."""
+        a = flight.attempt
+        v = recovered(
+            seen, float(same["duration"].median()), self.state.config.advisor.remeasure_slower
+        )
+        if not v.confirmed:
+            log.info("GPU %s for class %s measured again (job %s): %s", a.gpu, a.job_class,
+                     flight.job_id, v.why)  # fmt: skip
+            return v
+        new_id = self._increment(store, active, flight, ok, str(same["uuid"].iloc[0]))
+        self._confirmed = None  # read again
+        log.warning("GPU %s recovered for class %s (job %s: %s); its scores are campaign %s's",
+                    a.gpu, a.job_class, flight.job_id, v.why, new_id)  # fmt: skip
+        return v
+
+    def _increment(
+        self, store: Store, active: str, flight: Flight, ok: list[RunRecord], alias: str
+    ) -> str:
+        """Ingest and activate ``active`` with the GPU's runs of the class replaced by ``ok``."""
+        a = flight.attempt
+        known = {c.id: c for c in store.campaigns()}
+        new_id = increment_id(active, known)
+        fresh = measurement_rows(ok, flight.plan.gpu_model).rename(
+            columns={"duration_s": "duration"}
+        )
+        fresh["uuid"] = alias
+        old = store.measurements(active).drop(columns=["source_line"])
+        rows = increment_rows(old, alias, a.job_class, fresh)
+        path = flight.directory / COLLECTED_DIR / f"{new_id}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows.rename(columns={"duration": "duration_s"})[list(CSV_COLUMNS)].to_csv(path, index=False)
+        events = [
+            e
+            for e in store.clock_events(active)
+            if not (e.key == (a.node, ok[0].gpu_index) and e.job_class == a.job_class)
+        ]
+        events += [r.clock_event_row() for r in ok]  # fmt: skip
+        store.ingest(
+            [read_campaign_csv(path)],
+            campaign_id=new_id,
+            class_order=self.state.config.classes.names,
+            binner=PMBinner(**known[active].binning),  # type: ignore[arg-type]
+            description=f"{active} with GPU {a.gpu}'s class {a.job_class} re-measured "
+            f"(job {flight.job_id})",
+            clock_events=events,
+        )
+        store.activate(new_id)
+        return new_id

@@ -1,0 +1,163 @@
+"""Re-measuring suspect GPUs: which suspect (GPU, class) pairs to benchmark now, what a result
+says, and the campaign increment a confirmed result makes. Pure: the service's driver
+(``advisor/remeasure.py``) submits the jobs and reads the results.
+
+A suspicion (core/suspicion.py) is an inference from ordinary jobs; the campaign's benchmark
+for the class, run alone on the GPU, settles it. The planner is opt-in and rate-limited:
+at most ``per_hour`` submissions in any hour, one in flight per GPU and per node (a campaign
+task holds its whole node), only on GPUs the caller sees idle, and a (GPU, class) tried at
+most once per ``retry_s`` whatever came of it. The verdict compares the new run with the same
+GPU's own run in the campaign (same benchmark): ``slower`` times that or more confirms. A
+GPU a re-measurement found slow is measured again now and then (after every suspect): back
+to ``1 / slower`` of its (slow) campaign time or less, it recovered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+__all__ = [
+    "Attempt",
+    "RemeasureLimits",
+    "Verdict",
+    "Wanted",
+    "increment_id",
+    "increment_rows",
+    "recovered",
+    "to_remeasure",
+    "verdict",
+]
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RemeasureLimits:
+    """How often the service may benchmark suspects (``advisor.remeasure_*``)."""
+
+    per_hour: int = 2
+    retry_s: float = 86400.0
+    slower: float = 1.15
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One re-measurement submitted at ``submitted_s``; ``done`` once its result is judged or
+    it is given up."""
+
+    gpu: str
+    job_class: str
+    node: str
+    submitted_s: float
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A suspect (GPU, class) and when it became suspect (oldest first is measured first);
+    ``recheck``: a (GPU, class) a re-measurement found slow, measured again to see whether
+    it recovered (after every suspect)."""
+
+    gpu: str
+    job_class: str
+    since_s: float
+    recheck: bool = False
+
+
+def to_remeasure(
+    suspects: Iterable[Wanted],
+    idle: Mapping[str, str],
+    attempts: Sequence[Attempt],
+    now_s: float,
+    limits: RemeasureLimits,
+) -> list[Wanted]:
+    """The suspects to benchmark now, oldest suspicion first. ``idle``: GPU -> node of the GPUs
+    that can be measured now (free, on a node with nothing running); ``attempts``: what was
+    submitted before (in flight unless ``done``)."""
+    recent = sum(1 for a in attempts if now_s - a.submitted_s < HOUR_S)
+    budget = max(0, limits.per_hour - recent)
+    busy_gpus = {a.gpu for a in attempts if not a.done}
+    busy_nodes = {a.node for a in attempts if not a.done}
+    last: dict[tuple[str, str], float] = {}
+    for a in attempts:
+        key = (a.gpu, a.job_class)
+        last[key] = max(last.get(key, a.submitted_s), a.submitted_s)
+    out: list[Wanted] = []
+    for s in sorted(suspects, key=lambda s: (s.recheck, s.since_s, s.gpu, s.job_class)):
+        if len(out) >= budget:
+            break
+        node = idle.get(s.gpu)
+        tried = last.get((s.gpu, s.job_class))
+        if node is None or s.gpu in busy_gpus or node in busy_nodes:
+            continue
+        if tried is not None and now_s - tried < limits.retry_s:
+            continue
+        out.append(s)
+        busy_gpus.add(s.gpu)
+        busy_nodes.add(node)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a re-measurement says: ``confirmed`` (the GPU is slower than its campaign says)
+    or cleared; ``ratio``: new run / the campaign's own run of the GPU."""
+
+    confirmed: bool
+    ratio: float
+    why: str
+
+
+def verdict(measured_s: float, campaign_s: float, slower: float) -> Verdict:
+    """Judge a new benchmark time against the same GPU's time in the campaign."""
+    if not (measured_s > 0 and campaign_s > 0):
+        raise ValueError(f"durations must be > 0, got {measured_s} and {campaign_s}")
+    ratio = measured_s / campaign_s
+    if ratio >= slower:
+        why = f"re-measured {ratio:.2f}x its campaign time ({measured_s:.3g}s/{campaign_s:.3g}s)"
+        return Verdict(True, ratio, why)
+    why = (
+        f"re-measured {ratio:.2f}x its campaign time ({measured_s:.3g}s/{campaign_s:.3g}s), "
+        f"under {slower:g}x: as the campaign says"
+    )
+    return Verdict(False, ratio, why)
+
+
+def recovered(measured_s: float, campaign_s: float, slower: float) -> Verdict:
+    """Judge a GPU a re-measurement found slow (its campaign time is that run's) measured
+    again: ``confirmed`` when it is back, ``slower`` times faster or more."""
+    if not (measured_s > 0 and campaign_s > 0):
+        raise ValueError(f"durations must be > 0, got {measured_s} and {campaign_s}")
+    ratio = measured_s / campaign_s
+    times = f"{ratio:.2f}x its campaign time ({measured_s:.3g}s/{campaign_s:.3g}s)"
+    if ratio * slower <= 1:
+        return Verdict(True, ratio, f"re-measured {times}: recovered")
+    return Verdict(False, ratio, f"re-measured {times}: still as slow")
+
+
+_SUFFIX = re.compile(r"-r(\d+)$")
+
+
+def increment_id(active: str, known: Iterable[str]) -> str:
+    """The next increment of campaign ``active``: ``<base>-r<n>`` with ``n`` one past the
+    highest known (a campaign id is at most 64 characters; the base is cut to fit)."""
+    base = _SUFFIX.sub("", active)
+    taken = {
+        int(m.group(1)) for k in known if (m := _SUFFIX.search(k)) and _SUFFIX.sub("", k) == base
+    }
+    n = max(taken, default=0) + 1
+    suffix = f"-r{n}"
+    return base[: 64 - len(suffix)] + suffix
+
+
+def increment_rows(
+    measurements: pd.DataFrame, gpu: str, job_class: str, new_rows: pd.DataFrame
+) -> pd.DataFrame:
+    """The campaign's measurement rows with ``gpu``'s runs of ``job_class`` replaced by
+    ``new_rows`` (same columns; the other GPUs and classes as they were)."""
+    keep = ~((measurements["uuid"].astype(str) == gpu) & (measurements["job_class"] == job_class))
+    return pd.concat([measurements[keep], new_rows[list(measurements.columns)]], ignore_index=True)

@@ -1,0 +1,207 @@
+"""Re-measuring suspect GPUs in the service (advisor/remeasure.py): a suspect (GPU, class)
+on an idle node gets a pinned, low-priority campaign job; its result confirms the suspicion
+(an increment campaign, active, with the GPU's new runs: the service places by it) or clears
+it. Slurm faked: its submit writes the run record the campaign task would."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_pal.adapters.store import Store
+from slurm_pal.advisor.remeasure import NICE, Remeasurer, idle_gpus
+from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.campaigns.stored import stored_diff
+from slurm_pal.campaigns.workspace import RESULTS_DIR, load_plan
+from tests.helpers.advisor import Env, make_env
+from tests.test_advisor_suspicion import Jobs, first_pick, make_suspect
+
+
+class FakeSlurm:
+    """submit: the task 'runs' at once (``factor`` x the GPU's campaign time) unless
+    ``run`` is off; queued: the jobs not run yet."""
+
+    def __init__(self, campaign_time: float, benchmark: str, factor: float) -> None:
+        self.campaign_time, self.benchmark, self.factor = campaign_time, benchmark, factor
+        self.submitted: list[tuple[Path, str]] = []
+        self.run = True
+        self.waiting: set[str] = set()
+
+    def submit(self, script: Path, *, array: str, cwd: Path) -> str:
+        job_id = str(500 + len(self.submitted))
+        self.submitted.append((script, array))
+        plan, _ = load_plan(cwd.parent, cwd.name)
+        if not self.run:
+            self.waiting.add(job_id)
+            return job_id
+        (gpu,) = plan.gpus
+        record = {
+            "schema": 1, "campaign": plan.campaign, "status": "ok", "node": gpu.node,
+            "gpu_index": gpu.gpu_index, "job_class": plan.classes[0], "repeat": 0,
+            "uuid": gpu.uuid, "uuid_source": "assignment", "benchmark": self.benchmark,
+            "duration_s": self.campaign_time * self.factor,
+        }  # fmt: skip
+        (cwd / RESULTS_DIR / f"{gpu.node}-{gpu.gpu_index}-0.json").write_text(json.dumps(record))
+        return job_id
+
+    def queued(self, job_names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        return {f"{j}_0": ("PENDING", "Priority") for j in self.waiting}
+
+    def node_states(self, nodes: Iterable[str]) -> dict[str, str]:
+        return {}
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    root = Path(tempfile.mkdtemp(prefix="spal-rm-", dir="/tmp"))
+    root.chmod(0o755)
+    the_env = make_env(root, policy="pm-first")
+    advisor = replace(
+        the_env.config.advisor, suspicion="steer", remeasure=True, remeasure_per_hour=1
+    )
+    the_env.config = replace(the_env.config, advisor=advisor)
+    yield the_env
+    the_env.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def suspect(env: Env) -> tuple[AdvisorState, str, float, str]:
+    """A service with one suspect (GPU, A); the GPU's campaign time and benchmark for A."""
+    st = env.state()
+    target = first_pick(st, "resnet")
+    make_suspect(st, Jobs(env), target, "resnet", "A")
+    assert [(s.gpu, s.job_class) for s in st.suspects.suspects()] == [(target, "A")]
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
+    return st, target, float(mine["duration"].median()), str(mine["benchmark"].iloc[0])
+
+
+def remeasurer(env: Env, st: AdvisorState, slurm: FakeSlurm) -> Remeasurer:
+    return Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: 1.9e9)
+
+
+def test_a_confirmed_suspicion_becomes_a_campaign_increment(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    st, target, seconds, bench = suspect(env)
+    old_score = Jobs(env).score(st, target, "A")
+    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    rm = remeasurer(env, st, slurm)
+    with caplog.at_level(logging.INFO, logger="slurm_pal.advisor"):
+        rm.tick()  # submits
+        ((script, array),) = slurm.submitted
+        text = script.read_text()
+        (entry,) = [e for e in env.table.entries if e.uuid == target]
+        node, index = entry.node, entry.index  # the device minor, as a campaign task's
+        assert f"--nodelist={node}" in text and f"--nice={NICE}" in text and "--exclusive" in text
+        assert array == str(index)
+        rm.tick()  # judges the landed record
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example-r1"
+        (closed,) = store.suspicions("example", cleared=True)
+        diff = stored_diff(store, "example", "example-r1")
+    assert "confirmed by re-measurement" in str(closed["cleared_why"])
+    assert "example-r1" in str(closed["cleared_why"])
+    assert st.view is not None and st.view.static.campaign == "example-r1"
+    assert Jobs(env).score(st, target, "A") > old_score * 1.5  # its new score, from the run
+    assert st.suspects.suspects() == []
+    assert target in json.dumps(diff.to_dict())  # campaign diff names the GPU
+    story = [r.getMessage() for r in caplog.records]
+    assert any("re-measure job 500 submitted" in m for m in story)
+    assert any("confirmed by re-measurement" in m for m in story)
+    rm.tick()
+    assert len(slurm.submitted) == 1  # nothing left to measure
+
+
+def test_a_cleared_suspicion_is_closed_and_no_longer_steered(env: Env) -> None:
+    st, target, seconds, bench = suspect(env)
+    rm = remeasurer(env, st, FakeSlurm(seconds, bench, factor=1.02))
+    rm.tick()
+    rm.tick()
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example"
+        (closed,) = store.suspicions("example", cleared=True)
+    assert str(closed["cleared_why"]).startswith("cleared by re-measurement")
+    assert st.suspects.suspects() == []
+    assert first_pick(st, "resnet") == target  # steered by again
+    st.reload()  # a refit finds it again from the records; the settlement stands
+    assert st.suspects.suspects() == []
+
+
+def test_off_by_default_and_busy_nodes_wait(env: Env) -> None:
+    st, target, seconds, bench = suspect(env)
+    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    st.config = replace(st.config, advisor=replace(st.config.advisor, remeasure=False))
+    remeasurer(env, st, slurm).tick()
+    assert slurm.submitted == []
+    st.config = replace(st.config, advisor=replace(st.config.advisor, remeasure=True))
+    node, _ = Jobs(env).place[target]
+    assert st.view is not None
+    assert target in idle_gpus(st.view)
+    base = st.view.base
+    other = next(g for g, u in enumerate(base.uuids)
+                 if u != target and base.node_names[base.gpu_node[g]] == node)  # fmt: skip
+    base.allocate([other])  # a job on another GPU of the node: the node is not idle
+    assert target not in idle_gpus(st.view)
+    remeasurer(env, st, slurm).tick()
+    assert slurm.submitted == []
+
+
+def test_a_job_that_leaves_without_a_result_is_given_up_and_the_budget_holds(env: Env) -> None:
+    st, _, seconds, bench = suspect(env)
+    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    slurm.run = False
+    rm = remeasurer(env, st, slurm)
+    rm.tick()
+    rm.tick()
+    assert len(rm.flights) == 1  # still queued
+    assert rm.snapshot() == {
+        "remeasure": True, "remeasure_in_flight": 1, "remeasure_last_hour": 1
+    }  # fmt: skip
+    slurm.waiting.clear()  # gone, no record
+    rm.tick()
+    rm.tick()
+    assert rm.flights == [] and len(slurm.submitted) == 1  # per_hour = 1: not again yet
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example"
+
+
+def test_a_gpu_found_slow_is_measured_again_and_recovers_as_another_increment(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    st, target, seconds, bench = suspect(env)
+    old_score = Jobs(env).score(st, target, "A")
+    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    now = [1.9e9]
+    rm = Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: now[0])
+    rm.tick()
+    rm.tick()
+    assert st.view is not None and st.view.static.campaign == "example-r1"
+    now[0] += 3600  # not yet: remeasure_retry_s after the confirmation
+    rm.tick()
+    assert len(slurm.submitted) == 1
+    now[0] += 86400
+    slurm.factor = 2.0  # still slow: measured again, nothing changes
+    rm.tick()
+    rm.tick()
+    assert len(slurm.submitted) == 2 and st.view.static.campaign == "example-r1"
+    now[0] += 86400
+    slurm.factor = 1.0  # repaired: back to its first campaign's time
+    with caplog.at_level(logging.INFO, logger="slurm_pal.advisor"):
+        rm.tick()
+        rm.tick()
+    assert len(slurm.submitted) == 3
+    assert st.view is not None and st.view.static.campaign == "example-r2"
+    assert Jobs(env).score(st, target, "A") == pytest.approx(old_score, rel=0.05)
+    assert any("recovered for class A" in r.getMessage() for r in caplog.records)
+    now[0] += 86400 * 2
+    rm.tick()
+    assert len(slurm.submitted) == 3

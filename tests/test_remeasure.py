@@ -1,0 +1,98 @@
+"""The re-measure planner (core/remeasure.py): opt-in budget, one in flight per GPU and node,
+idle GPUs only, a retry delay per (GPU, class); the verdict; the campaign increment."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from slurm_pal.core.remeasure import (
+    Attempt,
+    RemeasureLimits,
+    Wanted,
+    increment_id,
+    increment_rows,
+    recovered,
+    to_remeasure,
+    verdict,
+)
+
+LIMITS = RemeasureLimits(per_hour=2, retry_s=86400, slower=1.15)
+IDLE = {"g0": "n1", "g1": "n1", "g2": "n2", "g3": "n3"}
+
+
+def test_only_idle_gpus_oldest_suspicion_first():
+    suspects = [Wanted("g2", "A", 20.0), Wanted("g9", "A", 5.0), Wanted("g3", "B", 10.0)]
+    picked = to_remeasure(suspects, IDLE, [], 100.0, LIMITS)
+    assert [(w.gpu, w.job_class) for w in picked] == [("g3", "B"), ("g2", "A")]
+
+
+def test_per_hour_budget_counts_recent_submissions():
+    suspects = [Wanted("g2", "A", 1.0), Wanted("g3", "A", 2.0)]
+    one_recent = [Attempt("g0", "A", "n1", 4000.0, done=True)]
+    assert len(to_remeasure(suspects, IDLE, one_recent, 4100.0, LIMITS)) == 1
+    assert len(to_remeasure(suspects, IDLE, one_recent, 4000.0 + 3600, LIMITS)) == 2
+    assert to_remeasure(suspects, IDLE, [], 0.0, RemeasureLimits(per_hour=0)) == []
+
+
+def test_one_in_flight_per_gpu_and_per_node():
+    suspects = [Wanted("g0", "B", 1.0), Wanted("g1", "A", 2.0), Wanted("g2", "A", 3.0)]
+    flying = [Attempt("g0", "A", "n1", 0.0)]
+    limits = RemeasureLimits(per_hour=10)
+    assert [w.gpu for w in to_remeasure(suspects, IDLE, flying, 10.0, limits)] == ["g2"]
+    # nothing flying: one per node in one call too
+    assert [w.gpu for w in to_remeasure(suspects, IDLE, [], 10.0, limits)] == ["g0", "g2"]
+
+
+def test_a_pair_is_retried_only_after_retry_s():
+    suspects = [Wanted("g2", "A", 1.0)]
+    tried = [Attempt("g2", "A", "n2", 100.0, done=True)]
+    limits = RemeasureLimits(per_hour=10, retry_s=1000)
+    assert to_remeasure(suspects, IDLE, tried, 1099.0, limits) == []
+    assert len(to_remeasure(suspects, IDLE, tried, 1100.0, limits)) == 1
+    # another class of the same GPU is not held back
+    assert len(to_remeasure([Wanted("g2", "B", 1.0)], IDLE, tried, 200.0, limits)) == 1
+
+
+def test_verdict_confirms_at_slower_and_clears_below():
+    assert verdict(2.0, 1.0, 1.15).confirmed
+    assert verdict(1.15, 1.0, 1.15).confirmed
+    cleared = verdict(1.05, 1.0, 1.15)
+    assert not cleared.confirmed and cleared.ratio == pytest.approx(1.05)
+    assert "as the campaign says" in cleared.why
+    with pytest.raises(ValueError):
+        verdict(0.0, 1.0, 1.15)
+
+
+def test_increment_id_numbers_after_the_known_ones():
+    assert increment_id("c1", ["c1"]) == "c1-r1"
+    assert increment_id("c1-r1", ["c1", "c1-r1"]) == "c1-r2"
+    assert increment_id("c1", ["c1", "c1-r1", "c1-r3", "c2-r7"]) == "c1-r4"
+    assert len(increment_id("x" * 64, [])) == 64
+
+
+def test_increment_rows_replace_only_that_gpu_and_class():
+    cols = ["job_class", "uuid", "benchmark", "duration"]
+    old = pd.DataFrame(
+        [["A", "g0", "gemm", 1.0], ["A", "g0", "gemm", 1.1], ["B", "g0", "stream", 2.0],
+         ["A", "g1", "gemm", 1.0]],
+        columns=cols,
+    )  # fmt: skip
+    new = pd.DataFrame([["A", "g0", "gemm", 2.0, "extra"]], columns=[*cols, "x"])
+    out = increment_rows(old, "g0", "A", new)
+    assert list(out.columns) == cols
+    assert sorted(map(tuple, out.values.tolist())) == [
+        ("A", "g0", "gemm", 2.0), ("A", "g1", "gemm", 1.0), ("B", "g0", "stream", 2.0),
+    ]  # fmt: skip
+
+
+def test_rechecks_come_after_every_suspect():
+    wanted = [Wanted("g3", "A", 1.0, recheck=True), Wanted("g2", "A", 50.0)]
+    limits = RemeasureLimits(per_hour=1)
+    assert [w.gpu for w in to_remeasure(wanted, IDLE, [], 100.0, limits)] == ["g2"]
+
+
+def test_recovered_when_faster_by_the_factor():
+    assert recovered(1.0, 2.0, 1.15).confirmed
+    assert not recovered(1.9, 2.0, 1.15).confirmed
+    assert "still as slow" in recovered(2.0, 2.0, 1.15).why
