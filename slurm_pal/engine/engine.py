@@ -33,7 +33,13 @@ from slurm_pal.engine.advise import Advice, advise
 from slurm_pal.engine.decide import LabelTable
 from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.engine.placing import Placement, place
-from slurm_pal.engine.replan import PendingJob, ReplanResult, RequestKey, plan_replan
+from slurm_pal.engine.replan import (
+    PendingJob,
+    ReplanResult,
+    RequestKey,
+    SimulatedSlurm,
+    plan_replan,
+)
 from slurm_pal.engine.settings import EngineSettings
 
 __all__ = ["AdvisorEngine"]
@@ -127,10 +133,13 @@ class AdvisorEngine:
         now: float,
         known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
         release: ReleaseRules | None = None,
+        slurm: SimulatedSlurm | None = None,
     ) -> ReplanResult:
         """A round over the steered pending jobs (in Slurm's priority order) on ``cluster``'s
         free GPUs (copied): the updates to write. ``release``: what the Slurm release the
-        driver writes to can change in a pending job (None: 22.05's rules)."""
+        driver writes to can change in a pending job (None: 22.05's rules). ``slurm``: the
+        Slurm a driver simulates (the simulator's Slurm mode): the round runs on ``cluster``
+        itself with that Slurm's start rule, and each update is applied to it as decided."""
         return plan_replan(
             pending,
             cluster,
@@ -144,4 +153,5 @@ class AdvisorEngine:
             release=release,
             leave_packing=self.settings.leave_packing,
             now=now,
+            slurm=slurm,
         )
