@@ -76,7 +76,7 @@ from slurm_pal.core.placement import (
     PlacementResult,
     get_policy,
 )
-from slurm_pal.core.queue import placement_order, plan_round, queue_round
+from slurm_pal.core.queue import placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import WITHIN_NODE, Topology
 from slurm_pal.core.workload import SimJob
@@ -84,6 +84,7 @@ from slurm_pal.engine.engine import AdvisorEngine
 from slurm_pal.engine.settings import PINS, EngineSettings
 from slurm_pal.sim.metrics import JobOutcome, SimResult
 from slurm_pal.sim.peers import PEERS, simulate_peer
+from slurm_pal.sim.slurmround import SlurmRounds
 from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
@@ -586,6 +587,7 @@ class _Simulation:
     # --- Slurm mode ----------------------------------------------------------------------------
 
     def run_slurm(self) -> SimResult:
+        self.rounds = SlurmRounds(self)
         arrivals = list(reversed(self.jobs))
         pending: list[_Job] = []
         running: list[tuple[float, int, _Job]] = []  # heap of (end, order, job)
@@ -639,36 +641,19 @@ class _Simulation:
     def _slurm_plan(
         self, order: list[_Job], running: list[tuple[float, int, _Job]], now: float
     ) -> bool:
-        """One round of the advisor's engine at ``now``, Slurm's FIFO + EASY backfill deciding
-        which placed jobs may start: the core's one queue loop."""
+        """One round of the advisor's engine at ``now`` (``engine.replan``, the service's
+        round), Slurm's FIFO + EASY backfill deciding which placed jobs may start
+        (:mod:`slurm_pal.sim.slurmround`)."""
         rule = _EasyBackfill(self, running, now)
         self.cluster.clock = now
-
-        def place(request: PlacementRequest, cluster: Cluster) -> PlacementResult:
-            job = self.by_id[request.job_id]
-            if self.at_submit_only and job.spec.submit_time != now:
-                # not decided at its submission (no round at job ends): Slurm places it
-                return self.slurm_packing.place(request, cluster)
-            placement = self.engine.place(request, cluster, now=now, waiting_since=job.first_wait)
-            if placement.left_to_slurm:  # pin = steered: no pin, Slurm's own packing places it
-                result = self.slurm_packing.place(placement.request, cluster)
-            else:
-                result = placement.result()
-            if result.waits and job.first_wait is None:
-                job.first_wait = now
-                until = result.wait_until if result.wait_until is not None else now
-                job.held_until = job.bound = until
-                heapq.heappush(self.deadlines, until)
-            return result
-
-        queue_round(
-            [job.request for job in order],
-            self.cluster,
-            place,
-            class_order=self.cut_order,
-            start=rule,
-        )
+        self.rounds.run(order, rule, now)
         return rule.started
+
+    def hold(self, job: _Job, now: float, until: float) -> None:
+        """The engine held ``job`` at ``now``: its begin time is ``until`` (Slurm acts then)."""
+        job.first_wait = now
+        job.held_until = job.bound = until
+        heapq.heappush(self.deadlines, until)
 
     def _planned_end(self, job: _Job, actual_end: float) -> float:
         """When Slurm expects ``job`` (running since ``job.start``) to end: start + time limit
