@@ -14,10 +14,11 @@ Events and what answers them:
 - a job's submission, as Slurm's ``job_desc`` (the service): :meth:`AdvisorEngine.submit`
   -> :class:`~slurm_pal.engine.advise.Advice` (route, wait, pass or deny, and the state the
   stored decision starts in);
-- a round (a job's end, the periodic tick, a held job's bound) over the pending jobs it
-  steered: :meth:`AdvisorEngine.replan` -> :class:`~slurm_pal.engine.replan.ReplanResult`
-  (the updates Slurm must be told);
-- one placement request at a moment (the simulator's jobs, and underneath both of the above):
+- a round (a job's end, the periodic tick, a held job's bound; in the simulator every arrival
+  too) over the pending jobs it steered: :meth:`AdvisorEngine.replan` ->
+  :class:`~slurm_pal.engine.replan.ReplanResult` (the updates Slurm must be told; a simulated
+  Slurm is told them as they are decided);
+- one placement request at a moment (underneath both of the above):
   :meth:`AdvisorEngine.place` -> :class:`~slurm_pal.engine.placing.Placement`.
 """
 

@@ -42,11 +42,12 @@ deterministic and start from an empty cluster each round), except for Random.
 
 Slurm mode (what production will see): event-driven, non-preemptive. At every arrival or
 completion the advisor re-plans the pending jobs in scheduler order through
-:func:`placement_order` (PAL's cut and class sort); each job's placement is asked of the
-advisor's engine (:meth:`slurm_pal.engine.engine.AdvisorEngine.place`, the entry point the
-service's decisions go through: its policy, the held jobs' waits and bound, and ``pin``: a job
-the engine leaves to Slurm is placed by this Slurm's own packing); a job starts the moment it is
-placed and keeps its GPUs to the end. When a job does not fit, it gets an EASY-backfill
+:func:`placement_order` (PAL's cut and class sort): the round is the advisor engine's
+(:meth:`slurm_pal.engine.engine.AdvisorEngine.replan`, the call the service's rounds make: its
+policy, the held jobs' waits and bound, and ``pin``: a job the engine leaves to Slurm is placed
+by this Slurm's own packing), run inside this simulated Slurm (:mod:`slurm_pal.sim.slurmround`),
+which is written each update as decided; a job starts the moment it is placed and keeps its
+GPUs to the end. When a job does not fit, it gets an EASY-backfill
 reservation: the time enough GPUs free up (from the running jobs' end times, i.e. perfect time
 limits) and the GPUs left over then; a later job may only start before it if it ends by then
 (judged on its median-GPU work: the advisor does not know slowdowns ahead) or fits in the
