@@ -3,7 +3,8 @@ reads, a job's end and its round) replayed through the service's path (``Advisor
 Slurm answered from the recorded 22.05 samples, its round through ``RoundCoordinator``) and
 through the simulator's Slurm mode (``sim run --config`` of the same site config, on GPUs with
 the same PM-scores) gives the same decision for every job: routed, left to Slurm or passed,
-on the same GPUs."""
+on the same GPUs. Both drivers' rounds are ``AdvisorEngine.replan``: the simulator runs one at
+every arrival and job end, and its round at the job's end decides what the service's does."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.core.workload import SimJob
 from slurm_pal.engine.engine import AdvisorEngine
-from slurm_pal.engine.placing import Placement
+from slurm_pal.engine.replan import ReplanResult
 from slurm_pal.engine.settings import EngineSettings
 from slurm_pal.sim import engine as sim_engine
 from slurm_pal.sim.advisor import advisor_sim_options
@@ -43,6 +44,10 @@ EVENTS = (
 )
 CLASSES = {"resnet": "A", "pagerank": "D"}
 
+Decisions = dict[int, tuple[str, tuple[int, ...]]]
+"""Job -> (what was decided: routed or left to Slurm, at its submission or at J1's end; the
+GPUs, as rows of the cluster)."""
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
@@ -65,7 +70,7 @@ def _wire(job_id: int, gpus: int, app: str) -> JobDescription:
     )
 
 
-def _service(env: Env) -> tuple[dict[int, tuple[str, tuple[int, ...]]], AdvisorEngine]:
+def _service(env: Env) -> tuple[Decisions, AdvisorEngine, Decisions]:
     """Each job's decision through the service: (action, GPU rows of the cluster)."""
     env.clock.now = T0
     st = env.state(wall_clock=env.clock)
@@ -75,7 +80,7 @@ def _service(env: Env) -> tuple[dict[int, tuple[str, tuple[int, ...]]], AdvisorE
         for node, gpus in env.labels["nodes"].items()
         for g in gpus
     }
-    out: dict[int, tuple[str, tuple[int, ...]]] = {}
+    out: Decisions = {}
     for t, job_id, gpus, app, _ in EVENTS:
         env.clock.now = T0 + t
         decision = st.decide(_wire(job_id, gpus, app), {})
@@ -116,31 +121,42 @@ def _service(env: Env) -> tuple[dict[int, tuple[str, tuple[int, ...]]], AdvisorE
         replan_s=0,
     )
     result = rounds.replan(refresh=True)
+    at_end = _round(result, rows)
+    for job_id, (action, chosen) in at_end.items():
+        out[job_id] = (f"{action} at end", chosen)
+    return out, st.engine, at_end
+
+
+def _round(result: ReplanResult, rows: dict[str, int]) -> Decisions:
+    """What one round decided for each job it placed: routed, or left to Slurm (GPU rows)."""
+    out: Decisions = {}
     for update in result.updates:
-        assert update.decision.allocation is not None
-        uuids = update.decision.allocation.uuids
-        out[update.job_id] = ("route at end", tuple(sorted(rows[u] for u in uuids)))
+        if update.decision.allocation is not None:
+            uuids = update.decision.allocation.uuids
+            out[update.job_id] = ("route", tuple(sorted(rows[u] for u in uuids)))
     for job_id, (_, uuids) in result.in_place.items():
-        out[job_id] = ("left to Slurm at end", tuple(sorted(rows[u] for u in uuids)))
-    return out, st.engine
+        out[job_id] = ("left to Slurm", tuple(sorted(rows[u] for u in uuids)))
+    return out
 
 
 def _simulator(
     env: Env, scores: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
-) -> tuple[dict[int, tuple[str, tuple[int, ...]]], list[AdvisorEngine]]:
-    """Each job's decision through the simulator's Slurm mode, from the same site config."""
+) -> tuple[Decisions, list[AdvisorEngine], list[tuple[float, Decisions]]]:
+    """Each job's decision through the simulator's Slurm mode, from the same site config, and
+    what each of its rounds (``engine.replan``, every one) decided."""
     engines: list[AdvisorEngine] = []
-    placements: dict[int, list[tuple[float, Placement]]] = {}
+    rounds: list[tuple[float, Decisions]] = []
 
     class Recording(AdvisorEngine):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
             engines.append(self)
 
-        def place(self, request, cluster, **kwargs):  # type: ignore[no-untyped-def]
-            placement = super().place(request, cluster, **kwargs)
-            placements.setdefault(int(request.job_id), []).append((cluster.clock, placement))
-            return placement
+        def replan(self, pending, cluster, **kwargs):  # type: ignore[no-untyped-def]
+            rows = {u: i for i, u in enumerate(cluster.uuids)}
+            result = super().replan(pending, cluster, **kwargs)
+            rounds.append((kwargs["now"], _round(result, rows)))
+            return result
 
     starts: dict[int, tuple[float, tuple[int, ...]]] = {}
     started = sim_engine._Simulation._started
@@ -164,18 +180,15 @@ def _simulator(
     ]
     config = SimConfig(mode="slurm", **advisor_sim_options(env.config))  # sim run --config
     sim_engine.simulate(jobs, gpus, config)
-    out: dict[int, tuple[str, tuple[int, ...]]] = {}
+    out: Decisions = {}
     for order, (t, job_id, *_rest) in enumerate(EVENTS):
-        at_submit = next(p for when, p in placements[order] if when == t)
         when, rows = starts[order]
-        if when == t:
-            action = "left to Slurm" if at_submit.left_to_slurm else "route"
-        else:
-            assert at_submit.allocation is None and not at_submit.waits
-            last = next(p for at, p in placements[order] if at == when)
-            action = "left to Slurm at end" if last.left_to_slurm else "route at end"
-        out[job_id] = (action, rows)
-    return out, engines
+        decided = dict(rounds)[when]  # the round that started it
+        assert order in decided, f"job {job_id} started at {when} without the round's decision"
+        action, chosen = decided[order]
+        assert chosen == rows  # started on the GPUs the round wrote
+        out[job_id] = (action if when == t else f"{action} at end", rows)
+    return out, engines, rounds
 
 
 def test_the_service_and_the_simulator_make_the_same_decisions(
@@ -185,8 +198,8 @@ def test_the_service_and_the_simulator_make_the_same_decisions(
     cluster = probe.cluster_snapshot()
     assert cluster is not None
     scores = {c: np.asarray(cluster.classes[c].scores, float) for c in cluster.class_order}
-    service, served = _service(env)
-    simulated, engines = _simulator(env, scores, monkeypatch)
+    service, served, service_round = _service(env)
+    simulated, engines, rounds = _simulator(env, scores, monkeypatch)
     # one engine class, one policy, one pin rule, built from the same site config
     assert len(engines) == 1 and type(served) is AdvisorEngine
     assert isinstance(engines[0], AdvisorEngine)
@@ -197,3 +210,9 @@ def test_the_service_and_the_simulator_make_the_same_decisions(
     assert service[4][0].endswith("at end")
     assert service == simulated
     assert {action for action, _ in service.values()} >= {"left to Slurm", "route"}
+    # the simulator's rounds are the engine's: one at every arrival and at J1's end, and the
+    # round at J1's end decides what the service's round decides (job ids: trace order)
+    assert [when for when, _ in rounds] == [t for t, *_ in EVENTS] + [10.0]
+    at_end = {order + 1: decided for order, decided in rounds[-1][1].items()}
+    assert at_end == service_round
+    assert set(service_round) == {4}  # the round placed J4 (left to Slurm where it fits)

@@ -320,13 +320,16 @@ def _pass(
     job_class: str | None,
     version: str,
     request: PlacementRequest | None = None,
+    retry: bool = False,
 ) -> Decision:
     """Accept the job as written, but with model types translated and the reason noted."""
     fields: dict[str, str | int] = dict(_translations(job, labels))
     fields["admin_comment"] = format_admin_comment(
         version=version, action="pass", job_class=job_class, why=reason
     )
-    return Decision("pass", MappingProxyType(fields), job_class, reason, request=request)
+    return Decision(
+        "pass", MappingProxyType(fields), job_class, reason, request=request, retry=retry
+    )
 
 
 def _wait(
@@ -581,6 +584,7 @@ def decide(
     leave_packing: bool = False,
     now: float | None = None,
     waiting_since: float | None = None,
+    request: PlacementRequest | None = None,
 ) -> Decision:
     """Route ``job`` to the GPUs ``policy`` picks among ``cluster``'s free GPUs, or pass it.
 
@@ -604,12 +608,13 @@ def decide(
         return _pass(f"cannot read the GPU request: {error}", job_class=job_class, **common)
     if ask is None:
         return Decision("pass", MappingProxyType({}), None, "no GPUs asked")
-    job_id = str(job.job_id) if job.job_id is not None else token
-    request, why = _placeable(
-        job, ask, job_class=job_class, labels=labels, cluster=cluster, job_id=job_id
-    )
-    if why is not None:
-        return _pass(why, job_class=job_class, request=request, **common)
+    if request is None:
+        job_id = str(job.job_id) if job.job_id is not None else token
+        request, why = _placeable(
+            job, ask, job_class=job_class, labels=labels, cluster=cluster, job_id=job_id
+        )
+        if why is not None:
+            return _pass(why, job_class=job_class, request=request, **common)
     assert request is not None
     candidates = _partition_candidates(job, cluster, partition_nodes, default_partition)
     if isinstance(candidates, str):
@@ -641,13 +646,13 @@ def decide(
                 **common,
             )
             return replace(decision, waits_off=placement.waits_off)
-        decision = _pass(
+        return _pass(
             f"{NO_FIT} ({'; '.join(reasons)}); re-planning retries",
             job_class=job_class,
             request=request,
+            retry=True,
             **common,
         )
-        return replace(decision, retry=True)
     allocation = best.allocation
     if placement.left_to_slurm:
         reason = f"{allocation.reason}; packing's own pick: left to Slurm; class {job_class}"

@@ -14,14 +14,15 @@ Events and what answers them:
 - a job's submission, as Slurm's ``job_desc`` (the service): :meth:`AdvisorEngine.submit`
   -> :class:`~slurm_pal.engine.advise.Advice` (route, wait, pass or deny, and the state the
   stored decision starts in);
-- a round (a job's end, the periodic tick, a held job's bound) over the pending jobs it
-  steered: :meth:`AdvisorEngine.replan` -> :class:`~slurm_pal.engine.replan.ReplanResult`
-  (the updates Slurm must be told);
+- a round (a job's end, the periodic tick, a held job's bound; in the simulator every arrival
+  too) over the pending jobs it steered: :meth:`AdvisorEngine.replan` ->
+  :class:`~slurm_pal.engine.replan.ReplanResult` (the updates Slurm must be told; a simulated
+  Slurm is told them as they are decided);
 - a job's end, as what it ran: :meth:`AdvisorEngine.job_ended` (what the site's jobs run
   teaches the wait rule; :meth:`AdvisorEngine.learn_runtimes` starts it from a history;
   :meth:`AdvisorEngine.use_runtimes` takes a model learned elsewhere: the service learns on
   its store writer's thread and hands copies over);
-- one placement request at a moment (the simulator's jobs, and underneath both of the above):
+- one placement request at a moment (underneath both of the above):
   :meth:`AdvisorEngine.place` -> :class:`~slurm_pal.engine.placing.Placement`.
 """
 
@@ -38,7 +39,13 @@ from slurm_pal.engine.advise import Advice, advise
 from slurm_pal.engine.decide import LabelTable
 from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.engine.placing import Placement, place
-from slurm_pal.engine.replan import PendingJob, ReplanResult, RequestKey, plan_replan
+from slurm_pal.engine.replan import (
+    PendingJob,
+    ReplanResult,
+    RequestKey,
+    SimulatedSlurm,
+    plan_replan,
+)
 from slurm_pal.engine.settings import EngineSettings
 
 __all__ = ["AdvisorEngine"]
@@ -151,10 +158,13 @@ class AdvisorEngine:
         now: float,
         known: MutableMapping[RequestKey, PlacementRequest | None] | None = None,
         release: ReleaseRules | None = None,
+        slurm: SimulatedSlurm | None = None,
     ) -> ReplanResult:
         """A round over the steered pending jobs (in Slurm's priority order) on ``cluster``'s
         free GPUs (copied): the updates to write. ``release``: what the Slurm release the
-        driver writes to can change in a pending job (None: 22.05's rules)."""
+        driver writes to can change in a pending job (None: 22.05's rules). ``slurm``: the
+        Slurm a driver simulates (the simulator's Slurm mode): the round runs on ``cluster``
+        itself with that Slurm's start rule, and each update is applied to it as decided."""
         return plan_replan(
             pending,
             cluster,
@@ -168,4 +178,5 @@ class AdvisorEngine:
             release=release,
             leave_packing=self.settings.leave_packing,
             now=now,
+            slurm=slurm,
         )

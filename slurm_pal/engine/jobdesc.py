@@ -17,6 +17,7 @@ the same way. Slurm shapes handled (22.05, ``shared/notes/slurm-testbed.md`` §3
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -280,9 +281,15 @@ def _split_items(text: str) -> list[str]:
 
 def parse_tres(text: str | None, field: str = "tres") -> tuple[TresEntry, ...]:
     """Parse a ``tres_per_*`` value. GPU entries must be ``gpu[:type][:count]``; other entries
-    (``gres:shard:1``, ``cpu:2``, ``cpu=2``) are kept as written and their count is not read."""
+    (``gres:shard:1``, ``cpu:2``, ``cpu=2``) are kept as written and their count is not read.
+    The same few values come back at every round's decision (``gres:gpu:2``): parsed once."""
     if text is None:
         return ()
+    return _parse_tres(text, field)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_tres(text: str, field: str) -> tuple[TresEntry, ...]:
     entries: list[TresEntry] = []
     for item in _split_items(text):
         body = item
@@ -335,12 +342,18 @@ def gpu_ask(job: JobDescription) -> GpuAsk | None:
     """The job's GPU request, or None when it asks no GPUs (a CPU job, or only ``gpu:0``).
 
     Raises JobDescError (naming the field) for a GPU entry it cannot read."""
+    return _gpu_ask(job.tres_per_node, job.tres_per_job, job.tres_per_task, job.tres_per_socket)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gpu_ask(*values: str | None) -> GpuAsk | None:
+    """:func:`gpu_ask` of the ``TRES_FIELDS`` values (a round asks it of every pending job)."""
     counts: dict[str, int | None] = {}
     seen_types: dict[str | None, None] = {}
     other: list[str] = []
     total = 0
-    for field in TRES_FIELDS:
-        entries = parse_tres(getattr(job, field), field)
+    for field, value in zip(TRES_FIELDS, values, strict=True):
+        entries = parse_tres(value, field)
         gpus = [e for e in entries if e.is_gpu]
         other.extend(e.text for e in entries if not e.is_gpu)
         counts[field] = sum(e.count for e in gpus) if gpus else None

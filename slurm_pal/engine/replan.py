@@ -32,7 +32,7 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
 from slurm_pal.core.jobchange import JobChange, ReleaseRules, transition_problem
 from slurm_pal.core.placement import PlacementPolicy, PlacementResult
-from slurm_pal.core.queue import Outcome, StopAtMisfit, queue_round
+from slurm_pal.core.queue import Outcome, StartRule, StopAtMisfit, queue_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.engine.decide import (
     Decision,
@@ -49,6 +49,7 @@ __all__ = [
     "PendingJob",
     "ReplanResult",
     "RequestKey",
+    "SimulatedSlurm",
     "SlurmJob",
     "Update",
     "current_gpus",
@@ -97,6 +98,9 @@ class PendingJob:
     priority: int = 0
     kept_off: tuple[str, ...] = ()  # nodes an older advisor excluded while the job waited
     waiting: tuple[float, float] | None = None  # (since, until) while the advisor holds it
+    # the placement request as a driver that models the job itself knows it (the simulator:
+    # its run time where the trace has no limits); None: read from ``job``
+    request: PlacementRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +279,9 @@ def requests_of(
     when it holds it (filled in as it goes): a job's GPU ask is read once, not every round."""
     out: list[PlacementRequest | None] = []
     for p in pending:
+        if p.request is not None:
+            out.append(p.request)
+            continue
         key = (p.token, p.job_id, p.job_class)
         if known is not None and key in known:
             out.append(known[key])
@@ -286,6 +293,31 @@ def requests_of(
             known[key] = request
         out.append(request)
     return out
+
+
+class SimulatedSlurm(Protocol):
+    """A Slurm that a driver simulates inside the round (the simulator's Slurm mode): its
+    scheduling pass runs with the round, so a job starts the moment the round places it, and
+    the round's updates are written to it as they are decided. The service's Slurm is real:
+    its round plans on a copy of the cluster and its applier sends the updates afterwards."""
+
+    @property
+    def start(self) -> StartRule:
+        """When jobs may start (the simulated Slurm's FIFO and EASY backfill)."""
+        ...
+
+    def steers(self, job_id: int) -> bool:
+        """Does the advisor decide this pending job now? (False: Slurm places it, as a job
+        that found no GPUs at its submission when no round runs at job ends.)"""
+        ...
+
+    def packing(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
+        """Where Slurm's own packing puts a job the advisor leaves to it."""
+        ...
+
+    def apply(self, update: Update) -> None:
+        """Write one update to the job: its GPUs (route), or its begin time (wait)."""
+        ...
 
 
 def plan_replan(
@@ -302,6 +334,7 @@ def plan_replan(
     release: ReleaseRules | None = None,
     leave_packing: bool = False,
     now: float | None = None,
+    slurm: SimulatedSlurm | None = None,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -315,7 +348,13 @@ def plan_replan(
     ``leave_packing``: a job that holds no pin and whose new place is packing's own with
     nothing to avoid is left as it is (Slurm packs it; ``decide``'s ``leave_packing``).
     ``now``: the clock (epoch seconds) a policy that weighs waiting reads ``busy_until``
-    against; a held job's wait counts from its ``since``."""
+    against; a held job's wait counts from its ``since``.
+
+    ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
+    the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
+    job that does not fit does not end it where Slurm backfills), Slurm's packing places the
+    jobs left to it and the jobs it does not let the advisor steer, and each update is
+    applied to it as it is decided (a routed job's before it starts)."""
     result = ReplanResult(considered=len(pending))
     common = {
         "labels": labels,
@@ -334,10 +373,15 @@ def plan_replan(
         jobs[request.job_id] = p
         requests.append(request)
     decisions: dict[str, Decision] = {}
+    slurms: set[str] = set()  # the jobs the simulated Slurm places itself
 
     def place(request: PlacementRequest, state: Cluster) -> PlacementResult:
         p = jobs[request.job_id]
-        p = jobs[request.job_id] = replace(p, job=replace(p.job, job_id=p.job_id))
+        if slurm is not None and not slurm.steers(p.job_id):
+            slurms.add(request.job_id)
+            return slurm.packing(request, state)
+        if p.job.job_id != p.job_id:
+            p = jobs[request.job_id] = replace(p, job=replace(p.job, job_id=p.job_id))
         decision = decide(
             p.job,
             job_class=p.job_class,
@@ -350,10 +394,13 @@ def plan_replan(
             and p.waiting is None,
             now=now,
             waiting_since=p.waiting[0] if p.waiting is not None else None,
+            request=p.request,
             **common,  # type: ignore[arg-type]
         )
         decisions[request.job_id] = decision
         if decision.allocation is not None:  # routed, or left to Slurm where it would go
+            if slurm is not None and decision.left_to_slurm:
+                return slurm.packing(request, state)
             return PlacementResult(request, decision.allocation, decision.reason)
         return PlacementResult(
             request,
@@ -364,8 +411,12 @@ def plan_replan(
         )
 
     def review(request: PlacementRequest, placement: PlacementResult) -> Outcome:
-        p, decision = jobs[request.job_id], decisions[request.job_id]
+        p = jobs[request.job_id]
         assert placement.allocation is not None
+        if request.job_id in slurms:
+            result.unchanged.append(p.job_id)
+            return Outcome.UNCHANGED
+        decision = decisions[request.job_id]
         if decision.left_to_slurm:
             result.unchanged.append(p.job_id)
             result.in_place[p.job_id] = (p.token, placement.allocation.uuids)
@@ -386,14 +437,16 @@ def plan_replan(
             result.kept[p.job_id] = problem
             return Outcome.KEPT
         result.updates.append(update)
+        if slurm is not None:
+            slurm.apply(update)
         return Outcome.PLACED
 
     steps = queue_round(
         requests,
-        cluster.copy(),
+        cluster if slurm is not None else cluster.copy(),
         place,
         class_order=class_order,
-        start=StopAtMisfit(),
+        start=slurm.start if slurm is not None else StopAtMisfit(),
         review=review,
     )
     for step in steps:
@@ -409,7 +462,10 @@ def plan_replan(
             result.waiting.append(p.job_id)
             until = decision.wait_until
             if p.waiting is None or until is None or abs(p.waiting[1] - until) > 1:
-                result.updates.append(Update(p.job_id, p.token, decision, {}, p.current, p))
+                update = Update(p.job_id, p.token, decision, {}, p.current, p)
+                result.updates.append(update)
+                if slurm is not None:
+                    slurm.apply(update)
         elif step.outcome in (Outcome.NO_FIT, Outcome.NOT_CONSIDERED):
             result.not_placed.append(p.job_id)
     return result

@@ -42,11 +42,12 @@ deterministic and start from an empty cluster each round), except for Random.
 
 Slurm mode (what production will see): event-driven, non-preemptive. At every arrival or
 completion the advisor re-plans the pending jobs in scheduler order through
-:func:`placement_order` (PAL's cut and class sort); each job's placement is asked of the
-advisor's engine (:meth:`slurm_pal.engine.engine.AdvisorEngine.place`, the entry point the
-service's decisions go through: its policy, the held jobs' waits and bound, and ``pin``: a job
-the engine leaves to Slurm is placed by this Slurm's own packing); a job starts the moment it is
-placed and keeps its GPUs to the end. When a job does not fit, it gets an EASY-backfill
+:func:`placement_order` (PAL's cut and class sort): the round is the advisor engine's
+(:meth:`slurm_pal.engine.engine.AdvisorEngine.replan`, the call the service's rounds make: its
+policy, the held jobs' waits and bound, and ``pin``: a job the engine leaves to Slurm is placed
+by this Slurm's own packing), run inside this simulated Slurm (:mod:`slurm_pal.sim.slurmround`),
+which is written each update as decided; a job starts the moment it is placed and keeps its
+GPUs to the end. When a job does not fit, it gets an EASY-backfill
 reservation: the time enough GPUs free up (from the running jobs' end times, i.e. perfect time
 limits) and the GPUs left over then; a later job may only start before it if it ends by then
 (judged on its median-GPU work: the advisor does not know slowdowns ahead) or fits in the
@@ -76,7 +77,7 @@ from slurm_pal.core.placement import (
     PlacementResult,
     get_policy,
 )
-from slurm_pal.core.queue import placement_order, plan_round, queue_round
+from slurm_pal.core.queue import placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.core.topology import WITHIN_NODE, Topology
@@ -85,6 +86,7 @@ from slurm_pal.engine.engine import AdvisorEngine
 from slurm_pal.engine.settings import PINS, EngineSettings
 from slurm_pal.sim.metrics import JobOutcome, SimResult
 from slurm_pal.sim.peers import PEERS, simulate_peer
+from slurm_pal.sim.slurmround import SlurmRounds
 from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
@@ -587,6 +589,7 @@ class _Simulation:
     # --- Slurm mode ----------------------------------------------------------------------------
 
     def run_slurm(self) -> SimResult:
+        self.rounds = SlurmRounds(self)
         arrivals = list(reversed(self.jobs))
         pending: list[_Job] = []
         running: list[tuple[float, int, _Job]] = []  # heap of (end, order, job)
@@ -644,36 +647,19 @@ class _Simulation:
     def _slurm_plan(
         self, order: list[_Job], running: list[tuple[float, int, _Job]], now: float
     ) -> bool:
-        """One round of the advisor's engine at ``now``, Slurm's FIFO + EASY backfill deciding
-        which placed jobs may start: the core's one queue loop."""
+        """One round of the advisor's engine at ``now`` (``engine.replan``, the service's
+        round), Slurm's FIFO + EASY backfill deciding which placed jobs may start
+        (:mod:`slurm_pal.sim.slurmround`)."""
         rule = _EasyBackfill(self, running, now)
         self.cluster.clock = now
-
-        def place(request: PlacementRequest, cluster: Cluster) -> PlacementResult:
-            job = self.by_id[request.job_id]
-            if self.at_submit_only and job.spec.submit_time != now:
-                # not decided at its submission (no round at job ends): Slurm places it
-                return self.slurm_packing.place(request, cluster)
-            placement = self.engine.place(request, cluster, now=now, waiting_since=job.first_wait)
-            if placement.left_to_slurm:  # pin = steered: no pin, Slurm's own packing places it
-                result = self.slurm_packing.place(placement.request, cluster)
-            else:
-                result = placement.result()
-            if result.waits and job.first_wait is None:
-                job.first_wait = now
-                until = result.wait_until if result.wait_until is not None else now
-                job.held_until = job.bound = until
-                heapq.heappush(self.deadlines, until)
-            return result
-
-        queue_round(
-            [job.request for job in order],
-            self.cluster,
-            place,
-            class_order=self.cut_order,
-            start=rule,
-        )
+        self.rounds.run(order, rule, now)
         return rule.started
+
+    def hold(self, job: _Job, now: float, until: float) -> None:
+        """The engine held ``job`` at ``now``: its begin time is ``until`` (Slurm acts then)."""
+        job.first_wait = now
+        job.held_until = job.bound = until
+        heapq.heappush(self.deadlines, until)
 
     def _planned_end(self, job: _Job, actual_end: float) -> float:
         """When Slurm expects ``job`` (running since ``job.start``) to end: start + time limit
