@@ -69,6 +69,7 @@ class Setup:
     repair_days: float
     visible: float
     load: float
+    remeasure: bool = False
 
 
 def workload(setup: Setup, seed: int) -> list[SimJob]:
@@ -105,7 +106,11 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         config = SimConfig(mode="slurm", seed=seed, **advisor_sim_options(site))  # type: ignore[arg-type]
     mode = {"packing": "none", "no-loop": "none", "loop": "detector", "oracle": "oracle"}[arm]
     # Clock faults slow the compute-bound classes: A and B feel 1 and 0.5 of a fault here.
-    detector = SuspicionDetector(signal_classes=("A", "B")) if mode == "detector" else None
+    detector = (
+        SuspicionDetector(signal_classes=("A", "B"), remeasure=setup.remeasure)
+        if mode == "detector"
+        else None
+    )
     loop = FaultLoop(gpus, faults, mode=mode, detector=detector, floor=floor, seed=seed)
     started = time.perf_counter()
     result = simulate(jobs, gpus, config, hooks=loop)
@@ -128,6 +133,11 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
                 "suspected": o.suspected_s is not None,
                 "sensitive_jobs": o.sensitive_jobs,
                 "jobs": o.jobs,
+                "slowed_jobs": o.slowed_jobs,
+                "slowed_h": o.slowed_s / 3600.0,
+                "late_jobs": o.late_jobs,
+                "late_h": o.late_s / 3600.0,
+                "mild_h": o.mild_s / 3600.0,
                 "hours": (o.delay_s if o.delay_s is not None else _censored_s(o, result)) / 3600.0,
             }
             for o in loop.outcomes
@@ -135,6 +145,10 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         "false_suspicions": len(loop.false_suspicions),
         "late_suspicions": len(loop.late_suspicions),
         "weak_suspicions": len(loop.weak_suspicions),
+        "probes": loop.probes_run,
+        "probe_h": loop.probe_s_spent / 3600.0,
+        "healthy_holds": len(loop.healthy_holds),
+        "healthy_hold_h": loop.healthy_hold_s / 3600.0,
     }
 
 
@@ -228,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repair-days", type=float, default=14.0)
     parser.add_argument("--visible", type=float, default=0.5, help="share NVML sees")
     parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="the loop also runs re-measure jobs on idle watched/suspect GPUs",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -241,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repair_days,
         args.visible,
         args.load,
+        args.remeasure,
     )
     tasks = [(s, arm) for s in range(args.first_seed, args.first_seed + args.seeds) for arm in ARMS]
     started = time.perf_counter()
