@@ -254,12 +254,7 @@ class SuspicionDetector:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if self.window < self.min_baseline:
             raise ValueError("window must hold at least min_baseline runs")
-        if self.watch is not None and not 0 < self.watch < self.alarm:
-            raise ValueError(f"watch must be in (0, alarm), got {self.watch!r}")
-        if self.measure_slowdown is not None and not self.measure_slowdown > 1:
-            raise ValueError(f"measure_slowdown must be > 1, got {self.measure_slowdown!r}")
-        if not self.measure_every_s > 0:
-            raise ValueError(f"measure_every_s must be > 0, got {self.measure_every_s!r}")
+        _check_remeasure(self.watch, self.alarm, self.measure_slowdown, self.measure_every_s)
         self._scores: dict[str, dict[str, float]] = {}
         self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
@@ -318,9 +313,8 @@ class SuspicionDetector:
     @property
     def confirm_ratio(self) -> float:
         """A re-measure at least this many times the campaign's time confirms a slowdown."""
-        if self.measure_slowdown is not None:
-            return self.measure_slowdown
-        return math.sqrt(self.min_slowdown)
+        given = self.measure_slowdown
+        return given if given is not None else math.sqrt(self.min_slowdown)
 
     def measure_requests(self, now: float) -> list[tuple[str, str]]:
         """(GPU, class) pairs a re-measure would settle now, most urgent first: sums at the
@@ -583,6 +577,17 @@ class SuspicionDetector:
         track.entries = []
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
+
+
+def _check_remeasure(
+    watch: float | None, alarm: float, measure_slowdown: float | None, every_s: float
+) -> None:
+    if watch is not None and not 0 < watch < alarm:
+        raise ValueError(f"watch must be in (0, alarm), got {watch!r}")
+    if measure_slowdown is not None and not measure_slowdown > 1:
+        raise ValueError(f"measure_slowdown must be > 1, got {measure_slowdown!r}")
+    if not every_s > 0:
+        raise ValueError(f"measure_every_s must be > 0, got {every_s!r}")
 
 
 def _measure_wanted(
