@@ -16,19 +16,23 @@ holds; its jobs are not counted) GPUs fault at ``--rate`` per 1,000 GPU-days for
 after ``--repair-days`` on average, ``--visible`` of them showing thermal/hardware clock
 slowdowns to NVML. A job keeps the pace it started with.
 
-Four placements on the same trace, GPUs and faults per seed:
+Five placements on the same trace, GPUs and faults per seed (``--arms`` picks some):
 
 - ``packing``: Slurm's own (``packed-sticky``);
 - ``no-loop``: the advisor as shipped (``packed-pm``, default settings), campaign scores only;
 - ``loop``: the same, with every ended job's record fed to ``SuspicionDetector`` and its
   suspects handed to placement as outliers for the classes they hurt;
+- ``remeasure``: the same with re-measure jobs (``SuspicionDetector(remeasure=True)``): a GPU
+  watched for a class (one clearly slow run) is held off for it until a short benchmark of
+  the class, run on it when a round leaves it idle, confirms or clears; suspects are
+  re-measured daily;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
 fault to suspicion; a fault repaired or still unseen at the end is censored, so median and p90
 are Kaplan-Meier estimates), false suspicions of GPUs no fault touched over all records, and
 average JCT: per-run ratios against ``no-loop`` (geomean, bootstrap 95 % interval over the
-paired runs) and the share of the no-loop -> oracle gap the loop recovers; the same share of
+paired runs) and the share of the no-loop -> oracle gap each loop recovers; the same share of
 the run time the faults added to the jobs they slowed >= 1.3x (what steering is for, without
 the schedule's own noise); for ``remeasure``, the re-measure jobs run and the holds of
 healthy GPUs.
