@@ -4,6 +4,7 @@ around them is worth. Simulated.
     python benchmarks/closed_loop.py                      # 6 seeds, tables on stdout
     python benchmarks/closed_loop.py --seeds 3 --json     # one JSON object
     python benchmarks/closed_loop.py --cv 0.1 --rate 4 --visible 0
+    python benchmarks/closed_loop.py --arms no-loop remeasure oracle
 
 Every run is the simulator's Slurm mode on a site-like history (Poisson arrivals at 80 % load,
 85 % single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 70 % of jobs of
@@ -15,19 +16,26 @@ holds; its jobs are not counted) GPUs fault at ``--rate`` per 1,000 GPU-days for
 after ``--repair-days`` on average, ``--visible`` of them showing thermal/hardware clock
 slowdowns to NVML. A job keeps the pace it started with.
 
-Four placements on the same trace, GPUs and faults per seed:
+Five placements on the same trace, GPUs and faults per seed (``--arms`` picks some):
 
 - ``packing``: Slurm's own (``packed-sticky``);
 - ``no-loop``: the advisor as shipped (``packed-pm``, default settings), campaign scores only;
 - ``loop``: the same, with every ended job's record fed to ``SuspicionDetector`` and its
   suspects handed to placement as outliers for the classes they hurt;
+- ``remeasure``: the same with re-measure jobs (``SuspicionDetector(remeasure=True)``): a GPU
+  watched for a class (one clearly slow run) is held off for it until a short benchmark of
+  the class, run on it when a round leaves it idle, confirms or clears; suspects are
+  re-measured daily;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
 fault to suspicion; a fault repaired or still unseen at the end is censored, so median and p90
 are Kaplan-Meier estimates), false suspicions of GPUs no fault touched over all records, and
 average JCT: per-run ratios against ``no-loop`` (geomean, bootstrap 95 % interval over the
-paired runs) and the share of the no-loop -> oracle gap the loop recovers.
+paired runs) and the share of the no-loop -> oracle gap each loop recovers; the same share of
+the run time the faults added to the jobs they slowed >= 1.3x (what steering is for, without
+the schedule's own noise); for ``remeasure``, the re-measure jobs run and the holds of
+healthy GPUs.
 """
 
 from __future__ import annotations
@@ -52,7 +60,10 @@ from slurm_pal.sim.loop import FaultLoop, application_workload, fault_model
 from slurm_pal.sim.variability import few_slow_gpus
 
 CLASSES = ("A", "B", "C", "D")
-ARMS = ("packing", "no-loop", "loop", "oracle")
+ARMS = ("packing", "no-loop", "loop", "remeasure", "oracle")
+LOOPS = ("loop", "remeasure")
+"""The arms with a detector: runtime and signal evidence from job ends, and that plus
+re-measure jobs on idle GPUs (with holds of watched GPUs until they run)."""
 TARGETS = {1.5: 5, 2.0: 3}
 """Fault factor -> the median number of the GPU's class-A jobs by which it must be suspect."""
 GAP_TARGET = 0.8
@@ -103,9 +114,13 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         config = SimConfig(placement="packed-sticky", mode="slurm", seed=seed)
     else:
         config = SimConfig(mode="slurm", seed=seed, **advisor_sim_options(site))  # type: ignore[arg-type]
-    mode = {"packing": "none", "no-loop": "none", "loop": "detector", "oracle": "oracle"}[arm]
+    mode = "oracle" if arm == "oracle" else "detector" if arm in LOOPS else "none"
     # Clock faults slow the compute-bound classes: A and B feel 1 and 0.5 of a fault here.
-    detector = SuspicionDetector(signal_classes=("A", "B")) if mode == "detector" else None
+    detector = (
+        SuspicionDetector(signal_classes=("A", "B"), remeasure=arm == "remeasure")
+        if mode == "detector"
+        else None
+    )
     loop = FaultLoop(gpus, faults, mode=mode, detector=detector, floor=floor, seed=seed)
     started = time.perf_counter()
     result = simulate(jobs, gpus, config, hooks=loop)
@@ -128,6 +143,11 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
                 "suspected": o.suspected_s is not None,
                 "sensitive_jobs": o.sensitive_jobs,
                 "jobs": o.jobs,
+                "slowed_jobs": o.slowed_jobs,
+                "slowed_h": o.slowed_s / 3600.0,
+                "late_jobs": o.late_jobs,
+                "late_h": o.late_s / 3600.0,
+                "mild_h": o.mild_s / 3600.0,
                 "hours": (o.delay_s if o.delay_s is not None else _censored_s(o, result)) / 3600.0,
             }
             for o in loop.outcomes
@@ -135,6 +155,10 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         "false_suspicions": len(loop.false_suspicions),
         "late_suspicions": len(loop.late_suspicions),
         "weak_suspicions": len(loop.weak_suspicions),
+        "probes": loop.probes_run,
+        "probe_h": loop.probe_s_spent / 3600.0,
+        "healthy_holds": len(loop.healthy_holds),
+        "healthy_hold_h": loop.healthy_hold_s / 3600.0,
     }
 
 
@@ -159,8 +183,8 @@ def km_quantile(times: list[float], events: list[bool], q: float) -> float:
     return math.inf
 
 
-def detection(runs: list[dict[str, object]]) -> dict[str, object]:
-    faults = [f for r in runs if r["arm"] == "loop" for f in r["faults"]]  # type: ignore[union-attr]
+def detection(runs: list[dict[str, object]], arm: str) -> dict[str, object]:
+    faults = [f for r in runs if r["arm"] == arm for f in r["faults"]]  # type: ignore[union-attr]
     out: dict[str, object] = {}
     for factor in sorted({f["factor"] for f in faults}):
         for label, keep in (
@@ -183,36 +207,85 @@ def detection(runs: list[dict[str, object]]) -> dict[str, object]:
     return out
 
 
+def _bootstrap(share, n: int) -> list[float]:
+    """95 % interval of ``share`` (a function of the picked seeds) over paired resamples."""
+    rng = np.random.default_rng(0)
+    boot = [share(rng.integers(0, n, n)) for _ in range(4000)]
+    boot = [b for b in boot if math.isfinite(b)]
+    return np.quantile(boot, [0.025, 0.975]).tolist() if boot else [math.nan, math.nan]
+
+
+def _table(runs: list[dict[str, object]], value) -> tuple[list[int], dict[str, np.ndarray]]:
+    seeds = sorted({int(r["seed"]) for r in runs})  # type: ignore[call-overload]
+    got = {(r["arm"], r["seed"]): value(r) for r in runs}
+    arms = [arm for arm in ARMS if all((arm, s) in got for s in seeds)]
+    return seeds, {arm: np.array([got[(arm, s)] for s in seeds]) for arm in arms}
+
+
 def jct_figures(runs: list[dict[str, object]]) -> dict[str, object]:
-    seeds = sorted({int(r["seed"]) for r in runs})  # type: ignore[arg-type]
-    jct = {(r["arm"], r["seed"]): float(r["avg_jct"]) for r in runs}  # type: ignore[arg-type]
-    table = {arm: np.array([jct[(arm, s)] for s in seeds]) for arm in ARMS}
+    seeds, table = _table(runs, lambda r: float(r["avg_jct"]))
+    out: dict[str, object] = {
+        "seeds": seeds,
+        "avg_jct_h": {arm: (v / 3600.0).round(3).tolist() for arm, v in table.items()},
+    }
+    if "no-loop" not in table:
+        return out
     ratios = {
         f"{arm} / no-loop": PairedRatios.of(list(table[arm] / table["no-loop"])).summary()
-        for arm in ("packing", "loop", "oracle")
+        for arm in table
+        if arm != "no-loop"
     }
-    ratios["loop / oracle"] = PairedRatios.of(list(table["loop"] / table["oracle"])).summary()
+    out["ratios"] = ratios
+    if "oracle" not in table:
+        return out
+    out["gap_h"] = float(np.mean(table["no-loop"] - table["oracle"]) / 3600.0)
     # The gap in log terms over the geomeans, with a paired bootstrap over the seeds.
-    logs = {arm: np.log(table[arm]) for arm in ARMS}
+    logs = {arm: np.log(v) for arm, v in table.items()}
+    for arm in LOOPS:
+        if arm not in table:
+            continue
+        ratios[f"{arm} / oracle"] = PairedRatios.of(list(table[arm] / table["oracle"])).summary()
 
-    def share(pick: np.ndarray) -> float:
-        gap = float(np.mean(logs["no-loop"][pick] - logs["oracle"][pick]))
-        won = float(np.mean(logs["no-loop"][pick] - logs["loop"][pick]))
-        return won / gap if gap > 0 else math.nan
+        def share(pick: np.ndarray, arm: str = arm) -> float:
+            gap = float(np.mean(logs["no-loop"][pick] - logs["oracle"][pick]))
+            won = float(np.mean(logs["no-loop"][pick] - logs[arm][pick]))
+            return won / gap if gap > 0 else math.nan
 
-    rng = np.random.default_rng(0)
-    everything = np.arange(len(seeds))
-    boot = [share(rng.integers(0, len(seeds), len(seeds))) for _ in range(4000)]
-    boot = [b for b in boot if math.isfinite(b)]
-    low, high = np.quantile(boot, [0.025, 0.975]).tolist() if boot else (math.nan, math.nan)
-    return {
-        "seeds": seeds,
-        "avg_jct_h": {arm: (table[arm] / 3600.0).round(3).tolist() for arm in ARMS},
-        "ratios": ratios,
-        "gap_recovered": share(everything),
-        "gap_recovered_ci95": [low, high],
-        "gap_h": float(np.mean(table["no-loop"] - table["oracle"]) / 3600.0),
-    }
+        out[f"{arm} gap_recovered"] = share(np.arange(len(seeds)))
+        out[f"{arm} gap_recovered_ci95"] = _bootstrap(share, len(seeds))
+    return out
+
+
+def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
+    """The run time the faults added to the jobs they slowed >= 1.3x (the jobs the oracle keeps
+    off), per arm and seed, and the share of the no-loop -> oracle difference each loop saves
+    (summed over seeds; bootstrap over them). Less noisy than average JCT: it does not see
+    how the rest of the schedule shifted."""
+    seeds, table = _table(runs, lambda r: sum(float(f["slowed_h"]) for f in r["faults"]))
+    out: dict[str, object] = {"added_h": {arm: v.round(1).tolist() for arm, v in table.items()}}
+    for arm in LOOPS:
+        if arm not in table:
+            continue
+        late = sum(float(f["late_h"]) for r in runs if r["arm"] == arm for f in r["faults"])  # type: ignore[union-attr]
+        out[f"{arm} after_suspicion_h"] = late
+        if "no-loop" not in table or "oracle" not in table:
+            continue
+
+        def share(pick: np.ndarray, arm: str = arm) -> float:
+            gap = float(np.sum(table["no-loop"][pick] - table["oracle"][pick]))
+            won = float(np.sum(table["no-loop"][pick] - table[arm][pick]))
+            return won / gap if gap > 0 else math.nan
+
+        out[f"{arm} saved_share"] = share(np.arange(len(seeds)))
+        out[f"{arm} saved_share_ci95"] = _bootstrap(share, len(seeds))
+    return out
+
+
+def loop_counts(runs: list[dict[str, object]], arm: str) -> dict[str, float]:
+    keys = ("false_suspicions", "late_suspicions", "weak_suspicions", "records", "probes",
+            "probe_h", "healthy_holds", "healthy_hold_h")  # fmt: skip
+    mine = [r for r in runs if r["arm"] == arm]
+    return {key: sum(float(r.get(key, 0)) for r in mine) for key in keys}  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repair-days", type=float, default=14.0)
     parser.add_argument("--visible", type=float, default=0.5, help="share NVML sees")
     parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -242,21 +316,21 @@ def main(argv: list[str] | None = None) -> int:
         args.visible,
         args.load,
     )
-    tasks = [(s, arm) for s in range(args.first_seed, args.first_seed + args.seeds) for arm in ARMS]
+    arms = [arm for arm in ARMS if arm in args.arms]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    tasks = [(s, arm) for s in seeds for arm in arms]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(
             pool.map(one_run, [setup] * len(tasks), [s for s, _ in tasks], [a for _, a in tasks])
         )
-    loop_runs = [r for r in runs if r["arm"] == "loop"]
+    loops = [arm for arm in LOOPS if arm in arms]
     report = {
         "setup": setup.__dict__,
-        "detection": detection(runs),
-        "false_suspicions": sum(int(r["false_suspicions"]) for r in loop_runs),  # type: ignore[arg-type]
-        "late_suspicions": sum(int(r["late_suspicions"]) for r in loop_runs),  # type: ignore[arg-type]
-        "weak_suspicions": sum(int(r["weak_suspicions"]) for r in loop_runs),  # type: ignore[arg-type]
-        "records": sum(int(r["records"]) for r in loop_runs),  # type: ignore[arg-type]
+        "detection": {arm: detection(runs, arm) for arm in loops},
+        "counts": {arm: loop_counts(runs, arm) for arm in loops},
         "jct": jct_figures(runs),
+        "fault_cost": fault_cost(runs),
         "wall_s": time.perf_counter() - started,
     }
     if args.json:
@@ -270,35 +344,62 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(report: dict[str, object]) -> None:
     setup = report["setup"]
     print(f"closed loop, simulated: {setup}")
-    print("\ndetection (the GPU's class-A jobs / all its jobs / hours, fault -> suspect;")
-    print("Kaplan-Meier median and p90, faults repaired or unseen at the end censored)")
-    for key, row in report["detection"].items():  # type: ignore[union-attr]
-        cells = "  ".join(
-            f"{unit} {_num(row[unit]['median'])} / {_num(row[unit]['p90'])}"
-            for unit in ("sensitive_jobs", "jobs", "hours")
+    for arm, rows in report["detection"].items():  # type: ignore[union-attr]
+        print(f"\n{arm}: detection (the GPU's class-A jobs / all its jobs / hours, fault ->")
+        print(
+            "suspect; Kaplan-Meier median and p90, faults repaired or unseen at the end censored)"
         )
-        print(f"  {key:<18} {row['suspected']:>3}/{row['faults']:<3} suspected   {cells}")
-    print(
-        f"\nfalse suspicions (GPUs no fault touched): {report['false_suspicions']} over "
-        f"{report['records']} job records; after a repair: {report['late_suspicions']}; "
-        f"faulty GPU, class slowed < 1.3x: {report['weak_suspicions']}"
-    )
+        for key, row in rows.items():
+            cells = "  ".join(
+                f"{unit} {_num(row[unit]['median'])} / {_num(row[unit]['p90'])}"
+                for unit in ("sensitive_jobs", "jobs", "hours")
+            )
+            print(f"  {key:<18} {row['suspected']:>3}/{row['faults']:<3} suspected   {cells}")
+        n = report["counts"][arm]  # type: ignore[index]
+        print(
+            f"  false suspicions (GPUs no fault touched): {n['false_suspicions']:.0f} over "
+            f"{n['records']:.0f} job records; after a repair: {n['late_suspicions']:.0f}; "
+            f"faulty GPU, class slowed < 1.3x: {n['weak_suspicions']:.0f}"
+        )
+        if n["probes"]:
+            print(
+                f"  re-measure jobs: {n['probes']:.0f} ({n['probe_h']:.1f} GPU-h); holds of "
+                f"GPUs no fault touched: {n['healthy_holds']:.0f} ({n['healthy_hold_h']:.0f} "
+                "GPU-h, that class kept off until the re-measure ran)"
+            )
     jct = report["jct"]
     print("\naverage JCT (h) per seed", jct["seeds"])  # type: ignore[index]
     for arm, values in jct["avg_jct_h"].items():  # type: ignore[index]
-        print(f"  {arm:<8} {values}")
-    for name, s in jct["ratios"].items():  # type: ignore[index]
+        print(f"  {arm:<9} {values}")
+    for name, s in jct.get("ratios", {}).items():  # type: ignore[union-attr]
         ratio = 1 - s["geomean_gain"]
         low, high = (1 - s["gain_ci95"][1], 1 - s["gain_ci95"][0])
         print(
-            f"  {name:<16} geomean {ratio:.4f} [{low:.4f}, {high:.4f}]  "
+            f"  {name:<21} geomean {ratio:.4f} [{low:.4f}, {high:.4f}]  "
             f"worst {s['worst_ratio']:.4f} best {s['best_ratio']:.4f}"
         )
-    low, high = jct["gap_recovered_ci95"]  # type: ignore[index]
-    print(
-        f"  gap no-loop -> oracle {jct['gap_h']:.3f} h on average; the loop recovers "  # type: ignore[index]
-        f"{jct['gap_recovered']:.0%} [{low:.0%}, {high:.0%}] (target >= {GAP_TARGET:.0%})"  # type: ignore[index]
-    )
+    for arm in LOOPS:
+        if f"{arm} gap_recovered" not in jct:  # type: ignore[operator]
+            continue
+        low, high = jct[f"{arm} gap_recovered_ci95"]  # type: ignore[index]
+        print(
+            f"  gap no-loop -> oracle {jct['gap_h']:.3f} h on average; {arm} recovers "  # type: ignore[index]
+            f"{jct[f'{arm} gap_recovered']:.0%} [{low:.0%}, {high:.0%}] "  # type: ignore[index]
+            f"(target >= {GAP_TARGET:.0%})"
+        )
+    cost = report["fault_cost"]
+    print("\nrun time the faults added to jobs they slowed >= 1.3x (h, per seed)")
+    for arm, values in cost["added_h"].items():  # type: ignore[index]
+        print(f"  {arm:<9} {values}  total {sum(values):.0f}")
+    for arm in LOOPS:
+        if f"{arm} saved_share" not in cost:  # type: ignore[operator]
+            continue
+        low, high = cost[f"{arm} saved_share_ci95"]  # type: ignore[index]
+        print(
+            f"  {arm} saves {cost[f'{arm} saved_share']:.0%} [{low:.0%}, {high:.0%}] of the "  # type: ignore[index]
+            f"no-loop -> oracle difference; {cost[f'{arm} after_suspicion_h']:.0f} h of it "  # type: ignore[index]
+            "from jobs started after the GPU was suspect"
+        )
     print(f"\n{report['wall_s']:.0f} s")
 
 

@@ -158,3 +158,60 @@ def test_applications_repeat_with_the_noise_asked_for() -> None:
         by_app.setdefault(j.model, []).append(math.log(j.work))
     spreads = [np.std(v) for v in by_app.values() if len(v) >= 10]
     assert 0.07 < float(np.median(spreads)) < 0.13
+
+
+class Prober(Recorder):
+    """Hooks that hold GPU 0 for 50 s once, at the first round that leaves it idle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = False
+        self.done: list[tuple[int, float, float]] = []
+
+    def probes(self, now: float, free) -> list[tuple[int, float]]:
+        if self.started or not free[0]:
+            return []
+        self.started = True
+        return [(0, 50.0)]
+
+    def probe_ended(self, gpu: int, start: float, end: float) -> None:
+        self.done.append((gpu, start, end))
+
+
+@pytest.mark.parametrize(
+    ("second_submit", "expected_ends", "probe"),
+    [
+        # Job 1 arrives while the probe holds the GPU: it waits for the probe's end.
+        (120.0, {"0": 100.0, "1": 250.0}, (0, 100.0, 150.0)),
+        # Job 1 is pending when job 0 ends: the round gives it the GPU (the probe is low
+        # priority) and the probe runs after it.
+        (50.0, {"0": 100.0, "1": 200.0}, (0, 200.0, 250.0)),
+    ],
+)
+def test_a_probe_takes_an_idle_gpu_after_the_round(
+    second_submit: float, expected_ends: dict[str, float], probe: tuple[int, float, float]
+) -> None:
+    gpus = uniform_gpus(CLASSES, 1, 1)
+    trace = [job(0, 0, 100), job(1, second_submit, 100)]
+    prober = Prober()
+    config = SimConfig(placement="packed-sticky", mode="slurm")
+    result = simulate(trace, gpus, config, hooks=prober)
+    assert ends(result) == expected_ends
+    assert prober.done == [probe]
+
+
+def test_remeasures_confirm_a_slow_gpu_after_its_first_slow_job() -> None:
+    jobs, gpus = _site(16, 2500, seed=1)
+    faults = [Fault(gpu=5, at_s=86400.0 * 40, factor=2.0)]
+    detector = SuspicionDetector(signal_classes=("A", "B"), remeasure=True)
+    loop = FaultLoop(gpus, faults, mode="detector", detector=detector)
+    config = SimConfig(placement="advisor", mode="slurm", default_class="A")
+    simulate(jobs, gpus, config, hooks=loop)
+    # Runtime evidence alone takes 3 of its class-A jobs here (the test above allows 4); its
+    # first slow run asks for a re-measure, which runs once the GPU is idle and confirms.
+    outcome = loop.outcomes[0]
+    assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 2
+    assert loop.probes_run >= 1
+    assert loop.probe_s_spent >= loop.probes_run * 0.9 * loop.probe_s
+    assert loop.false_suspicions == []
+    assert any(c.suspect and "re-measure" in c.why for c in detector.changes_)

@@ -97,6 +97,7 @@ __all__ = [
     "PLACEMENTS",
     "SCHEDULERS",
     "JobEnd",
+    "ProbeHooks",
     "SimConfig",
     "SimHooks",
     "simulate",
@@ -248,6 +249,20 @@ class SimHooks(Protocol):
     def scores(self) -> Mapping[str, Sequence[float]] | None:
         """New placement scores (class -> one per GPU) when they changed since the last
         call, else None."""
+
+
+class ProbeHooks(SimHooks, Protocol):
+    """Hooks that also run short pinned jobs of their own (re-measures) on idle GPUs: after
+    each round (so they take only GPUs no pending job took: low priority) the engine asks
+    ``probes`` which free GPUs to hold for how long, holds them (the GPU time is spent,
+    nothing else runs there), and calls ``probe_ended`` when each is done. Hooks without
+    these methods run none."""
+
+    def probes(self, now: float, free: Sequence[bool]) -> Sequence[tuple[int, float]]:
+        """(GPU index, seconds) to start now, on GPUs ``free`` says are idle."""
+
+    def probe_ended(self, gpu: int, start: float, end: float) -> None:
+        """The probe started on ``gpu`` at ``start`` ended at ``end``."""
 
 
 class _Job:
@@ -595,9 +610,10 @@ class _Simulation:
         running: list[tuple[float, int, _Job]] = []  # heap of (end, order, job)
         self.deadlines: list[float] = []  # heap: held jobs' begin times (Slurm acts then)
         now = 0.0
-        while arrivals or pending or running:
+        probes = self.probes = _Probes(self)
+        while arrivals or pending or running or probes.heap:
             next_arrival = arrivals[-1].spec.submit_time if arrivals else math.inf
-            next_end = running[0][0] if running else math.inf
+            next_end = min(running[0][0] if running else math.inf, probes.next_end())
             while self.deadlines and self.deadlines[0] <= now:
                 heapq.heappop(self.deadlines)
             next_deadline = self.deadlines[0] if self.deadlines and pending else math.inf
@@ -615,6 +631,7 @@ class _Simulation:
                 )
                 if self.hooks is not None:
                     self._ended(job, now)
+            probes.end(now)
             while arrivals and arrivals[-1].spec.submit_time <= now:
                 pending.append(arrivals.pop())
             if self.hooks is not None:
@@ -623,6 +640,7 @@ class _Simulation:
                 started = self._slurm_plan(self._priority(pending), running, now)
                 if started:
                     pending = [job for job in pending if job.alloc is None]
+            probes.start(now)
             self.timeline.append((now, self._busy()))
         return self.result()
 
@@ -677,7 +695,10 @@ class _Simulation:
         ends) and how many are left over then. Never (inf) when unlimited jobs hold them:
         Slurm cannot plan around those either."""
         free = self.cluster.n_free
-        ends = sorted((self._planned_end(job, end), job.spec.gpus) for end, _, job in running)
+        ends = sorted(
+            [(self._planned_end(job, end), job.spec.gpus) for end, _, job in running]
+            + [(end, 1) for end, _, _ in self.probes.heap]
+        )
         for end, gpus in ends:
             if not math.isfinite(end):
                 break
@@ -685,6 +706,39 @@ class _Simulation:
             if free >= needed:
                 return end, free - needed
         return math.inf, 0
+
+
+class _Probes:
+    """The hooks' own short pinned jobs (:class:`ProbeHooks`) in the Slurm mode."""
+
+    def __init__(self, simulation: _Simulation) -> None:
+        self.simulation = simulation
+        hooks = simulation.hooks
+        self.hooks = hooks if hooks is not None and hasattr(hooks, "probes") else None
+        self.heap: list[tuple[float, int, float]] = []  # (end, GPU, start)
+
+    def next_end(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+    def end(self, now: float) -> None:
+        while self.heap and self.heap[0][0] <= now:
+            _, gpu, began = heapq.heappop(self.heap)
+            self.simulation.cluster.release([gpu])
+            self.hooks.probe_ended(gpu, began, now)  # type: ignore[union-attr,attr-defined]
+
+    def start(self, now: float) -> None:
+        """Hold the idle GPUs the hooks want (after the round: low priority)."""
+        if self.hooks is None:
+            return
+        cluster = self.simulation.cluster
+        free = cluster.free.tolist()
+        for gpu, seconds in self.hooks.probes(now, free):  # type: ignore[attr-defined]
+            if not free[gpu] or not seconds > 0:
+                continue
+            free[gpu] = False
+            cluster.allocate([gpu])
+            cluster.expect_free_at([gpu], now + seconds)
+            heapq.heappush(self.heap, (now + seconds, gpu, now))
 
 
 def _held_s(job: _Job) -> float:

@@ -32,6 +32,7 @@ import numpy as np
 
 from slurm_pal.core.drift import JobRun
 from slurm_pal.core.suspicion import (
+    Change,
     GpuSignals,
     JobRecord,
     Suspicion,
@@ -151,6 +152,11 @@ class FaultOutcome:
     suspected_s: float | None = None
     jobs: int = 0  # jobs that ran on the faulty GPU (started after the fault) until then
     sensitive_jobs: int = 0  # those of the most sensitive class
+    slowed_jobs: int = 0  # jobs it slowed >= min_slowdown (what steering is for)
+    slowed_s: float = 0.0  # the run time it added to them
+    late_jobs: int = 0  # of those, jobs that started after the GPU was suspect (class A)
+    late_s: float = 0.0  # and the run time it added to those
+    mild_s: float = 0.0  # the run time it added to jobs it slowed less (no one steers those)
 
     @property
     def delay_s(self) -> float | None:
@@ -165,6 +171,16 @@ class FaultLoop:
     ``avoid_above`` so it is an outlier; ``min_slowdown``: a class the fault slows less than
     this is not steered by the oracle (the detector's own ``min_slowdown`` says it for the
     loop). ``signal_share``: the share of busy time a visible fault shows as hardware slowdown.
+
+    Re-measures (opt-in: a detector with ``remeasure``): after each round the hooks take the
+    detector's :meth:`~slurm_pal.core.suspicion.SuspicionDetector.measure_requests` whose GPU
+    is idle and hold it for the class's benchmark (``probe_s`` at the campaign's pace, times
+    the GPU's true slowdown now, with a log-normal noise ``probe_noise``); at its end the
+    detector gets the time over the campaign's. Rate limits: ``max_probes`` at once, one per
+    GPU per ``probe_gap_s``. The GPU time spent is counted (``probe_s_spent``). With
+    ``hold_watched``, placement also keeps a class off a GPU the detector is watching for it
+    (one clearly slow run) until the re-measure says: a hold, not a suspicion (holds of GPUs
+    no fault touched are counted apart, ``healthy_holds``).
     """
 
     gpus: SimGpus
@@ -176,6 +192,11 @@ class FaultLoop:
     min_slowdown: float = 1.3
     signal_share: float = 0.6
     seed: int = 0
+    probe_s: float = 900.0
+    probe_noise: float = 0.02
+    max_probes: int = 2
+    probe_gap_s: float = 3600.0
+    hold_watched: bool = True
     outcomes: list[FaultOutcome] = field(default_factory=list, init=False)
     false_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
     """(GPU, class, when) of every suspicion of a GPU no fault had slowed at all."""
@@ -184,6 +205,12 @@ class FaultLoop:
     weak_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
     """Suspicions of a faulty GPU for a class the fault slows less than ``min_slowdown``."""
     records: int = field(default=0, init=False)
+    probes_run: int = field(default=0, init=False)
+    healthy_holds: list[tuple[str, str, float]] = field(default_factory=list, init=False)
+    """(GPU, class, when) of every hold of a GPU no fault had touched."""
+    healthy_hold_s: float = field(default=0.0, init=False)
+    """How long those holds lasted, in all."""
+    probe_s_spent: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -211,10 +238,17 @@ class FaultLoop:
         self._active: dict[int, int] = {}  # GPU -> index of its active fault
         self._dirty = False
         self._rng = np.random.default_rng(self.seed)
+        self._probe_rng = np.random.default_rng([self.seed, 1])
+        self._truth: dict[str, list[float]] | None = None
+        self._in_flight: dict[int, str] = {}  # GPU -> the class its probe measures
+        self._last_probe: dict[int, float] = {}
+        self._held: list[tuple[str, str]] = []
+        self._healthy_since: dict[tuple[str, str], float] = {}
 
     # -- SimHooks -------------------------------------------------------------------------
 
     def advance(self, now: float, truth: dict[str, list[float]]) -> None:
+        self._truth = truth
         while self._next < len(self._events) and self._events[self._next][0] <= now:
             _, starts, n = self._events[self._next]
             self._next += 1
@@ -232,6 +266,7 @@ class FaultLoop:
     def job_ended(self, job: JobEnd) -> None:
         self.records += 1
         gpu_ids = [self.index[uuid] for uuid in job.gpus]
+        self._count_cost(job, gpu_ids)
         signals: dict[str, GpuSignals] = {}
         for uuid, gpu in zip(job.gpus, gpu_ids, strict=True):
             fault = self._fault_during(gpu, job.start)
@@ -250,11 +285,57 @@ class FaultLoop:
         run = JobRun(
             job.job_id, job.app or job.job_id, job.job_class, job.gpus, job.end - job.start
         )
-        changes = self.detector.update(JobRecord(run, job.end, signals, job.penalty))
+        self._apply(self.detector.update(JobRecord(run, job.end, signals, job.penalty)), job.end)
+
+    def probes(self, now: float, free: Sequence[bool]) -> list[tuple[int, float]]:
+        """Re-measures to start now on idle GPUs (see the class docstring)."""
+        detector = self.detector
+        if detector is None or not detector.remeasure or self._truth is None:
+            return []
+        out: list[tuple[int, float]] = []
+        for uuid, job_class in detector.measure_requests(now):
+            if len(self._in_flight) >= self.max_probes:
+                break
+            gpu = self.index[uuid]
+            if not free[gpu] or gpu in self._in_flight:
+                continue
+            if now - self._last_probe.get(gpu, -math.inf) < self.probe_gap_s:
+                continue
+            noise = float(self._probe_rng.lognormal(0.0, self.probe_noise))
+            seconds = self.probe_s * self._truth[job_class][gpu] * noise
+            self._in_flight[gpu] = job_class
+            self._last_probe[gpu] = now
+            out.append((gpu, seconds))
+        return out
+
+    def probe_ended(self, gpu: int, start: float, end: float) -> None:
+        job_class = self._in_flight.pop(gpu)
+        self.probes_run += 1
+        self.probe_s_spent += end - start
+        assert self.detector is not None
+        uuid = self.uuids[gpu]
+        ratio = (end - start) / (self.probe_s * self.base_scores[uuid][job_class])
+        self._apply(self.detector.measured(uuid, job_class, ratio, end), end)
+
+    def _apply(self, changes: Sequence[Change], now: float) -> None:
         for change in changes:
             self._dirty = True
             if change.suspect:
                 self._judge(change.gpu, change.job_class, change.at_s)
+        if not self.hold_watched or self.detector is None:
+            return
+        held = self.detector.watched()
+        if held != self._held:
+            self._dirty = True
+            for key in sorted(set(held) - set(self._held)):
+                gpu = self.index[key[0]]
+                if not any(f.gpu == gpu and f.at_s <= now for f in self.faults):
+                    self.healthy_holds.append((*key, now))
+                    self._healthy_since[key] = now
+            for key in set(self._held) - set(held):
+                if key in self._healthy_since:
+                    self.healthy_hold_s += now - self._healthy_since.pop(key)
+            self._held = held
 
     def scores(self) -> Mapping[str, Sequence[float]] | None:
         if not self._dirty:
@@ -271,6 +352,10 @@ class FaultLoop:
         else:
             assert self.detector is not None
             suspects = self.detector.suspects()
+            suspects += [
+                Suspicion(uuid, c, math.nan, math.nan, "held", math.nan, 0)
+                for uuid, c in self._held
+            ]
         table = outlier_scores(self.base_scores, suspects, self.floor)
         return {c: [table[uuid][c] for uuid in self.uuids] for c in self.classes}
 
@@ -282,6 +367,35 @@ class FaultLoop:
         if n is None or self.faults[n].at_s > start:
             return None
         return n
+
+    def _count_cost(self, job: JobEnd, gpu_ids: Sequence[int]) -> None:
+        """The run time a fault added to ``job`` (jobs keep the pace they started with: the
+        slowest of its GPUs at its start against the same GPUs unfaulted), charged to the
+        fault of its slowest GPU: jobs slowed ``min_slowdown`` or more (those the oracle keeps
+        off) split by whether they started after the GPU was suspect, the others apart."""
+        base = self.base_truth[job.job_class]
+        worst_base = max(float(base[g]) for g in gpu_ids)
+        worst, culprit = worst_base, None
+        for gpu in gpu_ids:
+            n = self._fault_during(gpu, job.start)
+            if n is None:
+                continue
+            factor = self.faults[n].factors(self.classes, self.sensitivity)[job.job_class]
+            value = float(base[gpu]) * factor
+            if value > worst:
+                worst, culprit = value, n
+        if culprit is None:
+            return
+        added = (job.end - job.start) * (1.0 - worst_base / worst)
+        outcome = self.outcomes[culprit]
+        if worst / worst_base < self.min_slowdown:
+            outcome.mild_s += added
+            return
+        outcome.slowed_jobs += 1
+        outcome.slowed_s += added
+        if outcome.suspected_s is not None and job.start >= outcome.suspected_s:
+            outcome.late_jobs += 1
+            outcome.late_s += added
 
     def _judge(self, uuid: str, job_class: str, at: float) -> None:
         gpu = self.index[uuid]
