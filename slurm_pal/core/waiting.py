@@ -11,9 +11,8 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 - **what the outlier costs it**: its expected runtime times the slowdown there minus one
   (``runtime_s``: its time limit; a job without one is weighed as if it ran the policy's
   ``assumed_runtime_s``, an hour by default, so an unknown runtime never buys a long wait);
-- **the bound**: what it has waited already (``waited_s``, from when it could first have
-  started) counts against the same cost, and no job is held longer than ``max_wait_s``,
-  whatever the estimates say; they are estimates.
+- **the bound**: no job is held longer than ``max_wait_s`` from when it could first have
+  started (``waited_s``), whatever the estimates say; they are estimates.
 
 Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
 neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
@@ -85,40 +84,26 @@ def weigh_wait(
     max_wait_s: float,
     now: float,
 ) -> WaitVerdict:
-    """Hold the job back while the wait it can expect (``wait_s``), added to what it has waited
-    already (``waited_s``, from when it could first have started), stays below what taking the
-    outlier would cost it (``runtime_s x (slowdown - 1)``) and below ``max_wait_s``.
-
-    Counting the wait already served is the ski-rental rule: stop paying rent once it adds up to
-    the price. However wrong the estimates (a site's jobs end long before or after their
-    limits), a held job then loses at most twice what the outlier would have cost it, where
-    weighing each fresh estimate alone let a 16-GPU job be re-held, estimate after estimate,
-    for 42 h on a site-like week. The bound Slurm is given (``until``) is the same sum."""
-    cost = runtime_s * (slowdown - 1.0)
-    bound = min(max_wait_s, cost)
-    until = now - waited_s + bound
-    left = bound - waited_s
+    """Hold the job back while the wait it can expect (``wait_s``) is shorter than what taking
+    the outlier would cost it (``runtime_s x (slowdown - 1)``) and ends within the bound
+    (``max_wait_s`` from when it could first have started, ``waited_s`` ago)."""
+    until = now - waited_s + max_wait_s
+    left = max_wait_s - waited_s
     if left <= 0:
-        which = (
-            "the bound (max_wait_s)"
-            if max_wait_s <= cost
-            else f"the {cost:.0f} s it would lose on the outlier"
-        )
-        return WaitVerdict(False, until, f"waited {waited_s:.0f} s, {which}")
+        return WaitVerdict(False, until, f"waited {waited_s:.0f} s, the bound (max_wait_s)")
     if not math.isfinite(wait_s):
         return WaitVerdict(
             False, until, "no end expected for the jobs on the GPUs it waits for (no time limit)"
         )
-    if wait_s >= left:
+    if wait_s > left:
         return WaitVerdict(
-            False,
-            until,
-            f"waited {waited_s:.0f} s + expected wait {wait_s:.0f} s >= "
-            f"{bound:.0f} s ({'max_wait_s' if max_wait_s <= cost else 'lost on the outlier'})",
+            False, until, f"expected wait {wait_s:.0f} s exceeds what is left of the bound"
+        )
+    cost = runtime_s * (slowdown - 1.0)
+    if wait_s >= cost:
+        return WaitVerdict(
+            False, until, f"expected wait {wait_s:.0f} s >= {cost:.0f} s lost on the outlier"
         )
     return WaitVerdict(
-        True,
-        until,
-        f"waited {waited_s:.0f} s + expected wait {wait_s:.0f} s < {cost:.0f} s lost on the "
-        "outlier",
+        True, until, f"expected wait {wait_s:.0f} s < {cost:.0f} s lost on the outlier"
     )
