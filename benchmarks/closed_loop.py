@@ -247,13 +247,21 @@ def jct_figures(runs: list[dict[str, object]]) -> dict[str, object]:
         ratios[f"{arm} / oracle"] = PairedRatios.of(list(table[arm] / table["oracle"])).summary()
 
         def share(pick: np.ndarray, arm: str = arm) -> float:
-            gap = float(np.mean(logs["no-loop"][pick] - logs["oracle"][pick]))
-            won = float(np.mean(logs["no-loop"][pick] - logs[arm][pick]))
-            return won / gap if gap > 0 else math.nan
+            return _recovered(logs["no-loop"], logs[arm], logs["oracle"], pick, np.mean)
 
         out[f"{arm} gap_recovered"] = share(np.arange(len(seeds)))
         out[f"{arm} gap_recovered_ci95"] = _bootstrap(share, len(seeds))
     return out
+
+
+def _recovered(
+    before: np.ndarray, after: np.ndarray, target: np.ndarray, pick: np.ndarray, reduce
+) -> float:
+    """The share of the ``before`` -> ``target`` difference that ``after`` closes over the
+    seeds ``pick`` (``reduce``: mean of logs for JCT, sum for hours); NaN without a gap."""
+    gap = float(reduce(before[pick] - target[pick]))
+    won = float(reduce(before[pick] - after[pick]))
+    return won / gap if gap > 0 else math.nan
 
 
 def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
@@ -272,9 +280,7 @@ def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
             continue
 
         def share(pick: np.ndarray, arm: str = arm) -> float:
-            gap = float(np.sum(table["no-loop"][pick] - table["oracle"][pick]))
-            won = float(np.sum(table["no-loop"][pick] - table[arm][pick]))
-            return won / gap if gap > 0 else math.nan
+            return _recovered(table["no-loop"], table[arm], table["oracle"], pick, np.sum)
 
         out[f"{arm} saved_share"] = share(np.arange(len(seeds)))
         out[f"{arm} saved_share_ci95"] = _bootstrap(share, len(seeds))
