@@ -276,6 +276,40 @@ def test_simulator_prediction(tmp_path: Path) -> None:
     assert busy["stock"]["placement"] == "packed-sticky"
 
 
+def test_prediction_gives_jobs_the_limit_slurm_gives_them(tmp_path: Path) -> None:
+    """Slurm gives the testbed's jobs no end (sbatch asks for no limit; the partition's MaxTime
+    is INFINITE, with no DefaultTime), so the served advisor never expects a GPU to free and
+    never holds a job for one. The simulated jobs carry the same limit, so the prediction holds
+    none either: with the run times known exactly it held mixed48's 8-GPU job j27 and let j28
+    pass it, a gain (0.775) that the testbed could not measure (1.002)."""
+    from slurm_pal.testbed.run import (
+        SLURM_TIME_LIMIT_S,
+        prepare,
+        sim_gpus,
+        sim_jobs,
+    )
+
+    class Prep:
+        settings = RunSettings(tmp_path)
+        job_script = tmp_path / "job.py"
+        table_path = tmp_path / "scores.json"
+
+    trace = make_trace("mixed48")
+    for job in trace:
+        args = sbatch_args(job, Prep, tmp_path, 0.0)  # type: ignore[arg-type]
+        assert not any(a.startswith(("--time", "-t")) for a in args)
+    conf = (resources.files("slurm_pal.testbed") / "templates" / "slurm.conf.j2").read_text()
+    assert "MaxTime=INFINITE" in conf and "DefaultTime" not in conf
+    assert math.isinf(SLURM_TIME_LIMIT_S)
+    assert {j.time_limit for j in sim_jobs(trace)} == {SLURM_TIME_LIMIT_S}
+    assert [j.work for j in sim_jobs(trace, extra_s=0.5)] == [j.base + 0.5 for j in trace]
+    prep = prepare(RunSettings(tmp_path / "tb"))
+    assert _direct(prep, trace, prep.served_config())["held_jobs"] == 0
+    exact = [dataclasses.replace(j, time_limit=None) for j in sim_jobs(trace)]
+    held = simulate(exact, sim_gpus(prep), _testbed_sim(prep, prep.served_config())).jobs
+    assert [j.job_id for j in held if j.held_s > 0] == ["j27"]
+
+
 def _site(**advisor: object) -> SiteConfig:
     base = SiteConfig()
     return dataclasses.replace(base, advisor=dataclasses.replace(base.advisor, **advisor))
@@ -284,17 +318,22 @@ def _site(**advisor: object) -> SiteConfig:
 def _direct(prep, trace: list[TraceJob], config: SiteConfig, **override: object):
     """``simulate`` of the advisor exactly as ``advisor_sim_options`` sets ``config`` up, on
     the testbed's GPUs and trace, in the testbed's Slurm mode (strict FIFO)."""
-    from slurm_pal.testbed.run import sim_gpus
+    from slurm_pal.testbed.run import sim_gpus, sim_jobs
 
-    jobs = [SimJob(j.job_id, j.submit, j.gpus, j.base, j.job_class) for j in trace]
-    options = advisor_sim_options(config) | override
-    sim = SimConfig(
-        **options,
+    return simulate(
+        sim_jobs(trace), sim_gpus(prep), _testbed_sim(prep, config, **override)
+    ).summary()
+
+
+def _testbed_sim(prep, config: SiteConfig, **override: object) -> SimConfig:
+    """The simulated advisor as ``advisor_sim_options`` sets ``config`` up, in the testbed's
+    Slurm mode (strict FIFO)."""
+    return SimConfig(
+        **(advisor_sim_options(config) | override),
         mode="slurm",
         backfill=False,
         site_locality_penalty=float(prep.table["across_nodes"]),
     )
-    return simulate(jobs, sim_gpus(prep), sim).summary()
 
 
 def test_prediction_is_the_site_configs_advisor(tmp_path: Path) -> None:

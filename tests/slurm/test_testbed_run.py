@@ -5,6 +5,7 @@ No assertion on which arm wins."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.cli.main import app
-from slurm_pal.testbed.run import AdvisorArm, ArmUnavailable, check_record
+from slurm_pal.testbed.run import SLURM_TIME_LIMIT_S, AdvisorArm, ArmUnavailable, check_record
 
 pytestmark = pytest.mark.slurm
 
@@ -99,6 +100,8 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
             r = json.loads(path.read_text())
             job = slurm[r["trace_id"]]
             assert str(job["job_id"]) == r["job_id"] and job["job_state"] == "COMPLETED"
+            # Slurm's limit for the job is the one the prediction simulated it with
+            assert job["time_limit"] == "UNLIMITED" and math.isinf(SLURM_TIME_LIMIT_S)
             if r["gpus_asked"] <= 4:
                 assert job["nodes"] == r["gpus"][0][0]
                 assert _gres_idx(job["gres_detail"]) == sorted(g[1] for g in r["gpus"])
