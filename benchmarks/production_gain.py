@@ -14,7 +14,10 @@ of its runs pairs placements on exactly the same trace, GPUs and seed with the r
 (``packed-sticky``: Slurm's own packing), so every run gives an average-JCT ratio.
 
 - Node shapes: 1, 2, 4 and 8 GPUs per node (the cluster's GPU count stays the trace's).
-- Traces: ``sia`` (Sia-Philly workloads 1-4, 64 GPUs, perfect limits as in the paper),
+- Traces: ``sia`` (Sia-Philly workloads 1-4, 64 GPUs, perfect limits as in the paper: the
+  scheduler knows each job's run time), ``sia-x2`` (the same workloads with the limits a site
+  sees: each job asks for twice its run time on median GPUs, rounded up to the hour, so the
+  advisor weighs waits from limits as it does under Slurm),
   ``philly-vc`` (a Philly virtual cluster's 76 days as a sacct history, 160 GPUs, every
   limit UNLIMITED), ``site`` (generated site-like weeks: Poisson arrivals at 60-95 % load, 85 %
   single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 64 GPUs).
@@ -64,7 +67,7 @@ SIA = SHARED / "traces" / "sia-philly"
 PHILLY_VC = SHARED / "traces" / "philly-vc" / "philly_vc-ee9e8c_2017-09-25_2017-12-11.sacct"
 H100 = SHARED / "gpu-h100" / "campaign-h100x" / "results"
 SHAPES = (1, 2, 4, 8)
-TRACES = {"sia": 64, "philly-vc": 160, "site": 64}
+TRACES = {"sia": 64, "sia-x2": 64, "philly-vc": 160, "site": 64}
 """Trace family -> the cluster's GPU count."""
 PROFILES = ("longhorn", "h100", "artifact", "few-slow")
 WITH_OUTLIERS = ("artifact", "few-slow")
@@ -121,18 +124,32 @@ def simulated_gpus(profile: str, n_gpus: int, per_node: int, seed: int) -> SimGp
     return few_slow_gpus("ABCD", nodes, per_node, seed=seed)
 
 
+LIMIT_PADDING = 2.0
+"""``sia-x2``: a job's time limit over its run time on median GPUs (users ask for more than
+they use; the advisor's own ``limit_share`` default, 0.5, assumes the same)."""
+
+
 @functools.cache
 def trace(family: str, run: int) -> tuple[SimJob, ...]:
-    if family == "sia":
-        return tuple(read_sia_trace(SIA / f"workload-{1 + run % 4}.csv", track=(0, 159)))
+    if family in ("sia", "sia-x2"):
+        jobs = read_sia_trace(SIA / f"workload-{1 + run % 4}.csv", track=(0, 159))
+        if family == "sia":
+            return tuple(jobs)
+        return tuple(dataclasses.replace(j, time_limit=padded_limit(j.work)) for j in jobs)
     if family == "philly-vc":
         return tuple(read_sacct(PHILLY_VC))
     load = 0.6 + 0.35 * ((run * 0.618) % 1.0)  # spread over 60-95 %, run by run
     return tuple(site_like_workload(TRACES["site"], load=load, n_jobs=600, seed=run))
 
 
+def padded_limit(work_s: float) -> float:
+    """The limit a user asks for a job that runs ``work_s``: ``LIMIT_PADDING`` times it,
+    rounded up to a whole hour."""
+    return math.ceil(work_s * LIMIT_PADDING / 3600.0) * 3600.0
+
+
 def gpu_seed(family: str, run: int) -> int:
-    return run // 4 if family == "sia" else run
+    return run // 4 if family.startswith("sia") else run
 
 
 def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str], dict]:
