@@ -24,8 +24,9 @@ Two kinds of evidence, per (GPU, job class):
 - **Direct signals** the hooks read through NVML: the share of busy time under thermal or
   hardware clock slowdowns (:data:`~slurm_pal.core.campaigns.COOLING_EVENTS`; power capping is
   the normal state of a busy GPU and is no fault), and the busy SM clock against the same
-  model's median when power capping does not explain it. One such record makes the GPU suspect
-  for ``signal_classes`` (the clock-bound classes it hurts) at once.
+  model's median when power capping does not explain it (:mod:`slurm_pal.core.clocks`), and
+  memory that awaits a reset or has failed (:data:`MEMORY_FAULTS`). One such record makes the
+  GPU suspect for ``signal_classes`` (the clock-bound classes it hurts) at once.
 
 Clearing is the mirror: a suspect GPU whose later runs of that class look normal (the reverse
 CUSUM reaches ``clear_alarm``) or whose later records show clean signals (``clear_records``)
