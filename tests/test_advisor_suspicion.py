@@ -195,6 +195,55 @@ def test_a_record_carrying_a_clock_fault_makes_the_gpu_suspect_at_once(env: Env)
     assert first_pick(st, "resnet") != target
 
 
+def signal_run(st: AdvisorState, jobs: Jobs, uuid: str, readings: dict) -> None:
+    """A class-A job on ``uuid`` whose Epilog carries these NVML readings (runtime normal)."""
+    jobs.next_id += 1
+    job_id = jobs.next_id
+    node, index = jobs.place[uuid]
+    with Store(jobs.env.db) as store:
+        store.save_decision(f"t{job_id}", job("resnet").stored(), {"class": "A"}, job_id=job_id)
+    base = {"job_id": job_id, "node": node, "slurm_gpus": [index]}
+    st.apply_record({**base, "record_id": f"{job_id}:p", "kind": "prolog", "time": jobs.now})
+    jobs.now += RUNTIME_S
+    st.apply_record({**base, "record_id": f"{job_id}:e", "kind": "epilog", "time": jobs.now,
+                     "exit_code": 0, "gpu_signals": {str(index): readings}})  # fmt: skip
+
+
+def test_a_busy_clock_below_the_models_other_gpus_makes_it_suspect(env: Env) -> None:
+    """What the hooks send (busy SM clock in MHz): the service compares it with the same
+    model's other GPUs; power capping excuses a low clock, hardware slowdown does not."""
+    st = with_mode(env, "steer").state()
+    target = first_pick(st, "resnet")
+    jobs = Jobs(env)
+    others = [u for u in jobs.place if u != target][:4]
+    uncapped = {"clock_events": {"sw_power_cap": 0.1}, "event_samples": 20,
+                "sm_clock_max_mhz": 1530.0}  # fmt: skip
+    for n, uuid in enumerate(others):
+        signal_run(st, jobs, uuid, {**uncapped, "sm_clock_mhz": 1530.0 - 15 * n})
+    capped = {"clock_events": {"sw_power_cap": 0.9}, "event_samples": 20, "sm_clock_mhz": 900.0,
+              "sm_clock_max_mhz": 1530.0}  # fmt: skip
+    signal_run(st, jobs, target, capped)
+    assert st.suspects.suspects() == []  # a power-capped low clock accuses no one
+    signal_run(st, jobs, target, {**uncapped, "sm_clock_mhz": 900.0})
+    (found,) = {s.gpu for s in st.suspects.suspects()}
+    assert found == target and "not power capped" in st.suspects.suspects()[0].cause
+    assert first_pick(st, "resnet") != target
+
+
+def test_a_pending_row_remap_makes_the_gpu_suspect_and_old_records_stay_valid(env: Env) -> None:
+    st = with_mode(env, "report").state()
+    jobs = Jobs(env)
+    one, two = list(jobs.place)[:2]
+    signal_run(st, jobs, one, {"clock_events": {"sw_power_cap": 1.0}, "sm_clock_ratio": 0.99})
+    signal_run(st, jobs, two, {"clock_events": {}, "memory_faults": ["row_remap_pending"]})
+    bad = {"clock_events": {"hw_slowdown": 7}, "sm_clock_mhz": "fast"}  # malformed: left out
+    signal_run(st, jobs, one, bad)
+    assert [(s.gpu, s.cause) for s in st.suspects.suspects()][:1] == [
+        (two, "signal: row remapping pending (reset the GPU to apply it)")
+    ]
+    assert {s.gpu for s in st.suspects.suspects()} == {two}
+
+
 def test_a_short_jobs_epilog_before_its_decision_is_bound(env: Env) -> None:
     """The store binds a decision to its job id at a later refresh; the decide path's memory
     and the job's admin comment in the last read stand in for it."""

@@ -388,7 +388,8 @@ class NodeNvml(FakePynvml):
         return super().nvmlDeviceGetUtilizationRates(handle)
 
 _fake = NodeNvml([FakeGpu(index=i, uuid="GPU-%d" % i, gpm_supported=False,
-                          utilization=[(90, 30)]) for i in range(4)])
+                          utilization=[(90, 30)], clock_reasons=[0x8 if i == 3 else 0x4],
+                          sm_clocks=[1000 + i], max_sm_clock=1980) for i in range(4)])
 
 def __getattr__(name):
     return getattr(_fake, name)
@@ -428,6 +429,12 @@ def test_prolog_starts_the_sampler_and_epilog_attaches_its_summary(
     telemetry = epilog["telemetry"]
     assert telemetry["source"] == "nvml" and telemetry["samples"] >= 2
     assert telemetry["dram_util"] == pytest.approx(30) and telemetry["fu_util"] == pytest.approx(90)
+    # the suspicion readings, keyed by Slurm index (1 -> device 2, 3 -> device 3), not telemetry
+    assert "gpu_signals" not in telemetry
+    signals = epilog["gpu_signals"]
+    assert set(signals) == {"1", "3"} and signals["3"]["clock_events"] == {"hw_slowdown": 1.0}
+    assert signals["1"]["clock_events"] == {"sw_power_cap": 1.0}
+    assert signals["1"]["sm_clock_mhz"] == 1002 and signals["1"]["sm_clock_max_mhz"] == 1980
     assert not (spool / "telemetry" / "42.pid").exists() and spooled(spool) == []
     # the sampler is gone (reaped by init or a zombie of nobody we know). It writes its summary
     # and then exits, so the Epilog can return while it is still finishing: wait for the exit

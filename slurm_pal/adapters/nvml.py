@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from slurm_pal.adapters.nvml_signals import SignalReader
 from slurm_pal.core.features import (
     UtilizationFeatures,
     busy_time_mean,
@@ -92,6 +93,7 @@ class GpuUtilization:
     features: UtilizationFeatures | None
     errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    signals: dict[str, object] | None = None  # what the suspicion rule reads (nvml_signals)
 
     @property
     def ok(self) -> bool:
@@ -148,6 +150,7 @@ class _DeviceState:
     intervals: list[_Interval] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # message -> occurrences
     notes: list[str] = field(default_factory=list)
+    signals: SignalReader | None = None
 
     def _call(self, what: str, func: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         try:
@@ -179,6 +182,7 @@ class _DeviceState:
             return
         ok, uuid = self._call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, self.handle)
         self.uuid = _as_text(uuid) if ok else None
+        self.signals = SignalReader(nvml, self.handle)
         if use_gpm and self._open_gpm():
             self.source = SOURCE_GPM
         else:
@@ -229,10 +233,13 @@ class _DeviceState:
     # -- measuring ---------------------------------------------------------------------------
 
     def measure(self, seconds: float) -> None:
+        before = len(self.intervals)
         if self.source == SOURCE_GPM:
             self._measure_gpm(seconds)
         elif self.source == SOURCE_UTILIZATION:
             self._measure_utilization(seconds)
+        if self.signals is not None:  # busy as just measured, else the reader reads it
+            self.signals.sample(self.intervals[-1].busy if len(self.intervals) > before else None)
 
     def _measure_gpm(self, seconds: float) -> None:
         nvml = self.nvml
@@ -289,6 +296,7 @@ class _DeviceState:
             features=features,
             errors=tuple(errors),
             notes=tuple(self.notes),
+            signals=None if self.signals is None else self.signals.summary(),
         )
 
 
@@ -407,6 +415,8 @@ class NvmlSampler:
             self._loop(states, duration_s, interval_s, should_stop)
         finally:
             for state in states:
+                if state.signals is not None:  # the memory state at the end, before shutdown
+                    state.signals.finish()
                 state.close()
             try:
                 nvml.nvmlShutdown()

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from slurm_pal.adapters.config import AdvisorConfig
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.logtext import quoted
+from slurm_pal.core.clocks import ModelClocks, with_clock_ratios
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.drift import runs_from_records
 from slurm_pal.core.suspicion import (
@@ -60,9 +61,8 @@ GpuIds = Mapping[tuple[str, int], str]
 
 
 def _signals(records: Iterable[Mapping[str, object]], gpu_ids: GpuIds) -> dict[str, GpuSignals]:
-    """The NVML signals an Epilog record carries (``gpu_signals``: Slurm GPU index ->
-    ``{"clock_events": {reason: share of busy time}, "sm_clock_ratio": x}``), by GPU id.
-    The hooks do not send them yet; anything malformed is left out."""
+    """The NVML signals an Epilog record carries (``gpu_signals``: Slurm GPU index -> readings,
+    PROTOCOL.md), by GPU id. A GPU whose readings are malformed is left out."""
     out: dict[str, GpuSignals] = {}
     for record in records:
         per_gpu = record.get("gpu_signals")
@@ -72,15 +72,42 @@ def _signals(records: Iterable[Mapping[str, object]], gpu_ids: GpuIds) -> dict[s
         for index, raw in per_gpu.items():
             try:
                 gpu = gpu_ids.get((node, int(index)))
-                events = raw.get("clock_events") or {}
-                clock_events = {str(k): float(v) for k, v in events.items()}
-                ratio = raw.get("sm_clock_ratio")
-                sm_ratio = None if ratio is None else float(ratio)
+                read = gpu_signals_from(raw)
             except (AttributeError, TypeError, ValueError):
                 continue
             if gpu is not None:
-                out[gpu] = GpuSignals(clock_events, sm_ratio)
+                out[gpu] = read
     return out
+
+
+def _number(raw: Mapping[str, object], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    number = float(value)  # type: ignore[arg-type]
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{key} = {value!r}")
+    return number
+
+
+def gpu_signals_from(raw: Mapping[str, object]) -> GpuSignals:
+    """One GPU's readings from the record (ValueError/TypeError/AttributeError: malformed).
+    Older records carry ``clock_events`` and ``sm_clock_ratio`` only; both stay valid."""
+    events = raw.get("clock_events") or {}
+    clock_events = {str(k): float(v) for k, v in events.items()}  # type: ignore[attr-defined]
+    if not all(0.0 <= v <= 1.0 for v in clock_events.values()):
+        raise ValueError("a clock-event share outside [0, 1]")
+    faults = raw.get("memory_faults") or []
+    if not isinstance(faults, list):
+        raise TypeError("memory_faults is not a list")
+    return GpuSignals(
+        clock_events,
+        _number(raw, "sm_clock_ratio"),
+        event_samples=int(raw.get("event_samples") or 0),  # type: ignore[call-overload]
+        sm_clock_mhz=_number(raw, "sm_clock_mhz"),
+        sm_clock_max_mhz=_number(raw, "sm_clock_max_mhz"),
+        memory_faults=tuple(str(f) for f in faults),
+    )
 
 
 def job_records_of(
@@ -147,6 +174,8 @@ class SuspectBook:
         self._base: dict[str, dict[str, float]] = {}
         self._gpu_ids: dict[tuple[str, int], str] = {}
         self._where: dict[str, str] = {}  # GPU id -> node:index
+        self._models: dict[str, str] = {}  # GPU id -> model (whose busy clocks compare)
+        self._clocks = ModelClocks()
         self._fed: dict[str, None] = {}
         # (GPU, class) -> when a re-measurement settled it: suspicions from before are hidden
         self._settled: dict[tuple[str, str], float] = {}
@@ -189,6 +218,7 @@ class SuspectBook:
         base = {s.uuid: dict(s.scores) for s in specs}
         gpu_ids = {(e.node, e.slurm_index): e.uuid for e in labels.entries}
         where = {e.uuid: f"{e.node}:{e.slurm_index}" for e in labels.entries}
+        models, clocks = {s.uuid: s.model for s in specs}, ModelClocks()
         now = self.wall_clock()
         detector = None if self.mode == "off" else SuspicionDetector()
         done: list[JobRecord] = []
@@ -201,6 +231,7 @@ class SuspectBook:
                     records = store.job_records(since=now - self.days * 86400)
                     ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
                     done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
+                    done = with_clock_ratios(done, models, clocks)
                     detector.fit(base, done)
                     found = self._unsettled(detector.suspects())
                 why = "suspicion off" if detector is None else "not found again at start"
@@ -208,6 +239,7 @@ class SuspectBook:
         with self._lock:
             self._detector, self._campaign = detector, campaign
             self._base, self._gpu_ids, self._where = base, gpu_ids, where
+            self._models, self._clocks = models, clocks
             self._fed = dict.fromkeys(r.run.job_id for r in done)
             self.warmed_jobs = len(done)
             self.jobs_fed = 0
@@ -236,7 +268,7 @@ class SuspectBook:
     def _feed(
         self, store: Store, record: Mapping[str, object], hint: Mapping[str, object] | None
     ) -> list[Change]:
-        detector = self._detector
+        detector, clocks = self._detector, self._clocks
         if detector is None or record.get("kind") != "epilog":
             return []
         job_id = record.get("job_id")
@@ -247,6 +279,7 @@ class SuspectBook:
         made = job_records_of(records, [decision] if decision else [], self._gpu_ids)
         if not made:
             return []
+        made = with_clock_ratios(made, self._models, clocks)  # the writer thread only
         with self._lock:
             if detector is not self._detector:
                 return []  # a reload started over meanwhile

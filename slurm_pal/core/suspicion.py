@@ -24,8 +24,9 @@ Two kinds of evidence, per (GPU, job class):
 - **Direct signals** the hooks read through NVML: the share of busy time under thermal or
   hardware clock slowdowns (:data:`~slurm_pal.core.campaigns.COOLING_EVENTS`; power capping is
   the normal state of a busy GPU and is no fault), and the busy SM clock against the same
-  model's median when power capping does not explain it. One such record makes the GPU suspect
-  for ``signal_classes`` (the clock-bound classes it hurts) at once.
+  model's median when power capping does not explain it (:mod:`slurm_pal.core.clocks`), and
+  memory that awaits a reset or has failed (:data:`MEMORY_FAULTS`). One such record makes the
+  GPU suspect for ``signal_classes`` (the clock-bound classes it hurts) at once.
 
 Clearing is the mirror: a suspect GPU whose later runs of that class look normal (the reverse
 CUSUM reaches ``clear_alarm``) or whose later records show clean signals (``clear_records``)
@@ -46,6 +47,9 @@ from slurm_pal.core.campaigns import COOLING_EVENTS
 from slurm_pal.core.drift import DEFAULT_MIN_BASELINE, JobRun, RunEvidence, bottleneck, run_problem
 
 __all__ = [
+    "CAP_EXCUSES",
+    "MEMORY_FAULTS",
+    "POWER_CAP_EVENTS",
     "Change",
     "GpuSignals",
     "JobRecord",
@@ -56,6 +60,16 @@ __all__ = [
 
 POWER_CAP_EVENTS: tuple[str, ...] = ("sw_power_cap",)
 """Clock-event reasons that explain a low clock without a fault: a busy GPU at its power limit."""
+CAP_EXCUSES = 0.5
+"""Share of busy time at the power limit from which a low busy clock is no evidence."""
+MEMORY_FAULTS: dict[str, str] = {
+    "row_remap_failure": "row remapping failed (uncorrectable memory: replace or RMA)",
+    "row_remap_pending": "row remapping pending (reset the GPU to apply it)",
+    "retired_pages_pending": "page retirement pending (reset the GPU to apply it)",
+}
+"""NVML memory states that are a fault, by the name the hooks send: the GPU keeps running
+jobs, but on memory that has failed or awaits a reset (Ampere+ remap rows, older GPUs retire
+pages)."""
 
 
 @dataclass(frozen=True)
@@ -63,19 +77,40 @@ class GpuSignals:
     """What NVML read on one GPU while the job ran.
 
     ``clock_events``: reason -> share of the busy time it was active (the runner's reason
-    names); ``sm_clock_ratio``: busy SM clock over the median of the same model's GPUs (None:
-    not read). An empty record says nothing, so it neither accuses nor clears.
+    names); ``event_samples``: the busy samples those shares are over (a clean reading has no
+    reason but some samples, and only then does it count as clean); ``sm_clock_ratio``: busy
+    SM clock over the median of the same model's GPUs (None: not read or no peers yet; the
+    service computes it from ``sm_clock_mhz``, see :mod:`slurm_pal.core.clocks`);
+    ``memory_faults``: what the GPU's memory reported that needs a reset or the vendor
+    (:data:`MEMORY_FAULTS`). An empty record says nothing, so it neither accuses nor clears.
     """
 
     clock_events: Mapping[str, float] = field(default_factory=dict)
     sm_clock_ratio: float | None = None
+    event_samples: int = 0
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    memory_faults: tuple[str, ...] = ()
 
     @property
     def read(self) -> bool:
-        return bool(self.clock_events) or self.sm_clock_ratio is not None
+        return (
+            bool(self.clock_events)
+            or self.event_samples > 0
+            or self.sm_clock_ratio is not None
+            or bool(self.memory_faults)
+        )
+
+    @property
+    def power_capped(self) -> float:
+        """Share of the busy time at the power limit (what excuses a low clock)."""
+        return sum(self.clock_events.get(name, 0.0) for name in POWER_CAP_EVENTS)
 
     def fault(self, share: float, clock_ratio: float) -> str:
         """Why these readings mean a fault ('' when they do not)."""
+        memory = [name for name in self.memory_faults if name in MEMORY_FAULTS]
+        if memory:
+            return ", ".join(MEMORY_FAULTS[name] for name in memory)
         cooling = {
             name: value
             for name, value in self.clock_events.items()
@@ -84,9 +119,8 @@ class GpuSignals:
         if cooling:
             worst = max(cooling, key=lambda name: (cooling[name], name))
             return f"{worst} {cooling[worst]:.0%} of busy time"
-        capped = sum(self.clock_events.get(name, 0.0) for name in POWER_CAP_EVENTS)
         ratio = self.sm_clock_ratio
-        if ratio is not None and ratio <= clock_ratio and capped < 0.5:
+        if ratio is not None and ratio <= clock_ratio and self.power_capped < CAP_EXCUSES:
             return f"busy SM clock {ratio:.2f}x the model's median, not power capped"
         return ""
 

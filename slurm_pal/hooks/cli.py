@@ -53,10 +53,13 @@ def run_hook(
         if uuids:
             record["uuids"] = uuids
             if telemetry:
-                gpus.start_sampler(python, spool_dir, job_id, uuids, sample_s)
+                gpus.start_sampler(python, spool_dir, job_id, uuids, sample_s, slurm_gpus)
     elif kind == "epilog":
-        summary = gpus.stop_sampler(spool_dir, job_id, sampler_wait_s)
-        if summary is not None:
+        summary = gpus.stop_sampler(spool_dir, job_id, sampler_wait_s) or {}
+        signals = summary.pop("gpu_signals", None)
+        if isinstance(signals, dict) and signals:
+            record["gpu_signals"] = signals
+        if summary:
             record["telemetry"] = summary
     deliver(spool_dir, socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
     return record
@@ -86,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--spool-dir", type=Path, required=True)
     s.add_argument("--sample-s", type=float, default=5.0)
     s.add_argument("--uuid", action="append", default=[])
+    s.add_argument("--slurm-index", type=int, action="append", default=[])
     return parser
 
 
@@ -108,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         return 0 if argv[:1] in (["prolog"], ["epilog"]) else int(exc.code or 0)
     if args.command == "sample":
-        return gpus.sampler_main(args.spool_dir, args.job, args.uuid, args.sample_s)
+        return gpus.sampler_main(
+            args.spool_dir, args.job, args.uuid, args.sample_s, args.slurm_index
+        )
     timeout_s = max(args.timeout_ms, 1) / 1000
     if args.command == "flush":
         result = flush(

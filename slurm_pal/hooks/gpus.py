@@ -7,7 +7,10 @@ the minor number. Without labels.json no UUIDs are recorded rather than wrong on
 
 The sampler is a detached ``python -m slurm_pal.hooks sample`` started by the Prolog: it runs
 :class:`slurm_pal.adapters.nvml.NvmlSampler` (stdlib + pynvml) until SIGTERM, then writes the
-job's summary atomically; the Epilog stops it and attaches the summary.
+job's summary atomically; the Epilog stops it and attaches the summary. The Prolog also hands
+it each UUID's Slurm index, so the summary's ``gpu_signals`` (what the suspicion rule reads,
+:mod:`slurm_pal.adapters.nvml_signals`) are keyed as the advisor names GPUs, and the Epilog
+need not look the UUIDs up again.
 """
 
 from __future__ import annotations
@@ -91,14 +94,23 @@ def _paths(spool_dir: Path, job_id: int) -> tuple[Path, Path]:
 
 
 def start_sampler(
-    python: str, spool_dir: Path, job_id: int, uuids: Sequence[str], interval_s: float
+    python: str,
+    spool_dir: Path,
+    job_id: int,
+    uuids: Sequence[str],
+    interval_s: float,
+    slurm_gpus: Sequence[int] = (),
 ) -> int | None:
-    """Start the detached sampler (own session, no inherited fds); its pid, or None."""
+    """Start the detached sampler (own session, no inherited fds); its pid, or None.
+    ``slurm_gpus``: Slurm's index of each UUID, in the same order (keys of ``gpu_signals``)."""
     pid_file, _ = _paths(spool_dir, job_id)
     args = [python, "-s", "-m", "slurm_pal.hooks", "sample", "--job", str(job_id)]
     args += ["--spool-dir", str(spool_dir), "--sample-s", str(interval_s)]
     for uuid in uuids:
         args += ["--uuid", uuid]
+    if len(slurm_gpus) == len(uuids):
+        for index in slurm_gpus:
+            args += ["--slurm-index", str(index)]
     try:
         pid_file.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         proc = subprocess.Popen(
@@ -148,6 +160,15 @@ def stop_sampler(spool_dir: Path, job_id: int, wait_s: float) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def signals_of(result: Any, slurm_gpus: Sequence[int]) -> dict[str, dict]:
+    """Each GPU's suspicion readings by Slurm index (``gpu_signals``; GPUs that read nothing
+    are left out). ``slurm_gpus`` pairs with the sampled UUIDs by position."""
+    gpus = getattr(result, "gpus", ())
+    if len(gpus) != len(slurm_gpus):
+        return {}
+    return {str(i): g.signals for i, g in zip(slurm_gpus, gpus, strict=True) if g.signals}
+
+
 def summary_of(result: Any) -> dict | None:
     """A :class:`JobUtilization` -> the record's ``telemetry`` (None when nothing measured)."""
     features = getattr(result, "features", None)
@@ -168,8 +189,11 @@ def run_sampler(
     interval_s: float,
     stop: threading.Event,
     nvml: Any | None = None,
+    slurm_gpus: Sequence[int] = (),
 ) -> dict | None:
-    """Sample until ``stop`` is set, then write the summary atomically; returns it."""
+    """Sample until ``stop`` is set, then write the summary atomically; returns it. The
+    summary is the ``telemetry``, plus ``gpu_signals`` (by Slurm index) that the Epilog moves
+    to the record's top level."""
     from slurm_pal.adapters.nvml import NvmlSampler  # stdlib + pynvml only (tested)
 
     module = nvml if nvml is not None else load_nvml()
@@ -180,6 +204,9 @@ def run_sampler(
         list(uuids), MAX_SAMPLE_S, interval_s, should_stop=lambda: stop.is_set()
     )
     summary = summary_of(result)
+    signals = signals_of(result, slurm_gpus)
+    if signals:
+        summary = {**(summary or {}), "gpu_signals": signals}
     _, path = _paths(spool_dir, job_id)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -191,13 +218,19 @@ def run_sampler(
     return summary
 
 
-def sampler_main(spool_dir: Path, job_id: int, uuids: Sequence[str], interval_s: float) -> int:
+def sampler_main(
+    spool_dir: Path,
+    job_id: int,
+    uuids: Sequence[str],
+    interval_s: float,
+    slurm_gpus: Sequence[int] = (),
+) -> int:
     """The detached process: SIGTERM/SIGINT end the sampling at once."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        run_sampler(spool_dir, job_id, uuids, interval_s, stop)
+        run_sampler(spool_dir, job_id, uuids, interval_s, stop, slurm_gpus=slurm_gpus)
     except Exception as exc:  # never leave a traceback in slurmd's log for a job
         print(f"slurm-pal sampler for job {job_id}: {exc}", file=sys.stderr)
     return 0

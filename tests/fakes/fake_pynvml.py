@@ -35,7 +35,12 @@ class FakeGpu:
     """One GPU. ``gpm_intervals[k]`` holds the metric values between GPM samples k and k+1
     (keys are pynvml constant names, e.g. "NVML_GPM_METRIC_DRAM_BW_UTIL"; a missing key is
     reported as NOT_SUPPORTED for that metric). ``utilization[k]`` is the k-th (gpu, memory)
-    reading. The last entry repeats when the lists run out."""
+    reading. The last entry repeats when the lists run out.
+
+    Signals (the suspicion rule's readings): ``clock_reasons[k]`` / ``sm_clocks[k]`` are the
+    k-th reads of the clock-event bitmask / SM clock in MHz, ``max_sm_clock`` the max SM clock,
+    ``remapped_rows`` (corrected, uncorrected, pending, failure) and ``retired_pending``; an
+    empty list or None is NOT_SUPPORTED, as on a GPU without the feature."""
 
     index: int
     uuid: str
@@ -47,6 +52,13 @@ class FakeGpu:
     samples_taken: int = 0
     utilization_reads: int = 0
     metric_requests: list[dict[str, Any]] = field(default_factory=list)
+    clock_reasons: list[int] = field(default_factory=list)
+    sm_clocks: list[int] = field(default_factory=list)
+    max_sm_clock: int | None = None
+    remapped_rows: tuple[int, int, int, int] | None = None
+    retired_pending: int | None = None
+    reason_reads: int = 0
+    clock_reads: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,48 @@ class FakePynvml:
         gpu.utilization_reads += 1
         return real.c_nvmlUtilization_t(gpu=reading[0], memory=reading[1])
 
+    # -- signals -----------------------------------------------------------------------------
+
+    NVML_CLOCK_SM = real.NVML_CLOCK_SM
+
+    @staticmethod
+    def _next(values: list[int], reads: int) -> int:
+        if not values:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return values[min(reads, len(values) - 1)]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        value = self._next(gpu.clock_reasons, gpu.reason_reads)
+        gpu.reason_reads += 1
+        return value
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        gpu = self._gpu(handle)
+        if clock_type != real.NVML_CLOCK_SM:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        value = self._next(gpu.sm_clocks, gpu.clock_reads)
+        gpu.clock_reads += 1
+        return value
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        gpu = self._gpu(handle)
+        if clock_type != real.NVML_CLOCK_SM:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._next([] if gpu.max_sm_clock is None else [gpu.max_sm_clock], 0)
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        gpu = self._gpu(handle)
+        if gpu.remapped_rows is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.retired_pending is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.retired_pending
+
     # -- GPM ---------------------------------------------------------------------------------
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
@@ -212,6 +266,18 @@ class FakePynvml:
                 metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
         gpu.metric_requests.append({"metric_ids": requested, "samples": (first[1], second[1])})
         return request
+
+
+class ThrottleNamedPynvml(FakePynvml):
+    """An older pynvml: the clock-event reasons only under their old "throttle" name."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "nvmlDeviceGetCurrentClocksEventReasons":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        return FakePynvml.nvmlDeviceGetCurrentClocksEventReasons(self, handle)
 
 
 class FakeClock:
