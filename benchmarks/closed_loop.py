@@ -22,10 +22,10 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
 - ``no-loop``: the advisor as shipped (``packed-pm``, default settings), campaign scores only;
 - ``loop``: the same, with every ended job's record fed to ``SuspicionDetector`` and its
   suspects handed to placement as outliers for the classes they hurt;
-- ``remeasure``: the same with re-measure jobs (``SuspicionDetector(remeasure=True)``): a GPU
-  watched for a class (one clearly slow run) is held off for it until a short benchmark of
-  the class, run on it when a round leaves it idle, confirms or clears; suspects are
-  re-measured daily;
+- ``remeasure``: the same with the service's re-measurements (``advisor.remeasure``, decided
+  by ``core/remeasure.py`` with the site's default limits): a suspect GPU's class benchmark,
+  run when a round leaves its node idle, confirms (the measured time becomes its score) or
+  clears the suspicion; a GPU found slow is measured again to see it recover;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
@@ -34,8 +34,7 @@ are Kaplan-Meier estimates), false suspicions of GPUs no fault touched over all 
 average JCT: per-run ratios against ``no-loop`` (geomean, bootstrap 95 % interval over the
 paired runs) and the share of the no-loop -> oracle gap each loop recovers; the same share of
 the run time the faults added to the jobs they slowed >= 1.3x (what steering is for, without
-the schedule's own noise); for ``remeasure``, the re-measure jobs run and the holds of
-healthy GPUs.
+the schedule's own noise); for ``remeasure``, the re-measure jobs run and what they found.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from slurm_pal.adapters.config import SiteConfig
+from slurm_pal.core.remeasure import RemeasureLimits
 from slurm_pal.core.suspicion import SuspicionDetector
 from slurm_pal.core.workload import SimJob, site_like_workload
 from slurm_pal.sim import SimConfig, simulate
@@ -62,8 +62,8 @@ from slurm_pal.sim.variability import few_slow_gpus
 CLASSES = ("A", "B", "C", "D")
 ARMS = ("packing", "no-loop", "loop", "remeasure", "oracle")
 LOOPS = ("loop", "remeasure")
-"""The arms with a detector: runtime and signal evidence from job ends, and that plus
-re-measure jobs on idle GPUs (with holds of watched GPUs until they run)."""
+"""The arms with a detector: runtime and signal evidence from job ends, and that plus the
+service's re-measure jobs on idle nodes."""
 TARGETS = {1.5: 5, 2.0: 3}
 """Fault factor -> the median number of the GPU's class-A jobs by which it must be suspect."""
 GAP_TARGET = 0.8
@@ -116,12 +116,13 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         config = SimConfig(mode="slurm", seed=seed, **advisor_sim_options(site))  # type: ignore[arg-type]
     mode = "oracle" if arm == "oracle" else "detector" if arm in LOOPS else "none"
     # Clock faults slow the compute-bound classes: A and B feel 1 and 0.5 of a fault here.
-    detector = (
-        SuspicionDetector(signal_classes=("A", "B"), remeasure=arm == "remeasure")
-        if mode == "detector"
-        else None
-    )
-    loop = FaultLoop(gpus, faults, mode=mode, detector=detector, floor=floor, seed=seed)
+    detector = SuspicionDetector(signal_classes=("A", "B")) if mode == "detector" else None
+    limits = RemeasureLimits.of(site.advisor) if arm == "remeasure" else None
+    loop = FaultLoop(
+        gpus, faults, mode=mode, detector=detector, floor=floor, seed=seed, remeasure=limits,
+        suspicion_days=site.advisor.suspicion_days,
+    )  # fmt: skip
+    faulty = {loop.uuids[f.gpu] for f in faults}
     started = time.perf_counter()
     result = simulate(jobs, gpus, config, hooks=loop)
     jcts = result.jcts()
@@ -157,8 +158,14 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         "weak_suspicions": len(loop.weak_suspicions),
         "probes": loop.probes_run,
         "probe_h": loop.probe_s_spent / 3600.0,
-        "healthy_holds": len(loop.healthy_holds),
-        "healthy_hold_h": loop.healthy_hold_s / 3600.0,
+        "confirmed": sum(v.confirmed for *_, again, v in loop.verdicts if not again),
+        "cleared": sum(not v.confirmed for *_, again, v in loop.verdicts if not again),
+        "cleared_healthy": sum(
+            not v.confirmed and gpu not in faulty
+            for gpu, *_, again, v in loop.verdicts
+            if not again
+        ),
+        "recovered": sum(v.confirmed for *_, again, v in loop.verdicts if again),
     }
 
 
@@ -289,7 +296,7 @@ def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
 
 def loop_counts(runs: list[dict[str, object]], arm: str) -> dict[str, float]:
     keys = ("false_suspicions", "late_suspicions", "weak_suspicions", "records", "probes",
-            "probe_h", "healthy_holds", "healthy_hold_h")  # fmt: skip
+            "probe_h", "confirmed", "cleared", "cleared_healthy", "recovered")  # fmt: skip
     mine = [r for r in runs if r["arm"] == arm]
     return {key: sum(float(r.get(key, 0)) for r in mine) for key in keys}  # type: ignore[arg-type]
 
@@ -369,9 +376,9 @@ def print_report(report: dict[str, object]) -> None:
         )
         if n["probes"]:
             print(
-                f"  re-measure jobs: {n['probes']:.0f} ({n['probe_h']:.1f} GPU-h); holds of "
-                f"GPUs no fault touched: {n['healthy_holds']:.0f} ({n['healthy_hold_h']:.0f} "
-                "GPU-h, that class kept off until the re-measure ran)"
+                f"  re-measure jobs: {n['probes']:.0f} ({n['probe_h']:.1f} GPU-h, whole nodes); "
+                f"confirmed {n['confirmed']:.0f}, cleared {n['cleared']:.0f} (of GPUs no fault "
+                f"touched: {n['cleared_healthy']:.0f}), recovered {n['recovered']:.0f}"
             )
     jct = report["jct"]
     print("\naverage JCT (h) per seed", jct["seeds"])  # type: ignore[index]

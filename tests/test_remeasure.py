@@ -15,6 +15,7 @@ from slurm_pal.core.remeasure import (
     recovered,
     to_remeasure,
     verdict,
+    wanted,
 )
 
 LIMITS = RemeasureLimits(per_hour=2, retry_s=86400, slower=1.15)
@@ -96,3 +97,16 @@ def test_recovered_when_faster_by_the_factor():
     assert recovered(1.0, 2.0, 1.15).confirmed
     assert not recovered(1.9, 2.0, 1.15).confirmed
     assert "still as slow" in recovered(2.0, 2.0, 1.15).why
+
+
+def test_wanted_puts_suspects_then_gpus_found_slow_once_retry_s_has_passed():
+    from slurm_pal.adapters.config import SiteConfig
+    from slurm_pal.core.suspicion import Suspicion
+
+    assert RemeasureLimits.of(SiteConfig().advisor) == RemeasureLimits()
+    suspects = [Suspicion("g1", "A", 50.0, 40.0, "runtime", 2.0, 3)]
+    confirmed = {("g1", "A"): 0.0, ("g2", "A"): 0.0, ("g3", "A"): 0.0, ("g4", "A"): 90000.0}
+    scores = {"g1": {"A": 2.0}, "g2": {"A": 2.0}, "g3": {"A": 1.1}, "g4": {"A": 2.0}}
+    got = wanted(suspects, confirmed, scores, 86400.0 + 10.0, LIMITS)
+    # g1: a suspect again (measured as one); g3: back under `slower`; g4: confirmed too lately.
+    assert got == [Wanted("g1", "A", 50.0), Wanted("g2", "A", 0.0, recheck=True)]

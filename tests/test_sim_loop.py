@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.remeasure import RemeasureLimits
 from slurm_pal.core.suspicion import SuspicionDetector
 from slurm_pal.core.workload import SimJob, site_like_workload
 from slurm_pal.sim import SimConfig, SimGpus, simulate, uniform_gpus
@@ -200,18 +201,21 @@ def test_a_probe_takes_an_idle_gpu_after_the_round(
     assert prober.done == [probe]
 
 
-def test_remeasures_confirm_a_slow_gpu_after_its_first_slow_job() -> None:
+def test_remeasures_confirm_a_slow_gpu_and_its_score_becomes_the_measured_time() -> None:
     jobs, gpus = _site(16, 2500, seed=1)
     faults = [Fault(gpu=5, at_s=86400.0 * 40, factor=2.0)]
-    detector = SuspicionDetector(signal_classes=("A", "B"), remeasure=True)
-    loop = FaultLoop(gpus, faults, mode="detector", detector=detector)
+    detector = SuspicionDetector(signal_classes=("A", "B"))
+    loop = FaultLoop(gpus, faults, mode="detector", detector=detector, remeasure=RemeasureLimits())
     config = SimConfig(placement="advisor", mode="slurm", default_class="A")
     simulate(jobs, gpus, config, hooks=loop)
-    # Runtime evidence alone takes 3 of its class-A jobs here (the test above allows 4); its
-    # first slow run asks for a re-measure, which runs once the GPU is idle and confirms.
     outcome = loop.outcomes[0]
-    assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 2
-    assert loop.probes_run >= 1
-    assert loop.probe_s_spent >= loop.probes_run * 0.9 * loop.probe_s
+    assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 4
+    # The suspect's class-A benchmark ran on its idle node and confirmed the fault: the
+    # measured time is its class-A score from then on (the service's increment).
+    mine = [(v, again) for g, c, _, again, v in loop.verdicts if (g, c) == ("sim-gpu-00005", "A")]
+    assert mine and mine[0][0].confirmed and not mine[0][1]
+    assert mine[0][0].ratio == pytest.approx(2.0)
+    assert loop.base_scores["sim-gpu-00005"]["A"] == pytest.approx(2.0)
+    # Each re-measure held the whole node (4 GPUs) for the benchmark's length.
+    assert loop.probe_s_spent >= loop.probes_run * 4 * loop.probe_s
     assert loop.false_suspicions == []
-    assert any(c.suspect and "re-measure" in c.why for c in detector.changes_)

@@ -257,65 +257,24 @@ def _one_slow_run(detector: SuspicionDetector, factor: float = 2.0) -> float:
     return end
 
 
-def test_a_remeasure_confirms_a_gpu_watched_after_one_slow_run() -> None:
-    detector = SuspicionDetector(remeasure=True).fit(_scores(64))
-    end = _one_slow_run(detector)
-    assert detector.measure_requests(end) == [("g0", "A")]
-    assert detector.watched() == [("g0", "A")]
-    changes = detector.measured("g0", "A", 1.93, end + 900.0)
-    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", True)]
-    (suspicion,) = detector.suspects()
-    assert suspicion.cause == "re-measure 1.93x" and suspicion.slowdown == 1.93
-    assert suspicion.onset_s < end and detector.watched() == []
-    assert detector.measure_requests(end + 3600.0) == []  # just measured
-
-
-def test_without_remeasure_one_slow_run_asks_for_nothing() -> None:
+def test_one_slow_run_is_no_suspicion() -> None:
     detector = SuspicionDetector().fit(_scores(64))
-    end = _one_slow_run(detector)
-    assert detector.measure_requests(end) == [] and detector.watched() == []
+    _one_slow_run(detector)
     assert detector.suspects() == []
 
 
-def test_a_normal_remeasure_clears_the_watch_and_a_stale_suspect() -> None:
-    detector = SuspicionDetector(remeasure=True).fit(_scores(64))
-    end = _one_slow_run(detector)
-    assert detector.measured("g0", "A", 1.02, end + 900.0) == []  # noise: forgotten
-    assert detector.measure_requests(end + 1000.0) == [] and detector.watched() == []
-    # Suspect after a second slow episode; a day later nothing has spoken to it: asked again.
-    end = _one_slow_run(detector)
-    detector.measured("g0", "A", 1.9, end + 900.0)
-    assert detector.measure_requests(end + 3600.0) == []
-    later = end + 900.0 + 24 * 3600.0
-    assert detector.measure_requests(later) == [("g0", "A")]
-    changes = detector.measured("g0", "A", 1.01, later + 900.0)  # repaired
-    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", False)]
-    assert "normal" in changes[0].why and detector.suspects() == []
-
-
-def test_with_remeasures_probation_waits_for_them() -> None:
-    detector = SuspicionDetector(remeasure=True, recheck_s=72 * 3600.0).fit(_scores(64))
-    end = _one_slow_run(detector)
-    detector.measured("g0", "A", 1.9, end + 900.0)
-    other = JobRun("q", "D0", "D", ("g9",), 100.0)
-    assert detector.update(JobRecord(other, end + 100 * 3600.0)) == []  # not yet: 144 h
-    changes = detector.update(JobRecord(other, end + 150 * 3600.0))
-    assert [(c.gpu, c.suspect) for c in changes] == [("g0", False)]
-
-
-def test_remeasure_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="watch"):
-        SuspicionDetector(watch=20.0)
-    with pytest.raises(ValueError, match="measure_slowdown"):
-        SuspicionDetector(measure_slowdown=0.9)
-    with pytest.raises(ValueError, match="ratio"):
-        SuspicionDetector(remeasure=True).fit(_scores(2)).measured("g0", "A", 0.0, 1.0)
-
-
-def test_with_remeasures_runtime_evidence_alone_only_watches() -> None:
-    detector = SuspicionDetector(remeasure=True).fit(_scores(64))
+def test_a_cleared_suspicion_drops_its_evidence_and_a_new_one_can_follow() -> None:
+    detector = SuspicionDetector().fit(_scores(64))
     for record, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=2000):
         detector.update(record)
-    assert detector.suspects() == []  # the default detector suspects g0 on this stream
-    assert ("g0", "A") in detector.watched()
-    assert detector.measure_requests(300.0 * 6000)[0] == ("g0", "A")
+    assert ("g0", "A") in {(s.gpu, s.job_class) for s in detector.suspects()}
+    cleared_s = 300.0 * 6001
+    changes = detector.clear("g0", "A", cleared_s, "re-measured 1.02x")
+    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", False)]
+    assert ("g0", "A") not in {(s.gpu, s.job_class) for s in detector.suspects()}
+    assert detector.clear("g0", "A", cleared_s, "again") == []  # nothing left to clear
+    # Still slow: its later runs make it suspect again, from their own evidence only.
+    for record, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=0):
+        detector.update(JobRecord(record.run, cleared_s + record.end_s))
+    (again,) = [s for s in detector.suspects() if (s.gpu, s.job_class) == ("g0", "A")]
+    assert again.since_s > cleared_s and again.onset_s > cleared_s

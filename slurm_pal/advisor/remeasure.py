@@ -56,12 +56,12 @@ from slurm_pal.core.remeasure import (
     Attempt,
     RemeasureLimits,
     Verdict,
-    Wanted,
     increment_id,
     increment_rows,
     recovered,
     to_remeasure,
     verdict,
+    wanted,
 )
 
 if TYPE_CHECKING:
@@ -165,16 +165,15 @@ class Remeasurer:
         view = self.state.view
         if view is None:
             return []
-        a = self.state.config.advisor
-        limits = RemeasureLimits(a.remeasure_per_hour, a.remeasure_retry_s, a.remeasure_slower)
+        limits = RemeasureLimits.of(self.state.config.advisor)
         idle = idle_gpus(view)
         now = self.wall_clock()
-        keep_s = max(3600.0, a.remeasure_retry_s)  # what the budget and the retry delay read
+        keep_s = max(3600.0, limits.retry_s)  # what the budget and the retry delay read
         self.attempts = [t for t in self.attempts if not t.done or now - t.submitted_s < keep_s]
-        wanted = [Wanted(s.gpu, s.job_class, s.since_s) for s in self.state.suspects.suspects()]
-        suspect = {(w.gpu, w.job_class) for w in wanted}
-        wanted += [w for w in self._rechecks(view, now) if (w.gpu, w.job_class) not in suspect]
-        picks = to_remeasure(wanted, {g: n for g, (n, _) in idle.items()}, self.attempts,
+        scores = {spec.uuid: spec.scores for spec in view.static.specs}
+        candidates = wanted(self.state.suspects.suspects(), self._confirmed_at(now), scores,
+                            now, limits)  # fmt: skip
+        picks = to_remeasure(candidates, {g: n for g, (n, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
         out = []
         for w in picks:
@@ -192,11 +191,9 @@ class Remeasurer:
                             w.gpu, node, index, w.job_class, exc)  # fmt: skip
         return out
 
-    def _rechecks(self, view: View, now: float) -> list[Wanted]:
-        """GPUs a re-measurement confirmed slow (the store's closed rows, read once a minute)
-        whose active score for the class still says so (``remeasure_slower`` or more),
-        ``remeasure_retry_s`` after the confirmation: measured again, to see them recover."""
-        a = self.state.config.advisor
+    def _confirmed_at(self, now: float) -> dict[tuple[str, str], float]:
+        """(GPU, class) -> when a re-measurement confirmed it slow (the store's closed rows,
+        read once a minute): the GPUs :func:`wanted` measures again, to see them recover."""
         if self._confirmed is None or now - self._confirmed[0] >= RECHECK_READ_S:
             found: dict[tuple[str, str], float] = {}
             with Store(self.state.store_path) as store:
@@ -206,13 +203,7 @@ class Remeasurer:
                         at = float(row["cleared_s"])  # type: ignore[arg-type]
                         found[key] = max(at, found.get(key, at))
             self._confirmed = (now, found)
-        scores = {spec.uuid: spec.scores for spec in view.static.specs}
-        return [
-            Wanted(gpu, job_class, at, recheck=True)
-            for (gpu, job_class), at in self._confirmed[1].items()
-            if scores.get(gpu, {}).get(job_class, 0.0) >= a.remeasure_slower
-            and now - at >= a.remeasure_retry_s
-        ]
+        return self._confirmed[1]
 
     def _submit(
         self, attempt: Attempt, index: int, node_gpus: int, campaign: str, *, recheck: bool = False

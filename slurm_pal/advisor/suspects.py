@@ -33,6 +33,7 @@ from slurm_pal.advisor.logtext import quoted
 from slurm_pal.core.clocks import ModelClocks, with_clock_ratios
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.drift import runs_from_records
+from slurm_pal.core.remeasure import unsettled
 from slurm_pal.core.suspicion import (
     Change,
     GpuSignals,
@@ -357,15 +358,17 @@ class SuspectBook:
 
     def _unsettled(self, found: list[Suspicion]) -> list[Suspicion]:
         """``found`` less the suspicions a re-measurement settled (made before it)."""
-        settled = self._settled
-        return [s for s in found if s.since_s > settled.get((s.gpu, s.job_class), -math.inf)]
+        return unsettled(found, self._settled)
 
     def settle(self, gpu: str, job_class: str, at_s: float, why: str) -> None:
         """A re-measurement settled (GPU, class) at ``at_s`` (advisor/remeasure.py): the
-        suspicion found before is no longer shown nor steered by, here or after a refit; a
-        new one (a later onset) is. Logged; the caller closes the store's row."""
+        suspicion found before is no longer shown nor steered by, here or after a refit; the
+        detector drops it and its evidence, and a new one (raised later) is. Logged; the
+        caller closes the store's row."""
         with self._lock:
             self._settled[(gpu, job_class)] = at_s
+            if self._detector is not None:  # its evidence goes too: later runs judge afresh
+                self._detector.clear(gpu, job_class, at_s, why)
             self.version += 1
         where = self._where.get(gpu, "?")
         log.warning("GPU %s (%s) suspicion for class %s settled: %s", gpu, where, job_class, why)

@@ -3,7 +3,9 @@ says, and the campaign increment a confirmed result makes. Pure: the service's d
 (``advisor/remeasure.py``) submits the jobs and reads the results.
 
 A suspicion (core/suspicion.py) is an inference from ordinary jobs; the campaign's benchmark
-for the class, run alone on the GPU, settles it. The planner is opt-in and rate-limited:
+for the class, run alone on the GPU, settles it. The service (``advisor/remeasure.py``) and the
+simulator (``sim/loop.py``) both decide here, so what the simulator measures is what the
+service would do. The planner is opt-in and rate-limited:
 at most ``per_hour`` submissions in any hour, one in flight per GPU and per node (a campaign
 task holds its whole node), only on GPUs the caller sees idle, and a (GPU, class) tried at
 most once per ``retry_s`` whatever came of it. The verdict compares the new run with the same
@@ -14,9 +16,11 @@ to ``1 / slower`` of its (slow) campaign time or less, it recovered.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import pandas as pd
 
@@ -29,7 +33,9 @@ __all__ = [
     "increment_rows",
     "recovered",
     "to_remeasure",
+    "unsettled",
     "verdict",
+    "wanted",
 ]
 
 HOUR_S = 3600.0
@@ -42,6 +48,32 @@ class RemeasureLimits:
     per_hour: int = 2
     retry_s: float = 86400.0
     slower: float = 1.15
+
+    @classmethod
+    def of(cls, advisor: _AdvisorLimits) -> RemeasureLimits:
+        """The site config's ``advisor.remeasure_*`` (the service's and the simulator's)."""
+        return cls(advisor.remeasure_per_hour, advisor.remeasure_retry_s, advisor.remeasure_slower)
+
+
+class _AdvisorLimits(Protocol):
+    @property
+    def remeasure_per_hour(self) -> int: ...
+    @property
+    def remeasure_retry_s(self) -> float: ...
+    @property
+    def remeasure_slower(self) -> float: ...
+
+
+class _Suspect(Protocol):
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def job_class(self) -> str: ...
+    @property
+    def since_s(self) -> float: ...
+
+
+S = TypeVar("S", bound=_Suspect)
 
 
 @dataclass(frozen=True)
@@ -66,6 +98,35 @@ class Wanted:
     job_class: str
     since_s: float
     recheck: bool = False
+
+
+def wanted(
+    suspects: Iterable[_Suspect],
+    confirmed: Mapping[tuple[str, str], float],
+    scores: Mapping[str, Mapping[str, float]],
+    now_s: float,
+    limits: RemeasureLimits,
+) -> list[Wanted]:
+    """What :func:`to_remeasure` chooses from: every suspect, then each (GPU, class) a
+    re-measurement confirmed slow (``confirmed``: -> when) whose active score for the class
+    (``scores``: GPU -> class -> score) still says so (``slower`` or more), ``retry_s`` after the
+    confirmation: measured again to see it recover (a suspect pair is measured as a suspect)."""
+    out = [Wanted(s.gpu, s.job_class, s.since_s) for s in suspects]
+    suspect = {(w.gpu, w.job_class) for w in out}
+    out += [
+        Wanted(gpu, job_class, at, recheck=True)
+        for (gpu, job_class), at in sorted(confirmed.items())
+        if (gpu, job_class) not in suspect
+        and scores.get(gpu, {}).get(job_class, 0.0) >= limits.slower
+        and now_s - at >= limits.retry_s
+    ]
+    return out
+
+
+def unsettled(found: Iterable[S], settled: Mapping[tuple[str, str], float]) -> list[S]:
+    """``found`` less the suspicions a re-measurement cleared (``settled``: (GPU, class) -> when):
+    one raised before it is not shown nor steered by, a later one is."""
+    return [s for s in found if s.since_s > settled.get((s.gpu, s.job_class), -math.inf)]
 
 
 def to_remeasure(

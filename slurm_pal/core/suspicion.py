@@ -30,8 +30,9 @@ Two kinds of evidence, per (GPU, job class):
 
 Clearing is the mirror: a suspect GPU whose later runs of that class look normal (the reverse
 CUSUM reaches ``clear_alarm``) or whose later records show clean signals (``clear_records``)
-is cleared; a runtime suspicion no run has spoken to for ``recheck_s`` goes on probation. The
-clock is the records' own end times; nothing here reads a clock or a file.
+is cleared; a runtime suspicion no run has spoken to for ``recheck_s`` goes on probation; a
+re-measurement that clears one (core/remeasure.py) drops it and its evidence (:meth:`clear`).
+The clock is the records' own end times; nothing here reads a clock or a file.
 """
 
 from __future__ import annotations
@@ -208,7 +209,6 @@ class _Track:
     clean_records: int = 0
     normal_runs: int = 0
     last_s: float = -math.inf  # end of the last run that counted here
-    measured_s: float = -math.inf  # when the last re-measure of it ended
 
 
 @dataclass
@@ -238,16 +238,6 @@ class SuspicionDetector:
       lifted on probation (None: never). Placement keeps the class off a suspect GPU, so
       without it a repaired GPU would rarely get the runs that clear it; its evidence is
       kept, so one more slow run makes it suspect again.
-    * ``remeasure`` (opt-in): ask for re-measures (:meth:`measure_requests`: the campaign's
-      benchmark of the class, run on the GPU when it is idle) and take their results
-      (:meth:`measured`). Asked for a (GPU, class) whose sum reached ``watch`` (one clearly
-      slow run) since its last re-measure, and for a suspect no run or re-measure has spoken
-      to for ``measure_every_s``. Runtime evidence alone then makes no suspect: a sum at the
-      alarm stays watched (:meth:`watched`: the caller keeps the class off it until the
-      re-measure runs). A result at least ``measure_slowdown`` (default: halfway to
-      ``min_slowdown``, in log terms) over the campaign's time makes it suspect (or keeps it
-      so); a lower one clears it and its evidence. Probation then waits twice ``recheck_s``
-      (for a GPU never idle to re-measure).
     """
 
     min_slowdown: float = 1.3
@@ -266,10 +256,6 @@ class SuspicionDetector:
     clear_alarm: float = 6.0
     clear_records: int = 2
     recheck_s: float | None = 72 * 3600.0
-    remeasure: bool = False
-    watch: float | None = None
-    measure_every_s: float = 24 * 3600.0
-    measure_slowdown: float | None = None
     n_examples: int = 5
     skipped_: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     changes_: list[Change] = field(default_factory=list, init=False, repr=False)
@@ -288,7 +274,6 @@ class SuspicionDetector:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if self.window < self.min_baseline:
             raise ValueError("window must hold at least min_baseline runs")
-        _check_remeasure(self.watch, self.alarm, self.measure_slowdown, self.measure_every_s)
         self._scores: dict[str, dict[str, float]] = {}
         self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
@@ -337,68 +322,16 @@ class SuspicionDetector:
             out.setdefault(s.gpu, []).append(s.job_class)
         return {gpu: tuple(classes) for gpu, classes in out.items()}
 
-    # -- re-measures ------------------------------------------------------------------------
-
-    @property
-    def watch_level(self) -> float:
-        """The sum at which a (GPU, class) asks for a re-measure."""
-        return self.watch if self.watch is not None else 0.75 * self.alarm / self.min_runs
-
-    @property
-    def confirm_ratio(self) -> float:
-        """A re-measure at least this many times the campaign's time confirms a slowdown."""
-        given = self.measure_slowdown
-        return given if given is not None else math.sqrt(self.min_slowdown)
-
-    def measure_requests(self, now: float) -> list[tuple[str, str]]:
-        """(GPU, class) pairs a re-measure would settle now, most urgent first: sums at the
-        ``watch`` level with evidence newer than their last re-measure (highest first), then
-        suspects nothing has spoken to for ``measure_every_s`` (empty unless ``remeasure``)."""
-        if not self.remeasure:
+    def clear(self, gpu: str, job_class: str, at_s: float, why: str) -> list[Change]:
+        """A re-measurement found ``gpu`` as its campaign says for ``job_class``: the
+        suspicion (if any) and its evidence go, so later runs judge it afresh."""
+        track = self._tracks.get((gpu, job_class))
+        if track is None:
             return []
-        watched, stale = _measure_wanted(self._tracks, now, self.watch_level, self.measure_every_s)
-        return watched + stale
-
-    def watched(self) -> list[tuple[str, str]]:
-        """(GPU, class) pairs not suspect but at the ``watch`` level, waiting for a
-        re-measure (empty unless ``remeasure``): a caller may keep the class off them until
-        it runs, as a hold rather than a suspicion."""
-        if not self.remeasure:
-            return []
-        return sorted(_measure_wanted(self._tracks, math.inf, self.watch_level, math.inf)[0])
-
-    def measured(self, gpu: str, job_class: str, ratio: float, at_s: float) -> list[Change]:
-        """A re-measure of ``gpu`` for ``job_class`` ended at ``at_s``: its benchmark took
-        ``ratio`` x the campaign's time. Confirms (suspect now, or still) or clears."""
-        if gpu not in self._scores or job_class not in self._scores[gpu]:
-            return []
-        if not (ratio > 0 and math.isfinite(ratio)):
-            raise ValueError(f"ratio must be > 0, got {ratio!r}")
-        track = self._track(gpu, job_class)
-        track.measured_s = at_s
-        changes = self._recheck(at_s)
-        if ratio >= self.confirm_ratio:
-            track.last_s = at_s
-            if track.suspicion is None:
-                track.runtime = True
-                track.clear_score = 0.0
-                track.normal_runs = 0
-                onset = track.entries[0].start_s if track.entries else at_s
-                changes += self._suspect(
-                    gpu, job_class, track, at_s, onset, f"re-measure {ratio:.2f}x"
-                )
-                assert track.suspicion is not None
-                track.suspicion = replace(track.suspicion, slowdown=ratio)
-                self._explain_away(gpu, job_class, track)
-        elif track.suspicion is not None:
-            if track.runtime:
-                track.runtime = False
-                changes += self._maybe_clear(
-                    gpu, job_class, track, at_s, f"re-measure {ratio:.2f}x: normal"
-                )
-        else:
-            track.score = 0.0
-            track.entries = []
+        was = track.suspicion is not None
+        self._tracks[(gpu, job_class)] = _Track(last_s=at_s)
+        self._suspect_keys.discard((gpu, job_class))
+        changes = [Change(gpu, job_class, False, at_s, why)] if was else []
         self.changes_ += changes
         return changes
 
@@ -406,13 +339,13 @@ class SuspicionDetector:
         """Lift runtime suspicions no run has spoken to for ``recheck_s``."""
         if self.recheck_s is None:
             return []
-        wait = self.recheck_s * (2 if self.remeasure else 1)
+        wait = self.recheck_s
         changes: list[Change] = []
         for key in sorted(self._suspect_keys):
             track = self._tracks[key]
             suspicion = track.suspicion
             assert suspicion is not None
-            quiet = now - max(track.last_s, suspicion.since_s, track.measured_s)
+            quiet = now - max(track.last_s, suspicion.since_s)
             if not track.runtime or track.signal or quiet < wait:
                 continue
             track.runtime = False
@@ -518,8 +451,6 @@ class SuspicionDetector:
         # Alarms only once every accused GPU's sum has this run: a partner must be compared
         # with its own sum after the run, not before it.
         candidates = [(g, t) for g, t in candidates if self._alarmed(t, run.job_class)]
-        if self.remeasure:
-            return changes  # an alarm waits for its re-measure (it is watched meanwhile)
         # Greedy, as drift's confirmation: the GPU with the most runs of its own first; the
         # runs it shared then stop counting against its partners.
         while candidates:
@@ -611,35 +542,6 @@ class SuspicionDetector:
         track.entries = []
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
-
-
-def _check_remeasure(
-    watch: float | None, alarm: float, measure_slowdown: float | None, every_s: float
-) -> None:
-    if watch is not None and not 0 < watch < alarm:
-        raise ValueError(f"watch must be in (0, alarm), got {watch!r}")
-    if measure_slowdown is not None and not measure_slowdown > 1:
-        raise ValueError(f"measure_slowdown must be > 1, got {measure_slowdown!r}")
-    if not every_s > 0:
-        raise ValueError(f"measure_every_s must be > 0, got {every_s!r}")
-
-
-def _measure_wanted(
-    tracks: Mapping[tuple[str, str], _Track], now: float, watch: float, every_s: float
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """:meth:`SuspicionDetector.measure_requests`: watched sums (highest first), then stale
-    runtime suspects (longest unspoken to first)."""
-    watched: list[tuple[float, str, str]] = []
-    stale: list[tuple[float, str, str]] = []
-    for (gpu, job_class), track in tracks.items():
-        if track.suspicion is None:
-            if track.score >= watch and track.last_s > track.measured_s:
-                watched.append((-track.score, gpu, job_class))
-        elif track.runtime and not track.signal:
-            spoken = max(track.last_s, track.suspicion.since_s, track.measured_s)
-            if now - spoken >= every_s:
-                stale.append((spoken, gpu, job_class))
-    return [(g, c) for _, g, c in sorted(watched)], [(g, c) for _, g, c in sorted(stale)]
 
 
 def _own_runs(track: _Track) -> int:

@@ -14,8 +14,10 @@ Pieces (pure, seeded):
   alone (``"none"``: the advisor without the loop), feeds the records to
   :class:`~slurm_pal.core.suspicion.SuspicionDetector` and hands placement its suspects as
   outliers (``"detector"``), or tells placement each fault the moment it happens
-  (``"oracle"``). It keeps what the benchmark reports: per fault, the jobs and hours until the
-  GPU was suspect for the fault's most sensitive class; every suspicion of a healthy GPU.
+  (``"oracle"``). With ``remeasure`` limits it also re-measures as the service does
+  (:mod:`slurm_pal.core.remeasure`: the same choice, verdicts and recovery checks). It keeps
+  what the benchmark reports: per fault, the jobs and hours until the GPU was suspect for the
+  fault's most sensitive class; every suspicion of a healthy GPU.
 
 A fault slows a GPU by ``factor`` for the most compute-bound class and by ``sensitivity``
 times as much for the others (as :func:`~slurm_pal.sim.variability.few_slow_gpus`); jobs
@@ -25,12 +27,24 @@ that started before it keep their pace (the engine fixes a job's rate when it st
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from slurm_pal.core.drift import JobRun
+from slurm_pal.core.remeasure import (
+    HOUR_S,
+    Attempt,
+    RemeasureLimits,
+    Verdict,
+    recovered,
+    to_remeasure,
+    unsettled,
+    verdict,
+    wanted,
+)
 from slurm_pal.core.suspicion import (
     Change,
     GpuSignals,
@@ -172,15 +186,20 @@ class FaultLoop:
     this is not steered by the oracle (the detector's own ``min_slowdown`` says it for the
     loop). ``signal_share``: the share of busy time a visible fault shows as hardware slowdown.
 
-    Re-measures (opt-in: a detector with ``remeasure``): after each round the hooks take the
-    detector's :meth:`~slurm_pal.core.suspicion.SuspicionDetector.measure_requests` whose GPU
-    is idle and hold it for the class's benchmark (``probe_s`` at the campaign's pace, times
-    the GPU's true slowdown now, with a log-normal noise ``probe_noise``); at its end the
-    detector gets the time over the campaign's. Rate limits: ``max_probes`` at once, one per
-    GPU per ``probe_gap_s``. The GPU time spent is counted (``probe_s_spent``). With
-    ``hold_watched``, placement also keeps a class off a GPU the detector is watching for it
-    (one clearly slow run) until the re-measure says: a hold, not a suspicion (holds of GPUs
-    no fault touched are counted apart, ``healthy_holds``).
+    Re-measures (opt-in: ``remeasure``, the site's ``advisor.remeasure_*`` limits), decided by
+    the service's own code (:mod:`slurm_pal.core.remeasure`): after each round the hooks
+    take the pairs :func:`~slurm_pal.core.remeasure.wanted` names (the detector's suspects,
+    then the GPUs a re-measurement found slow) and :func:`~slurm_pal.core.remeasure.
+    to_remeasure` picks among the GPUs on wholly idle nodes, and hold the whole node (as the
+    service's job does) for the class's benchmark: ``probe_s`` at the campaign's pace times
+    the GPU's true slowdown when it starts (the engine gives jobs no runtime noise, so
+    neither has it). Its campaign time is ``probe_s`` times the GPU's score for the class.
+    A confirmed :func:`~slurm_pal.core.remeasure.verdict` makes the measured time the GPU's
+    score for the class (the service's increment) and refits the detector on the scores with
+    the last ``suspicion_days`` of records (the service's reload); a cleared one clears the
+    detector's suspicion (and keeps it hidden across refits, as the service's settlement). A
+    GPU found slow is measured again and its score restored once it
+    :func:`~slurm_pal.core.remeasure.recovered`. GPU time spent: ``probe_s_spent``.
     """
 
     gpus: SimGpus
@@ -193,10 +212,8 @@ class FaultLoop:
     signal_share: float = 0.6
     seed: int = 0
     probe_s: float = 900.0
-    probe_noise: float = 0.02
-    max_probes: int = 2
-    probe_gap_s: float = 3600.0
-    hold_watched: bool = True
+    remeasure: RemeasureLimits | None = None
+    suspicion_days: float = 14.0
     outcomes: list[FaultOutcome] = field(default_factory=list, init=False)
     false_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
     """(GPU, class, when) of every suspicion of a GPU no fault had slowed at all."""
@@ -206,11 +223,9 @@ class FaultLoop:
     """Suspicions of a faulty GPU for a class the fault slows less than ``min_slowdown``."""
     records: int = field(default=0, init=False)
     probes_run: int = field(default=0, init=False)
-    healthy_holds: list[tuple[str, str, float]] = field(default_factory=list, init=False)
-    """(GPU, class, when) of every hold of a GPU no fault had touched."""
-    healthy_hold_s: float = field(default=0.0, init=False)
-    """How long those holds lasted, in all."""
     probe_s_spent: float = field(default=0.0, init=False)
+    verdicts: list[tuple[str, str, float, bool, Verdict]] = field(default_factory=list, init=False)
+    """(GPU, class, when, recheck, verdict) of every re-measurement judged."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -238,12 +253,15 @@ class FaultLoop:
         self._active: dict[int, int] = {}  # GPU -> index of its active fault
         self._dirty = False
         self._rng = np.random.default_rng(self.seed)
-        self._probe_rng = np.random.default_rng([self.seed, 1])
         self._truth: dict[str, list[float]] | None = None
-        self._in_flight: dict[int, str] = {}  # GPU -> the class its probe measures
-        self._last_probe: dict[int, float] = {}
-        self._held: list[tuple[str, str]] = []
-        self._healthy_since: dict[tuple[str, str], float] = {}
+        self._nodes: dict[str, list[int]] = {}
+        for gpu, spec in enumerate(self.gpus.specs()):
+            self._nodes.setdefault(spec.node, []).append(gpu)
+        self._attempts: list[Attempt] = []
+        self._flights: dict[int, tuple[Attempt, bool]] = {}  # measured GPU -> (it, recheck)
+        self._confirmed: dict[tuple[str, str], float] = {}  # found slow -> when
+        self._settled: dict[tuple[str, str], float] = {}  # cleared -> when
+        self._kept: deque[JobRecord] = deque()  # what a refit replays (the service's store)
 
     # -- SimHooks -------------------------------------------------------------------------
 
@@ -285,57 +303,75 @@ class FaultLoop:
         run = JobRun(
             job.job_id, job.app or job.job_id, job.job_class, job.gpus, job.end - job.start
         )
-        self._apply(self.detector.update(JobRecord(run, job.end, signals, job.penalty)), job.end)
+        record = JobRecord(run, job.end, signals, job.penalty)
+        if self.remeasure is not None:
+            self._kept.append(record)
+            while self._kept[0].end_s < job.end - self.suspicion_days * 86400.0:
+                self._kept.popleft()
+        self._apply(self.detector.update(record))
 
     def probes(self, now: float, free: Sequence[bool]) -> list[tuple[int, float]]:
-        """Re-measures to start now on idle GPUs (see the class docstring)."""
-        detector = self.detector
-        if detector is None or not detector.remeasure or self._truth is None:
+        """Re-measures to start now (see the class docstring): (GPU, seconds) for each GPU of
+        the node each one holds."""
+        limits, truth = self.remeasure, self._truth
+        if limits is None or self.detector is None or truth is None:
             return []
+        keep_s = max(HOUR_S, limits.retry_s)  # what the budget and the retry delay read
+        self._attempts = [a for a in self._attempts if not a.done or now - a.submitted_s < keep_s]
+        idle = {
+            self.uuids[gpu]: node
+            for node, members in self._nodes.items()
+            if all(free[gpu] for gpu in members)
+            for gpu in members
+        }
+        found = wanted(self._suspects(), self._confirmed, self.base_scores, now, limits)
         out: list[tuple[int, float]] = []
-        for uuid, job_class in detector.measure_requests(now):
-            if len(self._in_flight) >= self.max_probes:
-                break
-            gpu = self.index[uuid]
-            if not free[gpu] or gpu in self._in_flight:
-                continue
-            if now - self._last_probe.get(gpu, -math.inf) < self.probe_gap_s:
-                continue
-            noise = float(self._probe_rng.lognormal(0.0, self.probe_noise))
-            seconds = self.probe_s * self._truth[job_class][gpu] * noise
-            self._in_flight[gpu] = job_class
-            self._last_probe[gpu] = now
-            out.append((gpu, seconds))
+        for pick in to_remeasure(found, idle, self._attempts, now, limits):
+            gpu, node = self.index[pick.gpu], idle[pick.gpu]
+            attempt = Attempt(pick.gpu, pick.job_class, node, now)
+            self._attempts.append(attempt)
+            self._flights[gpu] = (attempt, pick.recheck)
+            seconds = self.probe_s * truth[pick.job_class][gpu]
+            out += [(member, seconds) for member in self._nodes[node]]
         return out
 
     def probe_ended(self, gpu: int, start: float, end: float) -> None:
-        job_class = self._in_flight.pop(gpu)
-        self.probes_run += 1
+        """Judge the re-measure on ``gpu`` as the service does (the node's other GPUs were
+        only held)."""
         self.probe_s_spent += end - start
-        assert self.detector is not None
-        uuid = self.uuids[gpu]
-        ratio = (end - start) / (self.probe_s * self.base_scores[uuid][job_class])
-        self._apply(self.detector.measured(uuid, job_class, ratio, end), end)
+        flight = self._flights.pop(gpu, None)
+        if flight is None:
+            return
+        attempt, recheck = flight
+        assert self.remeasure is not None and self.detector is not None
+        self.probes_run += 1
+        self._attempts = [replace(a, done=True) if a is attempt else a for a in self._attempts]
+        key = (attempt.gpu, attempt.job_class)
+        campaign_s = self.probe_s * self.base_scores[key[0]][key[1]]
+        judge = recovered if recheck else verdict
+        result = judge(end - start, campaign_s, self.remeasure.slower)
+        self.verdicts.append((*key, end, recheck, result))
+        if result.confirmed:  # an increment: the measured time is the GPU's score now
+            if not recheck:
+                self._confirmed[key] = end
+            self.base_scores[key[0]][key[1]] = (end - start) / self.probe_s
+            self.detector.fit(self.base_scores, [r for r in self._kept if r.end_s <= end])
+            self._dirty = True
+        elif not recheck:
+            self._settled[key] = end
+            self.detector.clear(*key, end, result.why)
+            self._dirty = True
 
-    def _apply(self, changes: Sequence[Change], now: float) -> None:
+    def _suspects(self) -> list[Suspicion]:
+        """The detector's suspects less those a re-measurement cleared."""
+        assert self.detector is not None
+        return unsettled(self.detector.suspects(), self._settled)
+
+    def _apply(self, changes: Sequence[Change]) -> None:
         for change in changes:
             self._dirty = True
             if change.suspect:
                 self._judge(change.gpu, change.job_class, change.at_s)
-        if not self.hold_watched or self.detector is None:
-            return
-        held = self.detector.watched()
-        if held != self._held:
-            self._dirty = True
-            for key in sorted(set(held) - set(self._held)):
-                gpu = self.index[key[0]]
-                if not any(f.gpu == gpu and f.at_s <= now for f in self.faults):
-                    self.healthy_holds.append((*key, now))
-                    self._healthy_since[key] = now
-            for key in set(self._held) - set(held):
-                if key in self._healthy_since:
-                    self.healthy_hold_s += now - self._healthy_since.pop(key)
-            self._held = held
 
     def scores(self) -> Mapping[str, Sequence[float]] | None:
         if not self._dirty:
@@ -350,12 +386,7 @@ class FaultLoop:
                 if factor >= self.min_slowdown
             ]
         else:
-            assert self.detector is not None
-            suspects = self.detector.suspects()
-            suspects += [
-                Suspicion(uuid, c, math.nan, math.nan, "held", math.nan, 0)
-                for uuid, c in self._held
-            ]
+            suspects = self._suspects()
         table = outlier_scores(self.base_scores, suspects, self.floor)
         return {c: [table[uuid][c] for uuid in self.uuids] for c in self.classes}
 

@@ -1,0 +1,121 @@
+"""The service's re-measurements (advisor/remeasure.py) and the simulator's (sim/loop.py) are
+one decision (core/remeasure.py): for the same suspects, idle nodes, attempts and scores both
+pick the same (GPU, class), and for the same times both give the same verdict."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from slurm_pal.core.remeasure import (
+    RemeasureLimits,
+    Verdict,
+    to_remeasure,
+    unsettled,
+    verdict,
+    wanted,
+)
+from slurm_pal.core.suspicion import Suspicion, SuspicionDetector
+from slurm_pal.sim import uniform_gpus
+from slurm_pal.sim.loop import FaultLoop
+from tests.helpers.advisor import Env
+from tests.test_advisor_remeasure import FakeSlurm, env, remeasurer, suspect  # noqa: F401
+
+CLASSES = ("A", "B", "C", "D")
+LIMITS = RemeasureLimits()
+
+
+def _suspicion(gpu: str, job_class: str, since_s: float) -> Suspicion:
+    return Suspicion(gpu, job_class, since_s, since_s, "runtime", math.nan, 2)
+
+
+def _sim(suspects: Sequence[Suspicion], slow: dict[tuple[int, str], float]) -> FaultLoop:
+    """A simulated site of 3 nodes x 2 GPUs whose detector suspects ``suspects``; ``slow``:
+    (GPU, class) -> its true slowdown now."""
+    gpus = uniform_gpus(CLASSES, 3, 2)
+    detector = SuspicionDetector()
+    loop = FaultLoop(gpus, [], mode="detector", detector=detector, remeasure=LIMITS)
+    detector.suspects = lambda: list(suspects)  # type: ignore[method-assign]
+    truth = {c: [1.0] * gpus.n_gpus for c in CLASSES}
+    for (gpu, job_class), factor in slow.items():
+        truth[job_class][gpu] = factor
+    loop.advance(0.0, truth)
+    return loop
+
+
+def test_the_simulator_picks_and_judges_with_the_services_rule() -> None:
+    suspects = [
+        _suspicion("sim-gpu-00004", "A", 5.0),  # oldest, but its node is busy
+        _suspicion("sim-gpu-00002", "A", 10.0),
+        _suspicion("sim-gpu-00003", "B", 15.0),  # same node as the pick before: waits
+        _suspicion("sim-gpu-00000", "B", 20.0),
+    ]
+    loop = _sim(suspects, {(2, "A"): 2.0})
+    now = 1000.0
+    free = [True, True, True, True, True, False]
+    idle = {f"sim-gpu-{g:05d}": loop.gpus.node_name(g // 2) for g in range(4)}
+    service = to_remeasure(wanted(suspects, {}, loop.base_scores, now, LIMITS), idle, [], now,
+                           LIMITS)  # fmt: skip
+    assert [(w.gpu, w.job_class) for w in service] == [("sim-gpu-00002", "A"),
+                                                       ("sim-gpu-00000", "B")]  # fmt: skip
+    held = loop.probes(now, free)
+    assert sorted(g for g, _ in held) == [0, 1, 2, 3]  # both nodes, whole
+    for gpu, seconds in held:
+        loop.probe_ended(gpu, now, now + seconds)
+    judged = {(g, c): v for g, c, _, _, v in loop.verdicts}
+    assert sorted(judged) == [("sim-gpu-00000", "B"), ("sim-gpu-00002", "A")]
+    probe = loop.probe_s
+    assert judged[("sim-gpu-00002", "A")] == verdict(2.0 * probe, probe, LIMITS.slower)
+    assert judged[("sim-gpu-00000", "B")] == verdict(probe, probe, LIMITS.slower)
+    # Confirmed: the measured time is the GPU's score (the increment); cleared: the
+    # suspicion is no longer one, as the service's settlement hides it.
+    assert loop.base_scores["sim-gpu-00002"]["A"] == pytest.approx(2.0)
+    assert ("sim-gpu-00000", "B") not in {(s.gpu, s.job_class) for s in loop._suspects()}
+    # The budget (2 an hour) is spent: nothing more this hour, as the service would say.
+    assert loop.probes(now + 60.0, [True] * 6) == []
+
+
+def test_a_gpu_found_slow_is_measured_again_and_recovers_as_in_the_service() -> None:
+    loop = _sim([_suspicion("sim-gpu-00002", "A", 10.0)], {(2, "A"): 2.0})
+    ((gpu, seconds),) = [(g, s) for g, s in loop.probes(0.0, [True] * 6) if g == 2]
+    loop.probe_ended(gpu, 0.0, seconds)
+    loop.detector.suspects = lambda: []  # type: ignore[method-assign, union-attr]
+    assert loop.probes(3600.0, [True] * 6) == []  # found slow, not yet retry_s ago
+    loop._truth["A"][2] = 1.0  # type: ignore[index]  # repaired
+    later = seconds + LIMITS.retry_s
+    expect = wanted([], {("sim-gpu-00002", "A"): seconds}, loop.base_scores, later, LIMITS)
+    assert [(w.gpu, w.job_class, w.recheck) for w in expect] == [("sim-gpu-00002", "A", True)]
+    held = loop.probes(later, [True] * 6)
+    assert [g for g, _ in held] == [2, 3]
+    for g, s in held:
+        loop.probe_ended(g, later, later + s)
+    *_, (_, _, _, again, result) = loop.verdicts
+    assert again and result.confirmed and result.ratio == pytest.approx(0.5)
+    assert loop.base_scores["sim-gpu-00002"]["A"] == pytest.approx(1.0)
+
+
+def test_the_service_and_the_simulator_agree_on_one_suspect(env: Env) -> None:  # noqa: F811
+    st, target, seconds, bench = suspect(env)
+    (found,) = st.suspects.suspects()
+    rm = remeasurer(env, st, FakeSlurm(seconds, bench, factor=2.0))
+    (flight,) = rm.submit_due()
+    ((_, service),) = rm.settle()
+    assert (flight.attempt.gpu, flight.attempt.job_class) == (target, "A")
+    # The same suspicion, in the simulator, of a GPU now 2x slower for the class.
+    loop = _sim([_suspicion("sim-gpu-00002", found.job_class, found.since_s)], {(2, "A"): 2.0})
+    held = loop.probes(found.since_s + 60.0, [True] * 6)
+    for gpu, s in held:
+        loop.probe_ended(gpu, found.since_s + 60.0, found.since_s + 60.0 + s)
+    ((gpu, job_class, _, again, sim),) = loop.verdicts
+    assert (gpu, job_class, again) == ("sim-gpu-00002", "A", False)
+    assert isinstance(service, Verdict)
+    assert (sim.confirmed, sim.ratio) == (service.confirmed, pytest.approx(service.ratio))
+    assert sim.confirmed and sim.ratio == pytest.approx(2.0)
+
+
+def test_unsettled_hides_only_suspicions_raised_before_the_clearing() -> None:
+    found = [_suspicion("g0", "A", 10.0), _suspicion("g0", "B", 10.0), _suspicion("g1", "A", 30.0)]
+    kept = unsettled(found, {("g0", "A"): 20.0, ("g1", "A"): 20.0})
+    assert [(s.gpu, s.job_class) for s in kept] == [("g0", "B"), ("g1", "A")]
