@@ -24,8 +24,10 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
   suspects handed to placement as outliers for the classes they hurt;
 - ``remeasure``: the same with the service's re-measurements (``advisor.remeasure``, decided
   by ``core/remeasure.py`` with the site's default limits): a suspect GPU's class benchmark,
-  run when a round leaves its node idle, confirms (the measured time becomes its score) or
-  clears the suspicion; a GPU found slow is measured again to see it recover;
+  run when a round leaves it and its gres label-mates on its node idle (GPUs of one PM
+  signature there; the job holds them, other jobs keep the node's other GPUs), confirms (the
+  measured time becomes its score) or clears the suspicion; a GPU found slow is measured
+  again to see it recover;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
@@ -63,7 +65,7 @@ CLASSES = ("A", "B", "C", "D")
 ARMS = ("packing", "no-loop", "loop", "remeasure", "oracle")
 LOOPS = ("loop", "remeasure")
 """The arms with a detector: runtime and signal evidence from job ends, and that plus the
-service's re-measure jobs on idle nodes."""
+service's re-measure jobs on idle GPUs (with their label-mates)."""
 TARGETS = {1.5: 5, 2.0: 3}
 """Fault factor -> the median number of the GPU's class-A jobs by which it must be suspect."""
 GAP_TARGET = 0.8
@@ -376,7 +378,7 @@ def print_report(report: dict[str, object]) -> None:
         )
         if n["probes"]:
             print(
-                f"  re-measure jobs: {n['probes']:.0f} ({n['probe_h']:.1f} GPU-h, whole nodes); "
+                f"  re-measure jobs: {n['probes']:.0f} ({n['probe_h']:.1f} GPU-h held); "
                 f"confirmed {n['confirmed']:.0f}, cleared {n['cleared']:.0f} (of GPUs no fault "
                 f"touched: {n['cleared_healthy']:.0f}), recovered {n['recovered']:.0f}"
             )

@@ -1,5 +1,6 @@
 """Re-measuring suspect GPUs in the service (advisor/remeasure.py): a suspect (GPU, class)
-on an idle node gets a pinned, low-priority campaign job; its result confirms the suspicion
+idle with its label-mates gets a pinned, low-priority campaign job (its label's GPUs of the
+node, not the whole node); its result confirms the suspicion
 (an increment campaign, active, with the GPU's new runs: the service places by it) or clears
 it. Slurm faked: its submit writes the run record the campaign task would."""
 
@@ -101,8 +102,12 @@ def test_a_confirmed_suspicion_becomes_a_campaign_increment(
         text = script.read_text()
         (entry,) = [e for e in env.table.entries if e.uuid == target]
         node, index = entry.node, entry.index  # the device minor, as a campaign task's
-        assert f"--nodelist={node}" in text and f"--nice={NICE}" in text and "--exclusive" in text
+        mates = [e for e in env.table.entries if e.node == node and e.label == entry.label]
+        assert f"--nodelist={node}" in text and f"--nice={NICE}" in text
+        assert f"--gres=gpu:{entry.label}:{len(mates)}\n" in text and "--exclusive" not in text
         assert array == str(index)
+        plan, _ = load_plan(script.parent.parent.parent, script.parent.parent.name)
+        assert plan.gpus[0].slurm_index == entry.slurm_index  # the runner checks it is held
         rm.tick()  # judges the landed record
     with Store(env.db) as store:
         assert store.active_campaign_id() == "example-r1"
@@ -136,7 +141,7 @@ def test_a_cleared_suspicion_is_closed_and_no_longer_steered(env: Env) -> None:
     assert st.suspects.suspects() == []
 
 
-def test_off_by_default_and_busy_nodes_wait(env: Env) -> None:
+def test_off_by_default_and_busy_label_mates_wait(env: Env) -> None:
     st, target, seconds, bench = suspect(env)
     slurm = FakeSlurm(seconds, bench, factor=2.0)
     st.config = replace(st.config, advisor=replace(st.config.advisor, remeasure=False))
@@ -149,10 +154,18 @@ def test_off_by_default_and_busy_nodes_wait(env: Env) -> None:
     base = st.view.base
     other = next(g for g, u in enumerate(base.uuids)
                  if u != target and base.node_names[base.gpu_node[g]] == node)  # fmt: skip
-    base.allocate([other])  # a job on another GPU of the node: the node is not idle
+    base.allocate([other])  # a job on a label-mate (every GPU of n03 has one label)
     assert target not in idle_gpus(st.view)
     remeasurer(env, st, slurm).tick()
     assert slurm.submitted == []
+    # n01 has two labels, X (devices 0, 2) and Y (1, 3): a job on a Y GPU leaves X measurable
+    by_index = {e.index: e for e in env.table.entries if e.node == "n01"}
+    base.allocate([base.uuid_index[by_index[1].uuid]])
+    idle = idle_gpus(st.view)
+    assert by_index[1].uuid not in idle and by_index[3].uuid not in idle
+    pin, entry = idle[by_index[0].uuid]
+    assert pin.label == "v100-X" and entry.slurm_index == 0
+    assert set(pin.gpus) == {by_index[0].uuid, by_index[2].uuid}
 
 
 def test_a_job_that_leaves_without_a_result_is_given_up_and_the_budget_holds(env: Env) -> None:

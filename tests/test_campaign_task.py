@@ -25,6 +25,7 @@ from slurm_pal.campaigns.workspace import (
     CampaignPlan,
     create_campaign,
     default_benchmarks,
+    load_plan,
     read_records,
 )
 from slurm_pal.core.campaigns import PlannedGpu, check_campaign
@@ -524,3 +525,31 @@ def test_runner_passes_the_plans_window_to_the_benchmark(tmp_path: Path) -> None
     proc = run_runner(directory, "n1", 0, slurm_env("n1", 0, 1, tmp_path, **extra))
     assert proc.returncode == 0, proc.stderr
     assert read_json(directory)["n1__gpu0__A__r0.json"]["duration_s"] == 0.5
+
+
+def test_a_re_measure_task_holds_only_its_labels_gpus_and_must_hold_the_measured_one(
+    tmp_path: Path,
+) -> None:
+    """A re-measure's plan (``gpu_type``): the script asks for the node's 2 GPUs of the label,
+    not the whole node; the task holds those 2 (Slurm's numbers 1 and 3 of a 4-GPU node) and
+    measures device 2, whose Slurm number (3) must be among them."""
+    bench, table = write_fakes(tmp_path / "fakes", {"default": [2.0]})
+    plan = dataclasses.replace(
+        fake_plan(bench, [PlannedGpu("n1", 2, None, 3)], classes=("A",), repeats=1),
+        node_gpu_counts={"n1": 2},
+        gpu_type="v100-b",
+    )
+    directory = create_campaign(tmp_path / "campaigns", plan)
+    assert load_plan(tmp_path / "campaigns", plan.campaign)[0] == plan  # campaign.json keeps it
+    script = (directory / "sbatch" / "n1.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:v100-b:2\n" in script and "--exclusive" not in script
+    holds = {"SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1"}
+    proc = run_runner(directory, "n1", 2, slurm_env("n1", 2, 2, table, **holds))
+    assert proc.returncode == 0, proc.stderr
+    (record,) = read_json(directory).values()
+    assert record["status"] == "ok"
+    assert record["cuda_visible_devices"] == "1"  # no NVML: its place among the job's GPUs
+    wrong = {"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    proc = run_runner(directory, "n1", 2, slurm_env("n1", 2, 2, table, **wrong))
+    assert proc.returncode == runner.EXIT_WRONG_ALLOCATION
+    assert "does not hold GPU 2 (Slurm's number 3" in proc.stderr

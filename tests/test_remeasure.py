@@ -1,5 +1,6 @@
-"""The re-measure planner (core/remeasure.py): opt-in budget, one in flight per GPU and node,
-idle GPUs only, a retry delay per (GPU, class); the verdict; the campaign increment."""
+"""The re-measure planner (core/remeasure.py): opt-in budget, one in flight per GPU (and per
+label-mates: a job holds every GPU of the suspect's label on its node), idle GPUs only, a retry
+delay per (GPU, class); the verdict; the campaign increment."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 
 from slurm_pal.core.remeasure import (
     Attempt,
+    Pin,
     RemeasureLimits,
     Wanted,
+    idle_pins,
     increment_id,
     increment_rows,
     recovered,
@@ -19,7 +22,18 @@ from slurm_pal.core.remeasure import (
 )
 
 LIMITS = RemeasureLimits(per_hour=2, retry_s=86400, slower=1.15)
-IDLE = {"g0": "n1", "g1": "n1", "g2": "n2", "g3": "n3"}
+# n1: g0 and g1 share a label, g4 has its own; n2, n3: one GPU each.
+SITE = [("g0", "n1", "x"), ("g1", "n1", "x"), ("g4", "n1", "y"), ("g2", "n2", "x"),
+        ("g3", "n3", "x")]  # fmt: skip
+IDLE = idle_pins(SITE, {"g0", "g1", "g2", "g3", "g4"})
+
+
+def test_a_gpu_is_idle_with_its_label_mates_on_its_node_whatever_the_rest_runs():
+    assert IDLE["g0"] == IDLE["g1"] == Pin("n1", "x", ("g0", "g1"))
+    assert IDLE["g4"] == Pin("n1", "y", ("g4",))
+    busy_mate = idle_pins(SITE, {"g0", "g2", "g3", "g4"})  # g1 runs a job
+    assert "g0" not in busy_mate and busy_mate["g4"] == Pin("n1", "y", ("g4",))
+    assert "g0" in idle_pins(SITE, {"g0", "g1", "g2", "g3"})  # g4 (another label) runs one
 
 
 def test_only_idle_gpus_oldest_suspicion_first():
@@ -36,13 +50,19 @@ def test_per_hour_budget_counts_recent_submissions():
     assert to_remeasure(suspects, IDLE, [], 0.0, RemeasureLimits(per_hour=0)) == []
 
 
-def test_one_in_flight_per_gpu_and_per_node():
-    suspects = [Wanted("g0", "B", 1.0), Wanted("g1", "A", 2.0), Wanted("g2", "A", 3.0)]
-    flying = [Attempt("g0", "A", "n1", 0.0)]
+def test_one_in_flight_per_gpu_and_its_label_mates():
+    suspects = [Wanted("g0", "B", 1.0), Wanted("g1", "A", 2.0), Wanted("g4", "A", 2.5),
+                Wanted("g2", "A", 3.0)]  # fmt: skip
+    flying = [Attempt("g0", "A", "n1", 0.0, held=("g0", "g1"))]
     limits = RemeasureLimits(per_hour=10)
-    assert [w.gpu for w in to_remeasure(suspects, IDLE, flying, 10.0, limits)] == ["g2"]
-    # nothing flying: one per node in one call too
-    assert [w.gpu for w in to_remeasure(suspects, IDLE, [], 10.0, limits)] == ["g0", "g2"]
+    # g1 is held by g0's job (same label); g4 (another label, same node) is not
+    picked = to_remeasure(suspects, IDLE, flying, 10.0, limits)
+    assert [w.gpu for w in picked] == ["g4", "g2"]
+    # nothing flying: one per pin in one call too
+    assert [w.gpu for w in to_remeasure(suspects, IDLE, [], 10.0, limits)] == ["g0", "g4", "g2"]
+    # an attempt that names no held GPUs holds its own GPU only
+    alone = [Attempt("g0", "A", "n1", 0.0)]
+    assert [w.gpu for w in to_remeasure(suspects[1:2], IDLE, alone, 10.0, limits)] == []
 
 
 def test_a_pair_is_retried_only_after_retry_s():

@@ -1,14 +1,21 @@
 """The service's re-measurements (advisor/remeasure.py) and the simulator's (sim/loop.py) are
-one decision (core/remeasure.py): for the same suspects, idle nodes, attempts and scores both
-pick the same (GPU, class), and for the same times both give the same verdict."""
+one decision (core/remeasure.py): for the same suspects, free GPUs, labels, attempts and scores
+both pick the same (GPU, class), each from its own view of the GPUs (the service from Slurm's
+busy GPUs and labels.json, the simulator from its free mask and its labels), and for the same
+times both give the same verdict."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 
+from slurm_pal.advisor.remeasure import idle_gpus
+from slurm_pal.core.labels import LabelEntry, LabelTable
 from slurm_pal.core.remeasure import (
     RemeasureLimits,
     Verdict,
@@ -18,7 +25,7 @@ from slurm_pal.core.remeasure import (
     wanted,
 )
 from slurm_pal.core.suspicion import Suspicion, SuspicionDetector
-from slurm_pal.sim import uniform_gpus
+from slurm_pal.sim import SimGpus, uniform_gpus
 from slurm_pal.sim.loop import FaultLoop
 from tests.helpers.advisor import Env
 from tests.test_advisor_remeasure import FakeSlurm, env, remeasurer, suspect  # noqa: F401
@@ -31,10 +38,14 @@ def _suspicion(gpu: str, job_class: str, since_s: float) -> Suspicion:
     return Suspicion(gpu, job_class, since_s, since_s, "runtime", math.nan, 2)
 
 
-def _sim(suspects: Sequence[Suspicion], slow: dict[tuple[int, str], float]) -> FaultLoop:
-    """A simulated site of 3 nodes x 2 GPUs whose detector suspects ``suspects``; ``slow``:
-    (GPU, class) -> its true slowdown now."""
-    gpus = uniform_gpus(CLASSES, 3, 2)
+def _sim(
+    suspects: Sequence[Suspicion],
+    slow: dict[tuple[int, str], float],
+    gpus: SimGpus | None = None,
+) -> FaultLoop:
+    """A simulated site (default 3 nodes x 2 GPUs, all alike) whose detector suspects
+    ``suspects``; ``slow``: (GPU, class) -> its true slowdown now."""
+    gpus = gpus or uniform_gpus(CLASSES, 3, 2)
     detector = SuspicionDetector()
     loop = FaultLoop(gpus, [], mode="detector", detector=detector, remeasure=LIMITS)
     detector.suspects = lambda: list(suspects)  # type: ignore[method-assign]
@@ -43,6 +54,28 @@ def _sim(suspects: Sequence[Suspicion], slow: dict[tuple[int, str], float]) -> F
         truth[job_class][gpu] = factor
     loop.advance(0.0, truth)
     return loop
+
+
+def _service_view(loop: FaultLoop, labels: Sequence[str], free: Sequence[bool]) -> Any:
+    """What the service's ``idle_gpus`` reads of a refresh, for the simulated site: Slurm's
+    free GPUs and labels.json (``labels``: each GPU's, as ``site render`` names them)."""
+    specs = loop.gpus.specs()
+    entries = tuple(
+        LabelEntry(g.node, g.index, g.index, label, g.uuid)
+        for g, label in zip(specs, labels, strict=True)
+    )
+    base = SimpleNamespace(uuid_index={g.uuid: i for i, g in enumerate(specs)}, free=free)
+    return SimpleNamespace(
+        base=base, static=SimpleNamespace(labels=LabelTable("c", entries)), excluded={}
+    )
+
+
+def _service_picks(
+    loop: FaultLoop, labels: Sequence[str], free: Sequence[bool], now: float
+) -> list[tuple[str, str]]:
+    idle = {g: pin for g, (pin, _) in idle_gpus(_service_view(loop, labels, free)).items()}
+    found = wanted(loop._suspects(), {}, loop.base_scores, now, LIMITS)
+    return [(w.gpu, w.job_class) for w in to_remeasure(found, idle, [], now, LIMITS)]
 
 
 def test_the_simulator_picks_and_judges_with_the_services_rule() -> None:
@@ -55,13 +88,11 @@ def test_the_simulator_picks_and_judges_with_the_services_rule() -> None:
     loop = _sim(suspects, {(2, "A"): 2.0})
     now = 1000.0
     free = [True, True, True, True, True, False]
-    idle = {f"sim-gpu-{g:05d}": loop.gpus.node_name(g // 2) for g in range(4)}
-    service = to_remeasure(wanted(suspects, {}, loop.base_scores, now, LIMITS), idle, [], now,
-                           LIMITS)  # fmt: skip
-    assert [(w.gpu, w.job_class) for w in service] == [("sim-gpu-00002", "A"),
-                                                       ("sim-gpu-00000", "B")]  # fmt: skip
+    alike = ["v100-a0b0c0d0"] * 6  # all alike: one label, every node's GPUs are label-mates
+    service = _service_picks(loop, alike, free, now)
+    assert service == [("sim-gpu-00002", "A"), ("sim-gpu-00000", "B")]
     held = loop.probes(now, free)
-    assert sorted(g for g, _ in held) == [0, 1, 2, 3]  # both nodes, whole
+    assert sorted(g for g, _ in held) == [0, 1, 2, 3]  # both nodes, whole: one label each
     for gpu, seconds in held:
         loop.probe_ended(gpu, now, now + seconds)
     judged = {(g, c): v for g, c, _, _, v in loop.verdicts}
@@ -119,3 +150,24 @@ def test_unsettled_hides_only_suspicions_raised_before_the_clearing() -> None:
     found = [_suspicion("g0", "A", 10.0), _suspicion("g0", "B", 10.0), _suspicion("g1", "A", 30.0)]
     kept = unsettled(found, {("g0", "A"): 20.0, ("g1", "A"): 20.0})
     assert [(s.gpu, s.job_class) for s in kept] == [("g0", "B"), ("g1", "A")]
+
+
+def test_both_drivers_measure_a_gpu_whose_node_mate_of_another_label_is_busy() -> None:
+    """GPU 3 is slower for class D than its node-mate GPU 2 (its own PM signature, so its own
+    gres label); GPU 4 and 5 share one. A job on GPU 3 leaves GPU 2 measurable, one on GPU 5
+    does not leave GPU 4: the same in both drivers, each labelling by the site's rule."""
+    scores = {c: np.ones(6) for c in CLASSES}
+    scores["D"][3] = 1.3
+    gpus = SimGpus(3, 2, scores, {c: v.copy() for c, v in scores.items()})
+    suspects = [_suspicion("sim-gpu-00004", "A", 5.0), _suspicion("sim-gpu-00002", "A", 10.0)]
+    loop = _sim(suspects, {(2, "A"): 2.0}, gpus)
+    labels = ["v100-a0b0c0d0"] * 6
+    labels[3] = "v100-a0b0c0d1"
+    free = [True, True, True, False, True, False]
+    assert _service_picks(loop, labels, free, 1000.0) == [("sim-gpu-00002", "A")]
+    held = loop.probes(1000.0, free)
+    assert [g for g, _ in held] == [2]  # GPU 2 alone: GPU 3 keeps its job
+    ((_, seconds),) = held
+    loop.probe_ended(2, 1000.0, 1000.0 + seconds)
+    ((gpu, job_class, _, _, result),) = loop.verdicts
+    assert (gpu, job_class, result.confirmed) == ("sim-gpu-00002", "A", True)

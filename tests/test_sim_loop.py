@@ -216,6 +216,10 @@ def test_remeasures_confirm_a_slow_gpu_and_its_score_becomes_the_measured_time()
     assert mine and mine[0][0].confirmed and not mine[0][1]
     assert mine[0][0].ratio == pytest.approx(2.0)
     assert loop.base_scores["sim-gpu-00005"]["A"] == pytest.approx(2.0)
-    # Each re-measure held the whole node (4 GPUs) for the benchmark's length.
-    assert loop.probe_s_spent >= loop.probes_run * 4 * loop.probe_s
+    # Each re-measure held the GPU's label-mates on its node (the GPUs of its PM signature
+    # there, as the site's labels are) for the benchmark's length: here all alike, the node.
+    site = {gpu: (node, label) for gpu, node, label in loop._site}
+    mates = [g for g, where in site.items() if where == site["sim-gpu-00005"]]
+    assert len(mates) == 4
+    assert loop.probe_s_spent >= loop.probes_run * len(mates) * loop.probe_s
     assert loop.false_suspicions == []

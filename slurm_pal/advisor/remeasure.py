@@ -2,12 +2,26 @@
 
 On the refresh thread, after each read (:meth:`Remeasurer.tick`): first the results of the
 re-measure jobs in flight are judged, then the planner (:func:`~slurm_pal.core.remeasure.
-to_remeasure`) picks the suspect (GPU, class) pairs to benchmark now, among the GPUs on nodes
-the view shows wholly free. Each becomes a one-GPU, one-class, one-repeat campaign directory
-(the campaign machinery: ``new_plan``, ``create_campaign``, the runner and the site's benchmark
-for the class) submitted as an ordinary job (pinned to its node, the whole node held, as a
-campaign task is) at low priority (``--nice``). Its result is judged against the same GPU's
-runs of the class in the active campaign (same benchmark):
+to_remeasure`) picks the suspect (GPU, class) pairs to benchmark now, among the GPUs the view
+shows free with their label-mates (:func:`idle_gpus`). Each becomes a one-GPU, one-class,
+one-repeat campaign directory (the campaign machinery: ``new_plan``, ``create_campaign``, the
+runner and the site's benchmark for the class) submitted as an ordinary job at low priority
+(``--nice``), pinned to the GPU as closely as Slurm allows: on its node, every GPU of its gres
+label there (``--gres=gpu:<label>:<k>``, labels.json's count), which must include it; the
+runner measures that GPU alone (its device minor, checked against its Slurm number).
+
+Sharing the node: a campaign task holds its whole node (``--exclusive``) so that nothing else
+runs there while a GPU is measured. A re-measure does not: waiting for a wholly idle node
+meant waiting for the end of the month's submissions at a busy site, while the suspicion
+kept steering jobs (or, wrong, kept a GPU idle). What the neighbours' jobs can change is
+small for the class benchmarks (GEMM and the STREAM triad run from the GPU's own memory after
+a warm-up; the host's CPUs, memory and PCIe barely enter), but heat and the node's power
+budget are shared, so a busy node can make a GPU a few percent slower than the campaign saw
+it; the verdict's margin (``remeasure_slower``, 1.15x) is far above that, and what noise
+remains leans towards confirming a suspicion, never towards clearing a real one. A confirmed
+run becomes the GPU's score as measured among neighbours; a later recheck measures it again.
+Its result is judged against the same GPU's runs of the class in the active campaign (same
+benchmark):
 
 - confirmed: a campaign increment (``<active>-r<n>``: the active campaign's measurements with
   that GPU's runs of the class replaced by the new run, binned as the active one was) is
@@ -52,10 +66,13 @@ from slurm_pal.campaigns.workspace import (
 )
 from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.campaigns import CSV_COLUMNS, PlannedGpu, RunRecord, measurement_rows
+from slurm_pal.core.labels import LabelEntry
 from slurm_pal.core.remeasure import (
     Attempt,
+    Pin,
     RemeasureLimits,
     Verdict,
+    idle_pins,
     increment_id,
     increment_rows,
     recovered,
@@ -82,19 +99,22 @@ RECHECK_READ_S = 60.0
 """How often the store's confirmed rows are read for GPUs to measure again."""
 
 
-def idle_gpus(view: View) -> dict[str, tuple[str, int]]:
-    """GPU id -> (node, device minor) of the GPUs on nodes whose GPUs are all free in ``view``
-    (and not left out of routing): a campaign task holds its whole node, and its array task id
-    is the device minor (``/dev/nvidiaN``), which Slurm's own index need not be."""
+def idle_gpus(view: View) -> dict[str, tuple[Pin, LabelEntry]]:
+    """GPU id -> (its pin, its labels.json entry) of the GPUs free in ``view`` with every GPU
+    of their label on their node (:func:`~slurm_pal.core.remeasure.idle_pins`), on nodes not
+    left out of routing: a re-measure job holds those. The entry gives the device minor (the
+    array task id, ``/dev/nvidiaN``) and Slurm's number for it, which need not be the same."""
     cluster = view.base
-    free = cluster.node_free
-    out: dict[str, tuple[str, int]] = {}
-    for entry in view.static.labels.entries:
-        n = cluster.node_index.get(entry.node)
-        if n is None or entry.node in view.excluded or free[n] != cluster.node_size[n]:
-            continue
-        out[entry.uuid] = (entry.node, entry.index)
-    return out
+    entries = {e.uuid: e for e in view.static.labels.entries}
+    free = {
+        e.uuid
+        for e in entries.values()
+        if e.uuid in cluster.uuid_index
+        and e.node not in view.excluded
+        and cluster.free[cluster.uuid_index[e.uuid]]
+    }
+    pins = idle_pins(((e.uuid, e.node, e.label) for e in entries.values()), free)
+    return {gpu: (pin, entries[gpu]) for gpu, pin in pins.items()}
 
 
 @dataclass
@@ -173,22 +193,21 @@ class Remeasurer:
         scores = {spec.uuid: spec.scores for spec in view.static.specs}
         candidates = wanted(self.state.suspects.suspects(), self._confirmed_at(now), scores,
                             now, limits)  # fmt: skip
-        picks = to_remeasure(candidates, {g: n for g, (n, _) in idle.items()}, self.attempts,
+        picks = to_remeasure(candidates, {g: p for g, (p, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
         out = []
         for w in picks:
-            node, index = idle[w.gpu]
-            size = int(view.base.node_size[view.base.node_index[node]])
-            attempt = Attempt(w.gpu, w.job_class, node, now)
+            pin, entry = idle[w.gpu]
+            attempt = Attempt(w.gpu, w.job_class, pin.node, now, held=pin.gpus)
             self.attempts.append(attempt)  # counted against the budget even when it fails
             try:
                 out.append(
-                    self._submit(attempt, index, size, view.static.campaign, recheck=w.recheck)
+                    self._submit(attempt, entry, pin, view.static.campaign, recheck=w.recheck)
                 )
             except Exception as exc:
                 self._done(attempt)
                 log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
-                            w.gpu, node, index, w.job_class, exc)  # fmt: skip
+                            w.gpu, pin.node, entry.index, w.job_class, exc)  # fmt: skip
         return out
 
     def _confirmed_at(self, now: float) -> dict[tuple[str, str], float]:
@@ -206,19 +225,21 @@ class Remeasurer:
         return self._confirmed[1]
 
     def _submit(
-        self, attempt: Attempt, index: int, node_gpus: int, campaign: str, *, recheck: bool = False
+        self, attempt: Attempt, entry: LabelEntry, pin: Pin, campaign: str, *, recheck: bool = False
     ) -> Flight:
         cfg = self.state.config
         settings = self.settings
-        node = attempt.node
+        node, index = attempt.node, entry.index
         stamp = datetime.fromtimestamp(attempt.submitted_s, UTC).strftime("%Y%m%d-%H%M%S")
         cid = _safe(f"rm-{node}-{index}-{attempt.job_class}-{stamp}")[:64]
         request = PlanRequest(
             classes=attempt.job_class, repeats=1, campaign_id=cid, sbatch_args=(f"--nice={NICE}",)
         )
         site = SiteClasses(cfg.classes.names, cfg.profiling.gpu_model, cfg.source)
-        gpus = [PlannedGpu(node, index, attempt.gpu)]
-        plan = new_plan(request, settings, site, gpus, {node: node_gpus}, settings.partition)
+        gpus = [PlannedGpu(node, index, attempt.gpu, entry.slurm_index)]
+        counts = {node: len(pin.gpus)}  # the task holds the label's GPUs of the node, no more
+        plan = new_plan(request, settings, site, gpus, counts, settings.partition)
+        plan = replace(plan, gpu_type=pin.label)
         directory = create_campaign(self.root, plan)
         script = directory / SBATCH_DIR / f"{node}.sbatch"
         job_id = self.slurm.submit(script, array=str(index), cwd=directory)
@@ -227,9 +248,10 @@ class Remeasurer:
         self.flights.append(flight)
         log.warning(
             "GPU %s (%s device %d) %s for class %s: re-measure job %s submitted "
-            "(benchmark %s, low priority, campaign directory %s)", attempt.gpu, node, index,
+            "(benchmark %s, low priority, holding gpu:%s:%d, campaign directory %s)",
+            attempt.gpu, node, index,
             "found slow, to see it recover," if recheck else "suspect", attempt.job_class,
-            job_id, plan.benchmarks[attempt.job_class].name, directory,
+            job_id, plan.benchmarks[attempt.job_class].name, pin.label, len(pin.gpus), directory,
         )  # fmt: skip
         return flight
 

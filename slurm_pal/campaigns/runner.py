@@ -10,13 +10,15 @@ Usage (what the batch script runs; one array task = one GPU index on one node)::
 
 ``INDEX`` is the GPU's device minor number (``/dev/nvidia<INDEX>``, what gres.conf ``File=``
 names). It checks that Slurm gave it that node and all of its GPUs (``SLURMD_NODENAME``,
-``SLURM_JOB_GPUS``), finds the GPU in NVML by minor number, points ``CUDA_VISIBLE_DEVICES`` at
-its UUID (so Slurm's index numbering does not matter), and runs each class's benchmark command
-``repeats`` times. Benchmark contract (``profiling/README.md``): the command prints a line
-``PAL_DURATION_S=<seconds>`` on stdout (time per representative unit of work; the last one
-counts; higher = slower), should print ``PAL_MEASURE_START`` when its warm-up is over and the
-timed window starts, and may print ``PAL_GPU_UUID=GPU-...`` naming the device it ran on. The
-runner passes the plan's ``PAL_WARMUP_S``/``PAL_MEASURE_S`` in the environment.
+``SLURM_JOB_GPUS``; a re-measure's plan holds only the GPUs of one gres type, and names the
+GPU's Slurm number, which must be among them), finds the GPU in NVML by minor number, points
+``CUDA_VISIBLE_DEVICES`` at its UUID (so Slurm's index numbering does not matter), and runs
+each class's benchmark command ``repeats`` times. Benchmark contract (``profiling/README.md``):
+the command prints a line ``PAL_DURATION_S=<seconds>`` on stdout (time per representative
+unit of work; the last one counts; higher = slower), should print ``PAL_MEASURE_START`` when its
+warm-up is over and the timed window starts, and may print ``PAL_GPU_UUID=GPU-...`` naming the
+device it ran on. The runner passes the plan's ``PAL_WARMUP_S``/``PAL_MEASURE_S`` in the
+environment.
 
 NVML is sampled while the benchmark runs; the record's SM clock (mean), power (mean),
 temperature (max) and clock-event reasons (share of samples per reason: ``sw_power_cap``,
@@ -158,15 +160,19 @@ def decode_clock_events(mask: int) -> list[str]:
     return names
 
 
-def fallback_device(gpu_index: int, allocated: list[int], env: dict[str, str]) -> str:
+def fallback_device(
+    gpu_index: int, allocated: list[int], env: dict[str, str], slurm_index: int | None = None
+) -> str:
     """CUDA device for minor ``gpu_index`` when NVML cannot name it by UUID.
 
-    Assumes Slurm's index equals the device minor (true for untyped gres.conf lines in device
-    order) and that CUDA_VISIBLE_DEVICES lists the allocated GPUs in the same order.
+    Assumes CUDA_VISIBLE_DEVICES lists the allocated GPUs in Slurm's order, and, unless the
+    plan gives the GPU's ``slurm_index`` (labels.json), that Slurm's index equals the device
+    minor (true for untyped gres.conf lines in device order).
     """
     visible = [x.strip() for x in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    if gpu_index in allocated and len(visible) == len(allocated):
-        return visible[sorted(allocated).index(gpu_index)]
+    number = gpu_index if slurm_index is None else slurm_index
+    if number in allocated and len(visible) == len(allocated):
+        return visible[sorted(allocated).index(number)]
     return str(gpu_index)
 
 
@@ -366,10 +372,17 @@ def run_task(
         here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         counts = plan.get("node_gpu_counts") or {}
         node_gpus = int(counts.get(node) or sum(1 for key in planned if key[0] == node))
+        slurm_index = planned[(node, gpu_index)].get("slurm_index")
         if here != node:
             problem = f"task runs on node {here!r}, but it measures {node!r}"
         else:
             allocated, problem = check_allocation(node_gpus, env)
+        if not problem and slurm_index is not None and int(slurm_index) not in allocated:
+            # a task holding only some of the node's GPUs must hold the one it measures
+            problem = (
+                f"the task does not hold GPU {gpu_index} (Slurm's number {slurm_index}; "
+                f"SLURM_JOB_GPUS={','.join(map(str, allocated))})"
+            )
     if problem:
         for job_class in classes:
             for repeat in range(repeats):
@@ -395,7 +408,8 @@ def run_task(
     if nvml_uuid:
         device = nvml_uuid  # CUDA accepts UUIDs in CUDA_VISIBLE_DEVICES: no index mapping
     else:
-        device = fallback_device(gpu_index, allocated, env)
+        known = planned[(node, gpu_index)].get("slurm_index")
+        device = fallback_device(gpu_index, allocated, env, None if known is None else int(known))
         notes.append(f"GPU chosen by index (CUDA_VISIBLE_DEVICES={device}), not verified by UUID")
     child_env = dict(env)
     child_env.update(

@@ -79,7 +79,13 @@ class CampaignPlan:
     sbatch_args: tuple[str, ...] = ()
     node_gpu_counts: Mapping[str, int] = field(default_factory=dict)
     """GPUs each node has, where the plan measures only some of them (``plan --only``): each
-    task still holds the whole node. A node not listed has just its planned GPUs."""
+    task still holds the whole node. A node not listed has just its planned GPUs. With
+    ``gpu_type``: the node's GPUs of that type, all of which a task holds."""
+    gpu_type: str | None = None
+    """None (a campaign): each task holds its whole node, ``--exclusive``. A gres Type label
+    (a re-measure): each task holds only the node's GPUs of that label, all of them (Slurm
+    cannot be asked for one GPU by index, and all of them must include the measured one), and
+    the node's other GPUs keep running other jobs."""
     warmup_s: float = 10.0
     """Seconds a benchmark runs before its timed window (``PAL_WARMUP_S`` for the command)."""
     measure_s: float = 20.0
@@ -107,7 +113,7 @@ class CampaignPlan:
             "benchmarks": {
                 c: {"name": b.name, "command": b.command} for c, b in self.benchmarks.items()
             },
-            "gpus": [{"node": g.node, "gpu_index": g.gpu_index, "uuid": g.uuid} for g in self.gpus],
+            "gpus": [_gpu_dict(g) for g in self.gpus],
             "gpu_model": self.gpu_model,
             "partition": self.partition,
             "time_limit": self.time_limit,
@@ -120,7 +126,7 @@ class CampaignPlan:
             "results_dir": RESULTS_DIR,
             "bench_dir": BENCH_DIR,
             "log_dir": LOG_DIR,
-        }
+        } | ({"gpu_type": self.gpu_type} if self.gpu_type else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], source: str) -> CampaignPlan:
@@ -134,7 +140,12 @@ class CampaignPlan:
                     for c, b in data["benchmarks"].items()  # type: ignore[attr-defined]
                 },
                 gpus=tuple(
-                    PlannedGpu(str(g["node"]), int(g["gpu_index"]), g.get("uuid"))
+                    PlannedGpu(
+                        str(g["node"]),
+                        int(g["gpu_index"]),
+                        g.get("uuid"),
+                        None if g.get("slurm_index") is None else int(g["slurm_index"]),
+                    )
                     for g in data["gpus"]  # type: ignore[attr-defined]
                 ),
                 gpu_model=str(data.get("gpu_model") or "gpu"),
@@ -150,9 +161,17 @@ class CampaignPlan:
                 created_at=str(data.get("created_at") or ""),
                 warmup_s=float(data.get("warmup_s", 10.0)),  # type: ignore[arg-type]
                 measure_s=float(data.get("measure_s", 20.0)),  # type: ignore[arg-type]
+                gpu_type=str(data["gpu_type"]) if data.get("gpu_type") else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CampaignError(f"{source}: not a valid campaign plan ({exc!r})") from exc
+
+
+def _gpu_dict(g: PlannedGpu) -> dict[str, object]:
+    out: dict[str, object] = {"node": g.node, "gpu_index": g.gpu_index, "uuid": g.uuid}
+    if g.slurm_index is not None:  # the runner checks the job holds it
+        out["slurm_index"] = g.slurm_index
+    return out
 
 
 def check_campaign_id(campaign: str) -> str:
@@ -247,6 +266,7 @@ def render_sbatch(plan: CampaignPlan, directory: Path, node: str, array: str) ->
             node=node,
             job_name=job_name(plan.campaign, node),
             gpus=plan.node_gpu_count(node),
+            gpu_type=plan.gpu_type,
             array=array,
             time_limit=plan.time_limit,
             partition=plan.partition,

@@ -74,6 +74,7 @@ class PlannedGpu:
     node: str
     gpu_index: int
     uuid: str | None = None  # known from an inventory; else NVML tells the task
+    slurm_index: int | None = None  # Slurm's number for it (labels.json), where known
 
     @property
     def key(self) -> GpuKey:

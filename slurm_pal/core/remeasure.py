@@ -5,20 +5,22 @@ says, and the campaign increment a confirmed result makes. Pure: the service's d
 A suspicion (core/suspicion.py) is an inference from ordinary jobs; the campaign's benchmark
 for the class, run alone on the GPU, settles it. The service (``advisor/remeasure.py``) and the
 simulator (``sim/loop.py``) both decide here, so what the simulator measures is what the
-service would do. The planner is opt-in and rate-limited:
-at most ``per_hour`` submissions in any hour, one in flight per GPU and per node (a campaign
-task holds its whole node), only on GPUs the caller sees idle, and a (GPU, class) tried at
-most once per ``retry_s`` whatever came of it. The verdict compares the new run with the same
-GPU's own run in the campaign (same benchmark): ``slower`` times that or more confirms. A
-GPU a re-measurement found slow is measured again now and then (after every suspect): back
-to ``1 / slower`` of its (slow) campaign time or less, it recovered.
+service would do. The planner is opt-in and rate-limited: at most ``per_hour`` submissions in
+any hour, one in flight per GPU, only on GPUs the caller sees idle with their label-mates
+(:func:`idle_pins`: Slurm allocates GPUs by gres type and count, never by index, so the job
+asks for every GPU of the suspect's label on its node; the node's other GPUs stay with other
+jobs), and a (GPU, class) tried at most once per ``retry_s`` whatever came of it. The verdict
+compares the new run with the same GPU's own run in the campaign (same benchmark): ``slower``
+times that or more confirms. A GPU a re-measurement found slow is measured again now and then
+(after every suspect): back to ``1 / slower`` of its (slow) campaign time or less, it
+recovered.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -26,9 +28,11 @@ import pandas as pd
 
 __all__ = [
     "Attempt",
+    "Pin",
     "RemeasureLimits",
     "Verdict",
     "Wanted",
+    "idle_pins",
     "increment_id",
     "increment_rows",
     "recovered",
@@ -86,6 +90,35 @@ class Attempt:
     node: str
     submitted_s: float
     done: bool = False
+    held: tuple[str, ...] = ()  # the GPUs its job holds (its pin's); none said: ``gpu`` alone
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What a re-measure job of a GPU holds: on its ``node``, every GPU of its gres ``label``
+    there (``gpus``, itself included; ``--gres=gpu:<label>:<len(gpus)>``). Slurm cannot be
+    asked for one GPU by index, but a request for all the label's GPUs of the node can only be
+    granted with the suspect among them; the label-mates stay unused for the benchmark's few
+    minutes, and the node's GPUs of other labels stay with other jobs."""
+
+    node: str
+    label: str
+    gpus: tuple[str, ...]
+
+
+def idle_pins(gpus: Iterable[tuple[str, str, str]], free: Collection[str]) -> dict[str, Pin]:
+    """GPU -> its :class:`Pin`, for the GPUs that can be measured now: the GPU and every GPU
+    of its label on its node are ``free``. ``gpus``: (GPU, node, label) of every GPU (the
+    service's labels.json; the simulator's labels, made by the same rule as the site's)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for gpu, node, label in gpus:
+        groups.setdefault((node, label), []).append(gpu)
+    out: dict[str, Pin] = {}
+    for (node, label), members in groups.items():
+        if all(g in free for g in members):
+            pin = Pin(node, label, tuple(members))
+            out |= dict.fromkeys(members, pin)
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,18 +164,19 @@ def unsettled(found: Iterable[S], settled: Mapping[tuple[str, str], float]) -> l
 
 def to_remeasure(
     suspects: Iterable[Wanted],
-    idle: Mapping[str, str],
+    idle: Mapping[str, Pin],
     attempts: Sequence[Attempt],
     now_s: float,
     limits: RemeasureLimits,
 ) -> list[Wanted]:
-    """The suspects to benchmark now, oldest suspicion first. ``idle``: GPU -> node of the GPUs
-    that can be measured now (free, on a node with nothing running); ``attempts``: what was
-    submitted before (in flight unless ``done``)."""
+    """The suspects to benchmark now, oldest suspicion first. ``idle``: GPU -> its pin, for the
+    GPUs that can be measured now (:func:`idle_pins`); ``attempts``: what was submitted before
+    (in flight unless ``done``). A pick holds its whole pin, so no later pick in flight shares
+    a GPU with it; picks on one node with different labels may run side by side (the node is
+    shared with production jobs anyway)."""
     recent = sum(1 for a in attempts if now_s - a.submitted_s < HOUR_S)
     budget = max(0, limits.per_hour - recent)
-    busy_gpus = {a.gpu for a in attempts if not a.done}
-    busy_nodes = {a.node for a in attempts if not a.done}
+    busy = {g for a in attempts if not a.done for g in (a.held or (a.gpu,))}
     last: dict[tuple[str, str], float] = {}
     for a in attempts:
         key = (a.gpu, a.job_class)
@@ -151,15 +185,14 @@ def to_remeasure(
     for s in sorted(suspects, key=lambda s: (s.recheck, s.since_s, s.gpu, s.job_class)):
         if len(out) >= budget:
             break
-        node = idle.get(s.gpu)
+        pin = idle.get(s.gpu)
         tried = last.get((s.gpu, s.job_class))
-        if node is None or s.gpu in busy_gpus or node in busy_nodes:
+        if pin is None or s.gpu in busy or not busy.isdisjoint(pin.gpus):
             continue
         if tried is not None and now_s - tried < limits.retry_s:
             continue
         out.append(s)
-        busy_gpus.add(s.gpu)
-        busy_nodes.add(node)
+        busy.update(pin.gpus)
     return out
 
 

@@ -39,6 +39,7 @@ from slurm_pal.core.remeasure import (
     Attempt,
     RemeasureLimits,
     Verdict,
+    idle_pins,
     recovered,
     to_remeasure,
     unsettled,
@@ -190,8 +191,12 @@ class FaultLoop:
     the service's own code (:mod:`slurm_pal.core.remeasure`): after each round the hooks
     take the pairs :func:`~slurm_pal.core.remeasure.wanted` names (the detector's suspects,
     then the GPUs a re-measurement found slow) and :func:`~slurm_pal.core.remeasure.
-    to_remeasure` picks among the GPUs on wholly idle nodes, and hold the whole node (as the
-    service's job does) for the class's benchmark: ``probe_s`` at the campaign's pace times
+    to_remeasure` picks among the GPUs idle with their label-mates, and hold those (as the
+    service's job does: every GPU of the suspect's gres label on its node) for the class's
+    benchmark, other jobs running on the node's other GPUs meanwhile. Labels are the site
+    render's rule: one per PM signature (the GPU's placement score in every class, fixed at
+    the start as the rendered gres.conf is; an increment does not relabel). ``probe_s`` at the
+    campaign's pace times
     the GPU's true slowdown when it starts (the engine gives jobs no runtime noise, so
     neither has it). Its campaign time is ``probe_s`` times the GPU's score for the class.
     A confirmed :func:`~slurm_pal.core.remeasure.verdict` makes the measured time the GPU's
@@ -254,9 +259,12 @@ class FaultLoop:
         self._dirty = False
         self._rng = np.random.default_rng(self.seed)
         self._truth: dict[str, list[float]] | None = None
-        self._nodes: dict[str, list[int]] = {}
+        signatures: dict[tuple[float, ...], str] = {}
+        self._site: list[tuple[str, str, str]] = []  # (GPU, node, gres label)
         for gpu, spec in enumerate(self.gpus.specs()):
-            self._nodes.setdefault(spec.node, []).append(gpu)
+            signature = tuple(float(self.gpus.placement_scores[c][gpu]) for c in self.classes)
+            label = signatures.setdefault(signature, f"sig{len(signatures)}")
+            self._site.append((spec.uuid, spec.node, label))
         self._attempts: list[Attempt] = []
         self._flights: dict[int, tuple[Attempt, bool]] = {}  # measured GPU -> (it, recheck)
         self._confirmed: dict[tuple[str, str], float] = {}  # found slow -> when
@@ -311,33 +319,28 @@ class FaultLoop:
         self._apply(self.detector.update(record))
 
     def probes(self, now: float, free: Sequence[bool]) -> list[tuple[int, float]]:
-        """Re-measures to start now (see the class docstring): (GPU, seconds) for each GPU of
-        the node each one holds."""
+        """Re-measures to start now (see the class docstring): (GPU, seconds) for each GPU
+        each one holds (the measured GPU and its label-mates on its node)."""
         limits, truth = self.remeasure, self._truth
         if limits is None or self.detector is None or truth is None:
             return []
         keep_s = max(HOUR_S, limits.retry_s)  # what the budget and the retry delay read
         self._attempts = [a for a in self._attempts if not a.done or now - a.submitted_s < keep_s]
-        idle = {
-            self.uuids[gpu]: node
-            for node, members in self._nodes.items()
-            if all(free[gpu] for gpu in members)
-            for gpu in members
-        }
+        idle = idle_pins(self._site, {self.uuids[g] for g, ok in enumerate(free) if ok})
         found = wanted(self._suspects(), self._confirmed, self.base_scores, now, limits)
         out: list[tuple[int, float]] = []
         for pick in to_remeasure(found, idle, self._attempts, now, limits):
-            gpu, node = self.index[pick.gpu], idle[pick.gpu]
-            attempt = Attempt(pick.gpu, pick.job_class, node, now)
+            gpu, pin = self.index[pick.gpu], idle[pick.gpu]
+            attempt = Attempt(pick.gpu, pick.job_class, pin.node, now, held=pin.gpus)
             self._attempts.append(attempt)
             self._flights[gpu] = (attempt, pick.recheck)
             seconds = self.probe_s * truth[pick.job_class][gpu]
-            out += [(member, seconds) for member in self._nodes[node]]
+            out += [(self.index[member], seconds) for member in pin.gpus]
         return out
 
     def probe_ended(self, gpu: int, start: float, end: float) -> None:
-        """Judge the re-measure on ``gpu`` as the service does (the node's other GPUs were
-        only held)."""
+        """Judge the re-measure on ``gpu`` as the service does (its label-mates were only
+        held)."""
         self.probe_s_spent += end - start
         flight = self._flights.pop(gpu, None)
         if flight is None:
