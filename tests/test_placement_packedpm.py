@@ -3,6 +3,8 @@ only where leaving them costs nothing, waiting only when asked and never for eve
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -246,6 +248,33 @@ def test_the_expected_wait_is_for_gpus_on_as_few_nodes_as_packing_uses() -> None
     assert expected_wait_s(cluster, good, 3, 3) == float("inf")
 
 
+def test_holders_are_expected_to_end_after_the_share_of_their_limit_the_site_uses() -> None:
+    """The holders are weighed as the waiting job is: a holder that started at 0 with a limit
+    ending at 1000 is expected at 500 with a share of 0.5; once past that, at its limit; with
+    no known start (a view not told), or unlimited, as before."""
+    from slurm_pal.core.waiting import expected_ends, expected_wait_s
+
+    cluster = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
+    index = cluster.uuid_index
+    cluster.expect_free_at([index["n0-1"]], 1000.0, since=0.0)
+    cluster.expect_free_at([index["n1-0"]], 1000.0, since=0.0)
+    cluster.expect_free_at([index["n1-1"]], 2000.0)  # start not known
+    good = cluster.classes["A"].scores <= 1.5
+    cluster.clock = 100.0
+    ends = expected_ends(cluster, 0.5)
+    assert ends[index["n1-0"]] == 500.0 and ends[index["n1-1"]] == 2000.0
+    assert expected_wait_s(cluster, good, 1, None, share=0.5) == 400.0
+    assert expected_wait_s(cluster, good, 1, None) == 900.0  # the limits alone
+    assert expected_wait_s(cluster, good, 2, None, share=0.5) == 1900.0
+    cluster.clock = 600.0  # past the likely end: the limit's end stands
+    assert expected_ends(cluster, 0.5)[index["n1-0"]] == 1000.0
+    busy = [index["n0-1"], index["n1-0"], index["n1-1"]]
+    cluster.expect_free_at(busy, float("inf"), since=0.0)  # unlimited: never
+    assert expected_wait_s(cluster, good, 1, None, share=0.5) == float("inf")
+    # a copy keeps the starts
+    assert np.array_equal(cluster.copy().busy_since, cluster.busy_since, equal_nan=True)
+
+
 def test_among_nodes_packing_finds_equal_a_job_keeps_outliers_busy_or_fills_in_around_them() -> (
     None
 ):
@@ -265,3 +294,27 @@ def test_among_nodes_packing_finds_equal_a_job_keeps_outliers_busy_or_fills_in_a
     plain = cluster_of({"n0": [1.0, 1.0], "n1": [1.2, 1.0]})
     assert uuids(PackedPMPolicy(), plain, 1, "A") == ["n0-0"]
     assert uuids(PackedPMPolicy(), plain, 1, "D") == ["n0-0"]
+
+
+def test_the_services_view_knows_when_each_limited_holder_started() -> None:
+    """Slurm shows a running job's end (start + limit) and its limit: the view keeps the start
+    (end - limit) so the holders are weighed as the simulator weighs them; an unlimited
+    holder's start is not needed (it never frees in the estimate)."""
+    from slurm_pal.adapters.slurm.parse import Gres
+    from slurm_pal.adapters.slurm.state import JobState
+    from slurm_pal.advisor.view import expect_ends
+    from slurm_pal.core.labels import LabelEntry, LabelTable
+
+    cluster = cluster_of({"n0": [1.0, 1.0]}, busy=("n0-0", "n0-1"))
+    labels = LabelTable("c", tuple(LabelEntry("n0", i, i, "gpu-a", f"n0-{i}") for i in (0, 1)))
+
+    def running(job_id: int, index: int, limit: float, end: float | None) -> JobState:
+        gres = {"n0": (Gres("gpu", "gpu-a", 1, (index,)),)}
+        return JobState(
+            job_id, "RUNNING", "u", "p", ("n0",), allocated_gres=gres,
+            time_limit_s=limit, end_time=end,
+        )  # fmt: skip
+
+    expect_ends(cluster, [running(1, 0, 3600.0, 5000.0), running(2, 1, math.inf, None)], labels)
+    assert cluster.busy_until.tolist() == [5000.0, math.inf]
+    assert cluster.busy_since[0] == 1400.0 and math.isnan(cluster.busy_since[1])

@@ -31,8 +31,8 @@ def one_slow_node(truth: float = 2.5) -> SimGpus:
     return SimGpus(2, 2, {"A": values}, {"A": values.copy()})
 
 
-def advisor(max_wait_s: float = 3600.0, wait: bool = True) -> SimConfig:
-    settings = (("avoid_above", 1.5), ("wait", wait), ("max_wait_s", max_wait_s))
+def advisor(max_wait_s: float = 3600.0, wait: bool = True, **more: float) -> SimConfig:
+    settings = (("avoid_above", 1.5), ("wait", wait), ("max_wait_s", max_wait_s), *more.items())
     return SimConfig(placement="advisor", mode="slurm", advisor_settings=settings)
 
 
@@ -203,14 +203,15 @@ def test_what_the_sites_unlimited_jobs_ran_is_what_an_unlimited_job_is_weighed_a
     # work) could start at once on the 2.5x outlier. Weighed at the fixed hour an unknown
     # runtime stands for, 1.5 h lost beats a 2 h wait: it takes the outlier. Once 20 unlimited
     # 1-GPU jobs of 4 h have ended (class D, which the outlier does not slow), the engine
-    # weighs it at 4 h: 6 h lost, so it waits the 2 h for a good GPU.
+    # weighs it at 4 h: 6 h lost, so it waits the 2 h for a good GPU. The holders are weighed
+    # at their whole limits (limit_share 1: their ends are the 2 h the wait is weighed at).
     values = np.array([2.5, 1.0, 1.0, 1.0])
     gpus = SimGpus(2, 2, {"A": values, "D": np.ones(4)}, {"A": values, "D": np.ones(4)})
     day = 21 * 3600.0
     holders = [SimJob(str(i), day, 1, 7200, "A", time_limit=7200) for i in range(3)]
     late = SimJob("X", day + 10, 1, 4 * 3600, "A", time_limit=INF)
     history = [SimJob(f"h{i}", 0, 1, 4 * 3600, "D", time_limit=INF) for i in range(20)]
-    config = advisor(max_wait_s=86400)
+    config = advisor(max_wait_s=86400, limit_share=1.0)
     learned = {j.job_id: j for j in simulate([*history, *holders, late], gpus, config).jobs}
     assert learned["X"].start == pytest.approx(day + 7200)
     assert learned["X"].end == pytest.approx(day + 7200 + 4 * 3600)

@@ -121,6 +121,8 @@ def expect_ends(cluster: Cluster, jobs: Sequence[JobState], labels: LabelTable) 
             continue
         end = job.end_time if job.time_limit_s != math.inf else None
         when = end if end is not None else math.inf
+        limit = job.time_limit_s
+        since = when - limit if limit is not None and math.isfinite(limit) else math.nan
         indices = job.allocated_gpu_indices()
         for node in job.nodes:
             latest[node] = max(latest.get(node, -math.inf), when)
@@ -135,6 +137,7 @@ def expect_ends(cluster: Cluster, jobs: Sequence[JobState], labels: LabelTable) 
                     continue
                 if gpu is not None and not cluster.free[gpu]:
                     cluster.busy_until[gpu] = when
+                    cluster.busy_since[gpu] = since
     for node in unindexed:
         row = cluster.node_index.get(node)
         if row is None:

@@ -157,6 +157,7 @@ class Cluster:
         "_padded",
         "_sorted_bins",
         "_total_offsets",
+        "busy_since",
         "busy_until",
         "class_order",
         "classes",
@@ -205,6 +206,9 @@ class Cluster:
     """Per GPU, when the job holding it is expected to end, on the driver's clock (its time
     limit, or a learned runtime): what a job waiting for other GPUs can expect. ``inf``:
     unknown (an unlimited job, or a view that was not told)."""
+    busy_since: NDArray[np.float64]
+    """Per GPU, when the job holding it started (``nan``: not known), so that a learned share
+    of its limit can say when it will likely end."""
     clock: float
     """The driver's time of this state (seconds, same clock as ``busy_until``)."""
     _class_row: dict[str, int]
@@ -330,6 +334,7 @@ class Cluster:
         self._lxv_cache = {}  # shared by copies: bins and topology never change
         self.free = np.ones(len(specs), dtype=bool)
         self.busy_until = np.full(len(specs), np.inf)
+        self.busy_since = np.full(len(specs), np.nan)
         self.clock = 0.0
         self._feature_masks = {}
         self._recount()
@@ -454,6 +459,7 @@ class Cluster:
             setattr(other, name, getattr(self, name))
         other.free = self.free.copy()
         other.busy_until = self.busy_until.copy()
+        other.busy_since = self.busy_since.copy()
         other._node_free = self._node_free.copy()
         other._sorted_bins = self._sorted_bins.copy()
         other._bin_totals = self._bin_totals.copy()
@@ -506,10 +512,15 @@ class Cluster:
         self._apply(ids, +1)
 
     def expect_free_at(
-        self, gpus: Allocation | Iterable[int] | NDArray[np.integer], when: float
+        self,
+        gpus: Allocation | Iterable[int] | NDArray[np.integer],
+        when: float,
+        since: float = math.nan,
     ) -> None:
-        """The job holding ``gpus`` is expected to end at ``when`` (``inf``: unknown)."""
-        self.busy_until[self._gpu_ids(gpus)] = when
+        """The job holding ``gpus`` ends by ``when`` (``inf``: unknown); it started ``since``."""
+        ids = self._gpu_ids(gpus)
+        self.busy_until[ids] = when
+        self.busy_since[ids] = since
 
     def allocate_uuids(self, uuids: Iterable[str]) -> None:
         """:meth:`allocate` by UUID (for state read from Slurm)."""
@@ -561,5 +572,6 @@ def rescore(
     busy = [cluster.uuids[gpu] for gpu in np.flatnonzero(~cluster.free).tolist()]
     other = Cluster.from_gpus(specs, cluster.topology, busy=busy, class_order=cluster.class_order)
     other.busy_until = cluster.busy_until.copy()
+    other.busy_since = cluster.busy_since.copy()
     other.clock = cluster.clock
     return other

@@ -6,8 +6,9 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 
 - **what waiting costs the job**: the time until enough GPUs it may use without an outlier free
   up on as few nodes as packing uses, from when the jobs holding them are expected to end
-  (``Cluster.busy_until``: their time limits). A holder whose end is unknown (an unlimited
-  limit) never frees in this estimate, so it never justifies a wait;
+  (:func:`expected_ends`: the share of their time limit the site's jobs use, as the waiting
+  job's own runtime is weighed; their limits' ends once they run past it). A holder whose end
+  is unknown (an unlimited limit) never frees in this estimate, so it never justifies a wait;
 - **what the outlier costs it**: its expected runtime times the slowdown there minus one
   (``runtime_s``: its time limit; a job without one is weighed as if it ran the policy's
   ``assumed_runtime_s``, an hour by default, so an unknown runtime never buys a long wait);
@@ -29,7 +30,7 @@ import numpy as np
 
 from slurm_pal.core.cluster import Cluster
 
-__all__ = ["WaitVerdict", "expected_wait_s", "weigh_wait"]
+__all__ = ["WaitVerdict", "expected_ends", "expected_wait_s", "weigh_wait"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,31 @@ class WaitVerdict:
     why: str
 
 
-def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int | None) -> float:
+def expected_ends(cluster: Cluster, share: float | None) -> np.ndarray:
+    """Per GPU, when its holder is expected to end: ``share`` of its limit after it started
+    (the share the site's limited jobs use, the same the waiting job's own runtime is weighed
+    with), or its limit's end once it has run past that or its start is unknown; ``inf`` for
+    an unlimited holder. Without ``share``, the limits' ends. Weighing the holders at their
+    whole limits and the waiting job at a share of its own called every wait too long on a
+    site whose users ask for twice what they run, and jobs took a 2.3x GPU rather than wait
+    for ones that freed within the hour (Sia-Philly with such limits, 8-GPU nodes)."""
+    until = cluster.busy_until
+    if share is None:
+        return until
+    since = cluster.busy_since
+    with np.errstate(invalid="ignore"):
+        likely = since + share * (until - since)
+    usable = np.isfinite(likely) & (likely > cluster.clock)
+    return np.where(usable, np.minimum(likely, until), until)
+
+
+def expected_wait_s(
+    cluster: Cluster,
+    good: np.ndarray,
+    gpus: int,
+    per_node: int | None,
+    share: float | None = None,
+) -> float:
     """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the
     job and not outliers for it) are expected free on as few nodes as packing would use: one
     node when the job fits on one, else whole nodes (``per_node`` of them on each node when the
@@ -57,7 +82,7 @@ def expected_wait_s(cluster: Cluster, good: np.ndarray, gpus: int, per_node: int
     run 0.94 -> 1.58 (1 GPU per node, 8 runs). What overstated that job's wait was its cost:
     weighed at its full time limit, three times what it ran."""
     now = cluster.clock
-    frees = np.where(cluster.free, now, cluster.busy_until)
+    frees = np.where(cluster.free, now, expected_ends(cluster, share))
     frees = np.where(good, frees, np.inf)
     if per_node is not None:
         on_node, nodes = per_node, max(1, gpus // per_node)

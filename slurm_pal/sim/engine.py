@@ -789,7 +789,12 @@ class _EasyBackfill:
         job.held_until = None
         end = self.now + job.remaining / job.rate
         heapq.heappush(self.running, (end, job.order, job))
-        simulation.cluster.expect_free_at(result.allocation, simulation._planned_end(job, end))
+        limited = job.spec.time_limit is not None and math.isfinite(job.spec.time_limit)
+        simulation.cluster.expect_free_at(
+            result.allocation,
+            simulation._planned_end(job, end),
+            since=self.now if limited else math.nan,  # a known run time is not shortened
+        )
         self.started = True
         if self.shadow is not None and not self._ends_in_time(job):
             self.spare -= job.spec.gpus

@@ -143,7 +143,9 @@ class PackedPMPolicy:
         """Hold the job for other GPUs, or take packing's pick with its outliers?"""
         request, cluster = view.request, view.cluster
         good = _usable_mask(view) & (view.klass.bin_of < slow)
-        wait = expected_wait_s(cluster, good, request.gpus, view.shape.per_node)
+        wait = expected_wait_s(
+            cluster, good, request.gpus, view.shape.per_node, share=self._limit_share()
+        )
         return weigh_wait(
             slowdown=float(view.klass.scores[picked].max()),
             runtime_s=self._expected_runtime_s(request),
@@ -152,6 +154,12 @@ class PackedPMPolicy:
             max_wait_s=self.max_wait_s,
             now=cluster.clock,
         )
+
+    def _limit_share(self) -> float:
+        """The share of its limit a limited job is expected to use: learned, else the
+        configured ``limit_share``; the holders' ends are weighed with it too."""
+        learned = self.runtimes.limit_share if self.runtimes is not None else None
+        return learned if learned is not None and learned > 0 else self.limit_share
 
     def _expected_runtime_s(self, request: PlacementRequest) -> float:
         """What the job is weighed as running: what it is known to run; else what the site's
