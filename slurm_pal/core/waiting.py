@@ -58,7 +58,7 @@ def expected_ends(cluster: Cluster, share: float | None) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         likely = since + share * (until - since)
     usable = np.isfinite(likely) & (likely > cluster.clock)
-    return np.where(usable, np.minimum(likely, until), until)
+    return np.where(usable, likely, until)  # share <= 1: never past the limit's end
 
 
 def expected_wait_s(
