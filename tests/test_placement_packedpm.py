@@ -275,6 +275,41 @@ def test_holders_are_expected_to_end_after_the_share_of_their_limit_the_site_use
     assert np.array_equal(cluster.copy().busy_since, cluster.busy_since, equal_nan=True)
 
 
+def test_each_holder_is_expected_to_use_the_share_that_limits_like_its_own_used() -> None:
+    """The site's 1-h jobs used a tenth of their hour, its 2-day jobs half of theirs: a 2-day
+    holder is not expected to free its GPU 4.8 h in, so a job that would lose 2 h on the
+    outlier takes it rather than wait; with a 1-h holder it waits."""
+    from slurm_pal.core.runtimes import EndedJob, RuntimeModel
+    from slurm_pal.core.waiting import expected_wait_s
+
+    model = RuntimeModel(min_runs=4)
+    for _ in range(20):
+        model.partial_fit(EndedJob(1, 3600.0, 360.0))
+    for _ in range(4):
+        model.partial_fit(EndedJob(1, 172_800.0, 86_400.0))
+    policy = PackedPMPolicy(wait=True, max_wait_s=86_400.0)
+    policy.runtimes = model
+    request = PlacementRequest("j", "A", 1, runtime_s=4000.0)  # 1.8 x 4000 s lost at 2.8x
+    cluster = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
+    cluster.expect_free_at(
+        [cluster.uuid_index[g] for g in ("n0-1", "n1-0", "n1-1")], 172_800.0, since=0.0
+    )
+    cluster.clock = 15_000.0
+    # One site-wide share (0.1) expects these 2-day holders at 17,280 s: a 2,280 s wait, less
+    # than the 7,200 s the outlier costs, so the job would be held. Half of two days to go at
+    # the share limits like theirs used: it takes the outlier.
+    good = cluster.classes["A"].scores <= 1.5
+    assert model.limit_share == pytest.approx(0.1)
+    assert expected_wait_s(cluster, good, 1, None, share=model.limit_share) == 2280.0
+    assert policy.place(request, cluster).allocation is not None
+    short = cluster_of({"n0": [2.8, 1.0], "n1": [1.0, 1.0]}, busy=("n0-1", "n1-0", "n1-1"))
+    short.expect_free_at([short.uuid_index["n0-1"]], 3600.0, since=0.0)  # expected at 360 s
+    short.expect_free_at([short.uuid_index[g] for g in ("n1-0", "n1-1")], 172_800.0, since=0.0)
+    short.clock = 300.0
+    held = policy.place(request, short)
+    assert held.allocation is None and WAIT_REASON in held.reason
+
+
 def test_among_nodes_packing_finds_equal_a_job_keeps_outliers_busy_or_fills_in_around_them() -> (
     None
 ):

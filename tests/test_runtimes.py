@@ -18,10 +18,31 @@ def test_a_limited_job_is_predicted_at_the_share_of_its_limit_the_site_used() ->
     for used in (600.0, 1800.0, 3600.0):  # shares 1/6, 1/2, 1 of an hour
         model.partial_fit(EndedJob(1, 3600.0, used))
     assert model.limit_share == pytest.approx(0.5)
-    assert model.predict(4, 7200.0) == pytest.approx(3600.0)
+    assert model.share_of(7200.0) == pytest.approx(0.5)  # the median share, for holders
+    # a job's own runtime at the mean share: the outlier's cost grows with it
+    assert model.predict(4, 7200.0) == pytest.approx(7200.0 * (1 / 6 + 1 / 2 + 1) / 3)
     # an overrun (a grace period) counts as the whole limit, not more
     model.partial_fit(EndedJob(1, 3600.0, 9000.0))
     assert model.limit_share == pytest.approx(0.75)
+
+
+def test_a_limited_job_is_weighed_by_the_jobs_whose_limits_were_nearest_its_own() -> None:
+    # Many 1-h jobs use a tenth of their hour; the few 2-day jobs use half of theirs. One
+    # site-wide share would call a 2-day job 5 h long.
+    model = RuntimeModel(min_runs=4)
+    for _ in range(20):
+        model.partial_fit(EndedJob(1, 3600.0, 360.0))
+    for used in (0.4, 0.5, 0.5, 0.6):
+        model.partial_fit(EndedJob(8, 172_800.0, used * 172_800.0))
+    assert model.limit_share == pytest.approx(0.1)
+    assert model.share_of(172_800.0) == pytest.approx(0.5)
+    assert model.predict(32, 200_000.0) == pytest.approx(0.5 * 200_000.0)
+    assert model.predict(1, 3000.0) == pytest.approx(300.0)
+    # the copy a predicting thread gets knows the same
+    assert model.copy().share_of(172_800.0) == pytest.approx(0.5)
+    # a limit that is not a positive number is not learned from
+    model.partial_fit(EndedJob(1, 0.0, 10.0))
+    assert model.limit_share == pytest.approx(0.1)
 
 
 def test_an_unlimited_job_is_predicted_from_unlimited_jobs_of_its_size_first() -> None:

@@ -43,7 +43,7 @@ class WaitVerdict:
     why: str
 
 
-def expected_ends(cluster: Cluster, share: float | None) -> np.ndarray:
+def expected_ends(cluster: Cluster, share: float | np.ndarray | None) -> np.ndarray:
     """Per GPU, when its holder is expected to end: ``share`` of its limit after it started
     (the share the site's limited jobs use, the same the waiting job's own runtime is weighed
     with), or its limit's end once it has run past that or its start is unknown; ``inf`` for
@@ -66,7 +66,7 @@ def expected_wait_s(
     good: np.ndarray,
     gpus: int,
     per_node: int | None,
-    share: float | None = None,
+    share: float | np.ndarray | None = None,
 ) -> float:
     """Seconds from ``cluster.clock`` until ``gpus`` GPUs of the ``good`` mask (usable by the
     job and not outliers for it) are expected free on as few nodes as packing would use: one
