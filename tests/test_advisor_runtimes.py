@@ -226,9 +226,12 @@ def test_serve_stats_and_the_metrics_show_what_was_learned(
     assert medians["2-8 GPUs"] == pytest.approx(20 * HOUR) and math.isnan(medians["1 GPU"])
     jobs = {s.labels["kind"]: s.value for s in families["slurm_pal_runtime_jobs"].samples}
     assert jobs["limited"] == 20 and jobs["unlimited any size"] == 20
+    (near,) = families["slurm_pal_runtime_limit_share_near"].samples
+    assert near.labels == {"limit_seconds": "7200"} and near.value == pytest.approx(0.1)
 
     answer = {"v": 1, "ok": True, "decide_total": 3, **st.runtimes.snapshot()}
     monkeypatch.setattr(serve_cli, "_ask", lambda *args, **kwargs: dict(answer))
     out = CliRunner().invoke(app, ["serve", "stats"]).output
     assert "learned runtimes" in out and "10% of the limit" in out and "20.00 h" in out
+    assert "limited, 2 h limit" in out and "nearest limits" in out
     assert "runtime_jobs_learned" in out and "decide_total" in out

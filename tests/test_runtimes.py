@@ -40,6 +40,10 @@ def test_a_limited_job_is_weighed_by_the_jobs_whose_limits_were_nearest_its_own(
     assert model.predict(1, 3000.0) == pytest.approx(300.0)
     # the copy a predicting thread gets knows the same
     assert model.copy().share_of(172_800.0) == pytest.approx(0.5)
+    # admins see the share at the site's typical limits, not only the site-wide one
+    typical = {k: v for k, v in model.learned().items() if "limit_s" in v}
+    assert typical["limited, 1 h limit"]["limit_share"] == pytest.approx(0.1)
+    assert typical["limited, 48 h limit"]["limit_share"] == pytest.approx(0.5)
     # a limit that is not a positive number is not learned from
     model.partial_fit(EndedJob(1, 0.0, 10.0))
     assert model.limit_share == pytest.approx(0.1)
@@ -111,6 +115,7 @@ def test_a_copy_learns_apart_and_says_what_it_learned() -> None:
     assert snap.predict(16, None) is None and model.predict(16, None) == pytest.approx(60_000.0)
     assert snap.learned() == {
         "limited": {"limit_share": pytest.approx(1 / 3), "jobs": 2},
+        "limited, 1 h limit": {"limit_share": pytest.approx(1 / 3), "jobs": 2, "limit_s": 3600.0},
         "unlimited 1 GPU": {"median_s": None, "jobs": 0},
         "unlimited 2-8 GPUs": {"median_s": None, "jobs": 0},
         "unlimited over 8 GPUs": {"median_s": None, "jobs": 1},

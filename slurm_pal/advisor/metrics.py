@@ -225,8 +225,17 @@ def _runtimes(learned: Mapping[str, Mapping[str, float | int | None]]) -> Iterat
         "ended; NaN: too few yet, the policy's assumed_runtime_s stands).",
         labels=["size"],
     )
+    near = GaugeMetricFamily(
+        f"{PREFIX}_runtime_limit_share_near",
+        "The share of its time limit a job with this limit is weighed as running (the mean "
+        "share of the jobs that ended with the nearest limits), at the site's typical limits.",
+        labels=["limit_seconds"],
+    )
     share = math.nan
     for kind, row in learned.items():
+        if "limit_s" in row:
+            near.add_metric([f"{float(row['limit_s'] or 0):g}"], _or_nan(row["limit_share"]))
+            continue
         jobs.add_metric([kind], float(row.get("jobs") or 0))
         if "limit_share" in row:
             share = _or_nan(row["limit_share"])
@@ -236,10 +245,12 @@ def _runtimes(learned: Mapping[str, Mapping[str, float | int | None]]) -> Iterat
     yield medians
     yield GaugeMetricFamily(
         f"{PREFIX}_runtime_limit_share",
-        "The share of its time limit a limited job is weighed as running (the median of "
-        "those that ended; NaN: too few yet, the policy's limit_share stands).",
+        "The median share of their time limit the limited jobs that ended used, site-wide "
+        "(NaN: too few yet, the policy's limit_share stands); a job is weighed by the limits "
+        f"nearest its own ({PREFIX}_runtime_limit_share_near).",
         value=share,
     )
+    yield near
 
 
 def _or_nan(value: object) -> float:

@@ -355,7 +355,8 @@ def stats(
 
 def _runtimes_table(rows: dict) -> None:
     """What a job is weighed as running: the share of its limit a limited job is expected to
-    use, what an unlimited one of each size runs; "-" where too few jobs ended to say."""
+    use (site-wide, and at the site's typical limits, which the jobs nearest them decide), what
+    an unlimited one of each size runs; "-" where too few jobs ended to say."""
     table = Table(
         title="learned runtimes (waits are weighed against them)",
         caption="-: too few jobs ended yet; the policy's limit_share or assumed_runtime_s "
@@ -369,7 +370,10 @@ def _runtimes_table(rows: dict) -> None:
             expected = "-" if share is None else f"{float(share):.0%} of the limit"
         else:
             expected = "-" if median is None else f"{float(median) / 3600:.2f} h"
-        table.add_row(kind, expected, str(row.get("jobs", 0)))
+        rests_on = str(row.get("jobs", 0))
+        if "limit_s" in row:
+            rests_on = f"the {rests_on} nearest limits"
+        table.add_row(kind, expected, rests_on)
     console.print(table)
 
 

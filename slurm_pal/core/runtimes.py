@@ -33,6 +33,11 @@ SIZE_BUCKETS = ((1, "1 GPU"), (8, "2-8 GPUs"), (math.inf, "over 8 GPUs"))
 """Unlimited jobs' runtimes are learned apart by size: a site's gangs run unlike its 1-GPU jobs."""
 
 
+TYPICAL_LIMITS = (25, 50, 75, 90)
+"""Percentiles of the limits that ended, at which :meth:`RuntimeModel.learned` shows admins the
+share a job is weighed at (the share depends on the limit's length)."""
+
+
 def size_bucket(gpus: int) -> str:
     """The size class an unlimited job's runtime is learned in."""
     return next(name for top, name in SIZE_BUCKETS if gpus <= top)
@@ -176,13 +181,23 @@ class RuntimeModel:
         return self.unlimited_runtime_s(gpus)
 
     def learned(self) -> dict[str, dict[str, float | int | None]]:
-        """What the model knows, for admins: the limit share (``limited``), the unlimited
-        median of each size and of all sizes (``unlimited <size>``, ``unlimited any size``),
-        each with the jobs it rests on (the last ``window``); None where they are fewer than
-        ``min_runs``."""
+        """What the model knows, for admins: the site-wide limit share (``limited``); the
+        share a job is weighed at for the site's typical limits (``limited, <h> h limit``:
+        the quartiles and 90th percentile of the limits that ended, with ``limit_s``), the
+        unlimited median of each size and of all sizes (``unlimited <size>``, ``unlimited any
+        size``), each with the jobs it rests on (the last ``window``, or the ``min_runs``
+        nearest limits); None where they are fewer than ``min_runs``."""
         out: dict[str, dict[str, float | int | None]] = {
             "limited": {"limit_share": self.limit_share, "jobs": len(self._shares)}
         }
+        if self.limit_share is not None:
+            limits = np.fromiter(self._limits, float, len(self._limits))
+            for limit in sorted({float(q) for q in np.percentile(limits, TYPICAL_LIMITS)}):
+                out[f"limited, {limit / 3600:.3g} h limit"] = {
+                    "limit_share": self.mean_share_of(limit),
+                    "jobs": self.min_runs,
+                    "limit_s": limit,
+                }
         for _, bucket in SIZE_BUCKETS:
             runtimes = self._unlimited.get(bucket, ())
             median = self._cached(bucket, runtimes)
