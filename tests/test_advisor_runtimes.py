@@ -147,6 +147,7 @@ def test_a_reload_keeps_what_was_learned_and_a_restart_warms_it_from_the_store(
     with caplog.at_level(logging.INFO, logger="slurm_pal.advisor"):
         again = env.state()  # a restart: the store's records over suspicion_days
     assert "runtime model: warmed from 40 finished job(s)" in caplog.text
+    assert "limit share 0.10 (at typical limits 2 h: 0.10)" in caplog.text
     assert weighed(again.engine, 1, 2 * HOUR) == pytest.approx(0.2 * HOUR)
     assert weighed(again.engine, 4, math.inf) == pytest.approx(20 * HOUR)
     assert again.runtimes.snapshot()["runtime_jobs_learned"] == 40

@@ -169,9 +169,15 @@ class RuntimeBook:
             learned_now = self._model.learned()
         self._publish()
         share = learned_now["limited"]["limit_share"]
+        typical = ", ".join(
+            f"{float(row['limit_s'] or 0) / 3600:.3g} h: {float(row['limit_share'] or 0):.2f}"
+            for row in learned_now.values()
+            if "limit_s" in row
+        )
         log.info(
             "runtime model: warmed from %d finished job(s) of the last %g day(s): limit share "
-            "%s", len(learned), days, "unknown yet" if share is None else f"{share:.2f}",
+            "%s%s", len(learned), days, "unknown yet" if share is None else f"{share:.2f}",
+            f" (at typical limits {typical})" if typical else "",
         )  # fmt: skip
         return True
 
