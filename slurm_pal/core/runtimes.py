@@ -72,6 +72,7 @@ class RuntimeModel:
         self._shares: deque[float] = deque(maxlen=window)
         self._limits: deque[float] = deque(maxlen=window)
         self._near: dict[tuple[float, str], float] = {}
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._unlimited: dict[str, deque[float]] = {}
         self._any_unlimited: deque[float] = deque(maxlen=window)
         self._median: dict[str, float | None] = {}
@@ -87,6 +88,7 @@ class RuntimeModel:
         self._shares.clear()
         self._limits.clear()
         self._near.clear()
+        self._arrays = None
         self._unlimited.clear()
         self._any_unlimited.clear()
         self._median.clear()
@@ -120,6 +122,7 @@ class RuntimeModel:
             self._limits.append(limit)
             self._median.pop("share", None)
             self._near.clear()
+            self._arrays = None
         else:
             bucket = size_bucket(job.gpus)
             self._unlimited.setdefault(bucket, deque(maxlen=self.window)).append(job.runtime_s)
@@ -158,10 +161,15 @@ class RuntimeModel:
             return None
         key = (time_limit_s, statistic.__name__)
         if key not in self._near:
-            limits = np.log(np.fromiter(self._limits, float, len(self._limits)))
-            distance = np.abs(limits - math.log(time_limit_s))
+            if self._arrays is None:  # once per job end, not once per limit asked
+                count = len(self._limits)
+                self._arrays = (
+                    np.log(np.fromiter(self._limits, float, count)),
+                    np.fromiter(self._shares, float, count),
+                )
+            log_limits, shares = self._arrays
+            distance = np.abs(log_limits - math.log(time_limit_s))
             nearest = np.argpartition(distance, self.min_runs - 1)[: self.min_runs]
-            shares = np.fromiter(self._shares, float, len(self._shares))
             self._near[key] = float(statistic(shares[nearest]))
         return self._near[key]
 
