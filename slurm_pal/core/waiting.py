@@ -45,12 +45,13 @@ class WaitVerdict:
 
 def expected_ends(cluster: Cluster, share: float | np.ndarray | None) -> np.ndarray:
     """Per GPU, when its holder is expected to end: ``share`` of its limit after it started
-    (the share the site's limited jobs use, the same the waiting job's own runtime is weighed
-    with), or its limit's end once it has run past that or its start is unknown; ``inf`` for
-    an unlimited holder. Without ``share``, the limits' ends. Weighing the holders at their
-    whole limits and the waiting job at a share of its own called every wait too long on a
-    site whose users ask for twice what they run, and jobs took a 2.3x GPU rather than wait
-    for ones that freed within the hour (Sia-Philly with such limits, 8-GPU nodes)."""
+    (one share for all, or one per GPU: what jobs with limits like the holder's used, as the
+    waiting job's own runtime is weighed), or its limit's end once it has run past that or its
+    start is unknown; ``inf`` for an unlimited holder. Without ``share``, the limits' ends.
+    Weighing the holders at their whole limits and the waiting job at a share of its own
+    called every wait too long on a site whose users ask for twice what they run, and jobs
+    took a 2.3x GPU rather than wait for ones that freed within the hour (Sia-Philly with
+    such limits, 8-GPU nodes)."""
     until = cluster.busy_until
     if share is None:
         return until
