@@ -7,13 +7,15 @@ import contextlib
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from typer.testing import CliRunner
+
+# First: the run's marker and, in a pytest-xdist worker, its controller's environment.
+from tests.helpers.run import LEAK_MARK, XDIST_WORKER  # isort: split
 
 from slurm_pal.cli.main import app
 from slurm_pal.example_campaign import generate_example_campaign
@@ -26,13 +28,6 @@ from tests.helpers.processes import (
     with_env,
 )
 
-# Every process the suite starts inherits this (the testbed's daemons keep every variable but
-# SLURM_*/SBATCH_*, jobs get sbatch's environment): what still carries it once the suite is
-# over was left behind. Not SLURM_-prefixed, so the testbed does not drop it.
-LEAK_MARK = "SPAL_TEST_RUN"
-os.environ[LEAK_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-# 24.11's step daemons carry no marker (they clear their environment): they are known by the
-# testbed folder they run in (tests/helpers/slurm_lab.fresh_testbed_dir) and their start.
 TESTBED_PREFIX = testbed_prefix()
 SUITE_STARTED = time.time()
 # Teardowns signal and go on: what they stopped may take a moment to end.
@@ -54,7 +49,9 @@ def _left_behind() -> list[int]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a process it started is still alive at its end (after a grace for
     teardowns that signalled it); those found are killed, so they do not pile up run after
-    run."""
+    run. Under pytest-xdist the controller checks, after its workers have ended."""
+    if XDIST_WORKER:
+        return
     left = wait_until_none(_left_behind, LEFT_GRACE_S)
     if not left:
         return
@@ -69,6 +66,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if reporter is not None:
         reporter.write_line(message, red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-Slurm tests share one testbed per module and machine-wide names (network
+    namespaces, loopback addresses): under pytest-xdist (``--dist loadgroup``) they all run
+    on one worker, in order, while the others take the rest of the suite."""
+    for item in items:
+        if item.nodeid.startswith("tests/slurm/"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 # CI runs the same examples every time: a rare counterexample is found by a developer's random

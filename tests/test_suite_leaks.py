@@ -4,6 +4,7 @@ fails, names it and kills it; a run that stops what it starts passes."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,22 +28,36 @@ def test_starts_a_process_and_stops_it():
 """
 
 
-def _run(tmp_path: Path, body: str, mark: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, body: str, mark: str, workers: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """The inner run: ``workers`` > 0 runs it under pytest-xdist, as scripts/test.sh does."""
     test = tmp_path / "test_inner.py"
-    test.write_text(body)
+    test.write_text(body + WORKER_PID)
     env = {**os.environ, "SPAL_TEST_LEFT_GRACE_S": "1"}
     env["SPAL_INNER_MARK"] = mark  # how this test finds the inner run's sleep afterwards
+    env["SPAL_INNER_OUT"] = str(tmp_path / f"{mark}.out")  # where its tests say where they ran
+    xdist = ["-n", str(workers), "--dist", "loadgroup"] if workers else []
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "--rootdir", str(tmp_path),
-         "-c", os.devnull, str(test)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", *xdist,
+         "--rootdir", str(tmp_path), "-c", os.devnull, str(test)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+WORKER_PID = """
+
+def test_says_where_it_ran():
+    import os
+    with open(os.environ["SPAL_INNER_OUT"], "a") as out:
+        print("ran in", os.getpid(), "mark", os.environ["SPAL_TEST_RUN"], file=out)
+"""
 
 
 def test_a_run_that_leaves_a_process_fails_and_the_process_is_killed(tmp_path: Path) -> None:
     result = _run(tmp_path, LEAKS, "leaks")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 passed" in result.stdout
+    assert "2 passed" in result.stdout
     assert "left 1 process(es) running" in result.stdout and "sleep 600" in result.stdout
     assert with_env("SPAL_INNER_MARK", "leaks") == []  # killed by the check
 
@@ -51,6 +66,25 @@ def test_a_run_that_stops_what_it_starts_passes(tmp_path: Path) -> None:
     result = _run(tmp_path, CLEAN, "clean")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "left" not in result.stdout
+
+
+def test_under_xdist_a_leak_in_a_worker_is_found_once_every_worker_is_done(
+    tmp_path: Path,
+) -> None:
+    """Workers keep the controller's mark and leave the check to it: what a worker leaves is
+    found (and killed) once, at the end, and a worker that finishes first never takes what
+    another still runs for a leak."""
+    result = _run(tmp_path, LEAKS, "xdist-leaks", workers=2)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    assert result.stdout.count("left 1 process(es) running") == 1, result.stdout
+    assert with_env("SPAL_INNER_MARK", "xdist-leaks") == []
+    clean = _run(tmp_path, CLEAN, "xdist-clean", workers=2)
+    assert clean.returncode == 0 and "left" not in clean.stdout, clean.stdout + clean.stderr
+    # the test ran in a worker, under the controller's mark (not one of its own)
+    said = (tmp_path / "xdist-clean.out").read_text()
+    ran = re.search(r"ran in (\d+) mark (\d+)-", said)
+    assert ran is not None and ran.group(1) != ran.group(2), said
 
 
 def test_a_step_daemon_without_marker_is_found_by_its_testbed_folder() -> None:
