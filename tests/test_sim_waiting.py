@@ -78,6 +78,27 @@ def test_a_held_job_waits_for_a_good_gpu_that_frees_soon_and_holds_nobody_behind
     assert next(j for j in last.jobs if j.job_id == "3").end == pytest.approx(10 + 7200 * 2.5)
 
 
+def test_a_held_job_that_no_longer_fits_gets_no_reservation_and_holds_nobody() -> None:
+    # Job 2 (2 GPUs, class A) is held at 10 for two good GPUs on node 1 (job 1's ends there
+    # first). Job 3 (memory-bound) takes the outlier at 20, so from then on job 2 does not
+    # fit even by count. Slurm does not consider a job before its begin time: job 4 behind it
+    # starts at once, though its 5000 s limit would not end before a reservation for job 2
+    # (at 220, when job 3's limit ends) and backfill would keep it back for an eligible job.
+    values = np.array([2.5, 1.0, 1.0, 1.0])
+    gpus = SimGpus(2, 2, {"A": values, "D": np.ones(4)}, {"A": values, "D": np.ones(4)})
+    trace = [
+        job(0, 0, 1, 500, 600),
+        job(1, 0, 1, 5000, 6000),
+        job(2, 10, 2, 7200, 7200),
+        SimJob("3", 20, 1, 100, "D", time_limit=200),
+        SimJob("4", 30, 1, 100, "D", time_limit=5000),
+    ]
+    result = simulate(trace, gpus, advisor(max_wait_s=86400))
+    held = next(j for j in result.jobs if j.job_id == "2")
+    assert held.held_s > 0 and held.start > 30
+    assert starts(result)["4"] == 30.0
+
+
 def test_the_bound_ends_a_wait_that_the_estimates_said_was_short() -> None:
     # The good GPU's holder has a 600 s limit but really runs 3 h (a limit is an estimate
     # from outside): the held job starts at its bound on the outlier, not when the GPU frees.

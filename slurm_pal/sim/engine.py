@@ -802,9 +802,15 @@ class _EasyBackfill:
     def blocked(self, request: PlacementRequest) -> bool:
         if self.shadow is not None:
             return True
+        job = self.simulation.by_id[request.job_id]
+        if job.held_until is not None and job.held_until > self.now:
+            # Held: its begin time is later, so Slurm does not consider it yet (Reason
+            # BeginTime): no reservation, and the jobs behind it go on. Reserving for it here,
+            # as the simulator did, held the queue behind a job the service had held and
+            # Slurm would have scheduled around.
+            return True
         if not self.simulation.config.backfill:
             return False
-        job = self.simulation.by_id[request.job_id]
         self.shadow, self.spare = self.simulation._reservation(job.spec.gpus, self.running)
         return True
 
