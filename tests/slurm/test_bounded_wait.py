@@ -236,3 +236,75 @@ def test_the_bound_holds_without_the_advisor_slurm_starts_the_job_by_its_begin_t
     started = lab.when(held, "StartTime")
     print(f"held until {until:.0f}: Slurm started it {started - until:+.0f} s from then")
     assert started >= until - 1  # never before its bound, though a GPU was free
+
+
+def _predicted_unfit(held_s: float, memory_s: float, behind_s: float) -> dict[str, float]:
+    """The simulator on the trace of the test below (seconds from the neighbour's start):
+    when the held 2-GPU job, the memory-bound job and the job behind them start."""
+    values_a = np.array([1.0, SLOW, 1.0, 1.0, 1.0, 1.0])
+    ones = np.ones(6)
+    gpus = SimGpus(3, 2, {"A": values_a, "D": ones}, {"A": values_a.copy(), "D": ones.copy()})
+    # Packing puts the three fillers on n01's good GPU and on n02, the neighbour on n03, as
+    # the testbed's were put there.
+    trace = [SimJob(f"f{i}", 0.0, 1, 600.0, "A", time_limit=600.0) for i in range(3)]
+    trace.append(SimJob("neighbour", 0.0, 1, 50.0, "A", time_limit=60.0))
+    trace.append(SimJob("held", held_s, 2, 20.0, "A", time_limit=600.0))
+    trace.append(SimJob("memory", memory_s, 1, 20.0, "D", time_limit=300.0))
+    trace.append(SimJob("behind", behind_s, 1, 20.0, "D", time_limit=3600.0))
+    settings = (("avoid_above", 1.5), ("wait", True), ("max_wait_s", float(MAX_WAIT_S)))
+    config = SimConfig(placement="advisor", mode="slurm", advisor_settings=settings)
+    return {job.job_id: float(job.start) for job in simulate(trace, gpus, config).jobs}
+
+
+def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back(
+    clean: WaitLab,
+) -> None:
+    """A 2-GPU job is held for two good GPUs on n03; a memory-bound job then takes the
+    outlier, so it fits nowhere even by count. A job behind it whose hour-long limit would
+    delay a reservation for it (at n03's neighbour's limit) starts at once: Slurm considers no
+    job before its begin time, so it reserves nothing for the held one. The simulator, which
+    reserved for such a job until 2026-11-27, now predicts the same."""
+    lab = clean
+    good = lab.label("n01", slow=False)
+    lab.sbatch(f"--gres=gpu:{good}:1", "-w", "n01", "-t", "10", "--wrap", "sleep 600")
+    for _ in range(2):
+        lab.sbatch("--gres=gpu:1", "-w", "n02", "-t", "10", "--wrap", "sleep 600")
+    neighbour = lab.sbatch("--gres=gpu:1", "-w", "n03", "-t", "1", "--wrap", "sleep 50")
+    lab.wait_state(neighbour, "RUNNING")
+    deadline = time.monotonic() + 60
+    while len([j for j in lab.jobs().values() if j.state == "RUNNING"]) < 4:
+        assert time.monotonic() < deadline, lab.jobs()
+        time.sleep(0.2)
+    t0 = lab.when(neighbour, "StartTime")
+    # 8 s in, n03's two GPUs are expected free within the 30 s bound (the neighbour at half
+    # its minute), far sooner than the 6.5 minutes the outlier would cost a 10-minute job.
+    time.sleep(max(0.0, t0 + 8 - time.time()))
+    held = lab.sbatch("--gpus=2", "-t", "10", "--comment=pal:app=resnet", "--wrap", "sleep 20")
+    _held(lab, held)
+    memory = lab.sbatch(
+        "--gres=gpu:1", "-t", "5", "--comment=pal:app=pagerank", "--wrap", "sleep 20"
+    )
+    lab.wait_state(memory, "RUNNING", timeout_s=30)
+    assert lab.gpu_uuid(memory) == lab.outlier_uuid()
+    behind = lab.sbatch(
+        "--gres=gpu:1", "-t", "60", "--comment=pal:app=pagerank", "--wrap", "sleep 20"
+    )
+    lab.wait_state(behind, "RUNNING", timeout_s=30)
+    assert lab.fields(held)["JobState"] == "PENDING"
+    measured = {
+        name: lab.when(job_id, key) - t0
+        for name, job_id, key in (
+            ("held", held, "SubmitTime"),
+            ("memory", memory, "StartTime"),
+            ("behind", behind, "StartTime"),
+        )
+    }
+    predicted = _predicted_unfit(
+        measured["held"],
+        lab.when(memory, "SubmitTime") - t0,
+        lab.when(behind, "SubmitTime") - t0,
+    )
+    print(f"measured {measured}; simulated {predicted}")
+    assert predicted["held"] > predicted["behind"]  # held past the job behind it, as Slurm did
+    assert abs(measured["memory"] - predicted["memory"]) <= 3
+    assert abs(measured["behind"] - predicted["behind"]) <= 3
