@@ -292,6 +292,31 @@ def test_a_held_job_gets_its_begin_time_once_then_is_routed_with_the_hold_lifted
     assert held({"action": "route", "since": "1", "until": "2"}) is None
 
 
+def test_the_round_goes_past_a_held_job_that_fits_nowhere_as_slurm_does() -> None:
+    """A job held to a later begin time is not considered by Slurm, so it ends no round: a
+    2-GPU job held while one GPU is free, and a 1-GPU job behind it that fits. Once its bound
+    has come it is eligible again, and the round stops at it (PAL: the head is not
+    overtaken)."""
+    now = 1_800_000_000.0
+    policy = get_policy("packed-pm", avoid_above=1.5, wait=True, max_wait_s=3600)
+    two = JobDescription.from_wire({"user": "u", "tres_per_job": "gres:gpu:2", "time_limit": 600})
+    one = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    cluster, labels = site({"n01": [A0, AX], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
+    cluster.allocate([cluster.uuid_index["GPU-n01-1"]])
+    plan = {"labels": labels, "policy": policy, "version": "t", "now": now}
+    held_job = PendingJob(
+        7, "t7", two, "A", "test", None, tres_per_job="gres:gpu:2", waiting=(now, now + 3600)
+    )
+    behind = PendingJob(8, "t8", one, "A", "test", None, tres_per_node="gres:gpu:1")
+    result = plan_replan([held_job, behind], cluster, **plan)
+    assert result.not_placed == [7]
+    assert [u.job_id for u in result.updates] == [8]
+    assert result.updates[0].chosen == {"n02": (A0,)}
+    # At its bound it is eligible: a job that fits nowhere ends the round again.
+    result = plan_replan([held_job, behind], cluster, **{**plan, "now": now + 3600})
+    assert result.not_placed == [7, 8] and not result.updates
+
+
 def test_an_older_advisors_exclusion_is_lifted_when_its_waiting_job_is_routed() -> None:
     from slurm_pal.advisor.replan import kept_off
 

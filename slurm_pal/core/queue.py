@@ -20,7 +20,7 @@ job (backfill-like; it can delay the job that did not fit).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from enum import StrEnum
 from typing import Literal, NamedTuple, Protocol
 
@@ -96,10 +96,13 @@ class StartRule(Protocol):
 
 class StopAtMisfit:
     """PAL's rule: no backfilling, the round ends at the first job that does not fit, so the
-    head of the queue is never overtaken (``go_on``: skip it and go on instead)."""
+    head of the queue is never overtaken (``go_on``: skip it and go on instead). ``held``: jobs
+    held to a later begin time, which Slurm does not consider yet; one that does not fit is
+    gone past, as Slurm goes past it."""
 
-    def __init__(self, go_on: bool = False) -> None:
+    def __init__(self, go_on: bool = False, held: Container[str] = ()) -> None:
         self.go_on = go_on
+        self.held = held
 
     def admits(self, request: PlacementRequest) -> bool:
         return True
@@ -108,7 +111,7 @@ class StopAtMisfit:
         return None
 
     def blocked(self, request: PlacementRequest) -> bool:
-        return self.go_on
+        return self.go_on or request.job_id in self.held
 
 
 Review = Callable[[PlacementRequest, PlacementResult], Outcome]

@@ -446,12 +446,17 @@ def plan_replan(
             slurm.apply(update)
         return Outcome.PLACED
 
+    held_now = {
+        request_id
+        for request_id, p in jobs.items()
+        if p.waiting is not None and (now is None or p.waiting[1] > now)
+    }
     steps = queue_round(
         requests,
         cluster if slurm is not None else cluster.copy(),
         place,
         class_order=class_order,
-        start=slurm.start if slurm is not None else StopAtMisfit(),
+        start=slurm.start if slurm is not None else StopAtMisfit(held=held_now),
         review=review,
     )
     for step in steps:
