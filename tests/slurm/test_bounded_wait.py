@@ -306,5 +306,7 @@ def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back
     )
     print(f"measured {measured}; simulated {predicted}")
     assert predicted["held"] > predicted["behind"]  # held past the job behind it, as Slurm did
-    assert abs(measured["memory"] - predicted["memory"]) <= 3
-    assert abs(measured["behind"] - predicted["behind"]) <= 3
+    # Within Slurm's and the advisor's latencies; a reservation for the held job would have
+    # kept the job behind back until the memory-bound one ended, 20 s later.
+    assert abs(measured["memory"] - predicted["memory"]) <= 6
+    assert abs(measured["behind"] - predicted["behind"]) <= 6
