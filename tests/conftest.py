@@ -28,6 +28,8 @@ from tests.helpers.processes import (
     with_env,
 )
 
+# 24.11's step daemons carry no marker (they clear their environment): they are known by the
+# testbed folder they run in (tests/helpers/slurm_lab.fresh_testbed_dir) and their start.
 TESTBED_PREFIX = testbed_prefix()
 SUITE_STARTED = time.time()
 # Teardowns signal and go on: what they stopped may take a moment to end.

@@ -805,9 +805,9 @@ class _EasyBackfill:
         job = self.simulation.by_id[request.job_id]
         if job.held_until is not None and job.held_until > self.now:
             # Held: its begin time is later, so Slurm does not consider it yet (Reason
-            # BeginTime): no reservation, and the jobs behind it go on. Reserving for it here,
-            # as the simulator did, held the queue behind a job the service had held and
-            # Slurm would have scheduled around.
+            # BeginTime): no reservation, and the jobs behind it go on. A reservation here
+            # would hold the queue behind a job the service holds, which Slurm schedules
+            # around (tests/slurm/test_bounded_wait.py).
             return True
         if not self.simulation.config.backfill:
             return False
