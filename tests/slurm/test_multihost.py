@@ -332,9 +332,12 @@ def test_a_two_node_jobs_end_frees_both_nodes_in_one_round(clean: Cluster) -> No
     fields = c.wait_state(waiting, "RUNNING")
     assert fields["NodeList"] == held
     after = c.stats()
-    # One round for the job, started by the first of its two Epilogs, which freed both nodes:
-    # the waiting job needs both, and that round placed it.
-    assert after["replans_at_job_end"] == before["replans_at_job_end"] + 1
+    # The first of its two Epilogs freed both nodes: the waiting job needs both, and that
+    # round placed it (one logged round). The second Epilog needs no round while the view
+    # still shows the job; once (24.11) it got one of its own, most likely after a read
+    # between the two no longer showed the job, and that round found nothing to do.
+    rounds = after["replans_at_job_end"] - before["replans_at_job_end"]
+    assert rounds in (1, 2), (before, after)
     lines = _round_lines(c, mark, two)
     assert len(lines) == 1 and "re-planned 1 job(s)" in lines[0], c.advisor_log(mark)
     expected = [(n, k) for n in expand(held) for k in ("epilog", "prolog")]
