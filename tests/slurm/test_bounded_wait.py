@@ -156,20 +156,25 @@ def _held(lab: WaitLab, job_id: int) -> dict[str, str]:
 def _predicted_start(held_submit: float, memory_submit: float) -> tuple[float, float]:
     """The simulator on the same trace (seconds from the neighbour's start): when the held
     job and the memory-bound job start, the advisor configured as the lab's."""
-    values_a = np.array([1.0, SLOW, 1.0, 1.0, 1.0, 1.0])
-    ones = np.ones(6)
-    gpus = SimGpus(3, 2, {"A": values_a, "D": ones}, {"A": values_a.copy(), "D": ones.copy()})
     # The neighbour first: packing puts it on n01's good GPU; the fillers then go to n02 and
     # n03 (the outlier is left out at no cost), as the testbed's fillers were put there.
     trace = [SimJob("neighbour", 0.0, 1, 50.0, "A", time_limit=60.0)]
     trace += [SimJob(f"f{i}", 0.0, 1, 600.0, "A", time_limit=600.0) for i in range(4)]
     trace.append(SimJob("held", held_submit, 1, 20.0, "A", time_limit=600.0))
     trace.append(SimJob("memory", memory_submit, 1, 20.0, "D", time_limit=300.0))
+    starts = _simulated_starts(trace)
+    return starts["held"], starts["memory"]
+
+
+def _simulated_starts(trace: list[SimJob]) -> dict[str, float]:
+    """Each job's start in the simulator's Slurm mode on the lab's GPUs (n01's second one
+    2.3x slower for class A), the advisor configured as the lab's."""
+    values_a = np.array([1.0, SLOW, 1.0, 1.0, 1.0, 1.0])
+    ones = np.ones(6)
+    gpus = SimGpus(3, 2, {"A": values_a, "D": ones}, {"A": values_a.copy(), "D": ones.copy()})
     settings = (("avoid_above", 1.5), ("wait", True), ("max_wait_s", float(MAX_WAIT_S)))
     config = SimConfig(placement="advisor", mode="slurm", advisor_settings=settings)
-    result = simulate(trace, gpus, config)
-    starts = {job.job_id: job.start for job in result.jobs}
-    return float(starts["held"]), float(starts["memory"])
+    return {job.job_id: float(job.start) for job in simulate(trace, gpus, config).jobs}
 
 
 def test_a_held_job_is_routed_at_its_neighbours_end_and_holds_nobody_behind_it(
@@ -241,9 +246,6 @@ def test_the_bound_holds_without_the_advisor_slurm_starts_the_job_by_its_begin_t
 def _predicted_unfit(held_s: float, memory_s: float, behind_s: float) -> dict[str, float]:
     """The simulator on the trace of the test below (seconds from the neighbour's start):
     when the held 2-GPU job, the memory-bound job and the job behind them start."""
-    values_a = np.array([1.0, SLOW, 1.0, 1.0, 1.0, 1.0])
-    ones = np.ones(6)
-    gpus = SimGpus(3, 2, {"A": values_a, "D": ones}, {"A": values_a.copy(), "D": ones.copy()})
     # Packing puts the three fillers on n01's good GPU and on n02, the neighbour on n03, as
     # the testbed's were put there.
     trace = [SimJob(f"f{i}", 0.0, 1, 600.0, "A", time_limit=600.0) for i in range(3)]
@@ -251,9 +253,7 @@ def _predicted_unfit(held_s: float, memory_s: float, behind_s: float) -> dict[st
     trace.append(SimJob("held", held_s, 2, 20.0, "A", time_limit=600.0))
     trace.append(SimJob("memory", memory_s, 1, 20.0, "D", time_limit=300.0))
     trace.append(SimJob("behind", behind_s, 1, 20.0, "D", time_limit=3600.0))
-    settings = (("avoid_above", 1.5), ("wait", True), ("max_wait_s", float(MAX_WAIT_S)))
-    config = SimConfig(placement="advisor", mode="slurm", advisor_settings=settings)
-    return {job.job_id: float(job.start) for job in simulate(trace, gpus, config).jobs}
+    return _simulated_starts(trace)
 
 
 def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back(
