@@ -32,7 +32,8 @@ adding to them and nobody reads half a file. A failing run writes a failure reco
 reason, stderr tail) and the task exits 1; a task on the wrong node or GPU writes failure
 records for all its runs and exits 4.
 
-Not yet run on a GPU: the NVML calls follow the NVML API and are tested against a fake.
+Ran on an H200 (tests/fixtures/gpu-h200): windowed telemetry, clock-event reasons
+(``sw_power_cap`` throughout a GEMM, none under STREAM); tested against a fake elsewhere.
 """
 
 from __future__ import annotations
