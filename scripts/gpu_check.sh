@@ -8,7 +8,9 @@
 #   3. per-second GPM readings (GRAPHICS/SM/INTEGER utilization, SM clock) idle, under STREAM
 #      and under GEMM.
 # Usage, from the repository root: scripts/gpu_check.sh OUTDIR
+#   4. the benchmarks' CuPy path (PyTorch hidden), beside the PyTorch runs of step 1.
 # Every step runs even when one before it failed; OUTDIR/steps.log says which failed.
+# GPU_CHECK_STEPS="versions cupy" runs only the steps named (default: all).
 # GPU_CHECK_GEMM / GPU_CHECK_STREAM replace the benchmark commands (a stand-in for a dry run).
 set -u
 OUT_DIR=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -31,6 +33,7 @@ LOG="$OUT_DIR/steps.log"
 step() { # step NAME CMD...: run, time, log the outcome, never stop the script
     local name=$1 t0 rc
     shift
+    case " ${GPU_CHECK_STEPS:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     t0=$(date +%s)
     echo "== $name: $*" | tee -a "$LOG"
     "$@"
@@ -117,6 +120,17 @@ ncu_runs() {
     done
 }
 
+cupy_runs() { # each benchmark through CuPy: 3 runs at the default window with PyTorch hidden
+    local hide='import os, runpy, sys; sys.modules["torch"] = None; sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); runpy.run_path(sys.argv[0], run_name="__main__")'
+    mkdir -p "$W/cupy"
+    for b in gemm stream; do
+        for r in 0 1 2; do
+            "$PY" -c "$hide" "$ROOT/profiling/$b.py" >"$W/cupy/$b-r$r.out" 2>&1
+            echo "cupy $b r$r: rc=$? $(grep PAL_DURATION_S "$W/cupy/$b-r$r.out")"
+        done
+    done
+}
+
 probe() { # probe LABEL CMD...: per-second GPM readings, 5 s idle, the command, 2 s after
     local label=$1
     shift
@@ -138,6 +152,7 @@ probe() { # probe LABEL CMD...: per-second GPM readings, 5 s idle, the command, 
     step probe-stream probe stream $STREAM --warmup-s 2 --measure-s 10
     step probe-gemm probe gemm $GEMM --warmup-s 2 --measure-s 8
     step ncu ncu_runs
+    step cupy cupy_runs
 } 2>&1 | tee "$OUT_DIR/gpu-check.log"
 rm -rf "$W"
 echo "done: $OUT_DIR"
