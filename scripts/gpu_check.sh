@@ -23,6 +23,15 @@ PLAN_COMMANDS=()
 [ -n "${GPU_CHECK_GEMM:-}" ] && PLAN_COMMANDS+=(--command "A=$GEMM")
 [ -n "${GPU_CHECK_STREAM:-}" ] && PLAN_COMMANDS+=(--command "C=$STREAM")
 W=$(mktemp -d /tmp/gpu-check.XXXXXX)
+cleanup() { # also when stopped: no sampler left running, no scratch left behind
+    local pid
+    for f in "$W"/spool/telemetry/*.pid; do
+        [ -e "$f" ] && pid=$(cat "$f") && kill "$pid" 2>/dev/null
+    done
+    rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export SLURM_PAL_DB="$W/store.db" SLURM_PAL_CAMPAIGNS="$W/campaigns"
 export PYTHONUNBUFFERED=1
@@ -154,5 +163,4 @@ probe() { # probe LABEL CMD...: per-second GPM readings, 5 s idle, the command, 
     step ncu ncu_runs
     step cupy cupy_runs
 } 2>&1 | tee "$OUT_DIR/gpu-check.log"
-rm -rf "$W"
 echo "done: $OUT_DIR"
