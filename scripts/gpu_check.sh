@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# What the project runs on a GPU node, run on one GPU without Slurm, in one go (405 s on an H200):
+# What the project runs on a GPU node, run on one GPU without Slurm, in one go (on an H200: 405 s
+# for steps 1-3, 190 s more for step 4):
 #   1. the campaign runner over gemm.py/stream.py at the default window (warm-up 10 s, measure
 #      20 s), 3 repeats each, and again as 0.3 s runs; `campaign collect` of both;
 #   2. the Prolog/Epilog hooks around each benchmark (the detached NVML sampler, busy-time
 #      figures), `apps classify` / `apps fit -k 2` on their records, Nsight Compute on the same
 #      benchmarks if `ncu` is there;
 #   3. per-second GPM readings (GRAPHICS/SM/INTEGER utilization, SM clock) idle, under STREAM
-#      and under GEMM.
-# Usage, from the repository root: scripts/gpu_check.sh OUTDIR
+#      and under GEMM;
 #   4. the benchmarks' CuPy path (PyTorch hidden), beside the PyTorch runs of step 1.
+# Usage, from the repository root: scripts/gpu_check.sh OUTDIR (GPU 0 is measured).
 # Every step runs even when one before it failed; OUTDIR/steps.log says which failed.
 # GPU_CHECK_STEPS="versions cupy" runs only the steps named (default: all).
 # GPU_CHECK_GEMM / GPU_CHECK_STREAM replace the benchmark commands (a stand-in for a dry run).
@@ -58,6 +59,7 @@ versions() {
     nvidia-smi -q | sed -n '/CUDA Version/p;/Product Name/p;/Persistence Mode/p'
     "$PY" -c 'import sys, platform; print("python", sys.version.split()[0], platform.machine())'
     "$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+    "$PY" -c 'import cupy; print("cupy", cupy.__version__)'
     "$PY" -c 'import pynvml; print("nvidia-ml-py", getattr(pynvml, "__version__", "?"))'
     "$PY" -m pip show nvidia-ml-py 2>/dev/null | sed -n 's/^Version: /nvidia-ml-py /p'
     command -v ncu && ncu --version | tail -1
