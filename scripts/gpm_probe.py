@@ -6,6 +6,10 @@ clock, power, temperature and clock-event reasons read in the same second. Stand
 plus pynvml; runs on a GPU node, prints one JSON document::
 
     python3 scripts/gpm_probe.py --idle-s 5 --label stream -- python3 profiling/stream.py ...
+
+Each reading covers the interval before it; its ``phase`` is what the command was doing when
+that interval began: ``idle`` (not started), ``run`` (start-up, warm-up), ``measure`` (after its
+``PAL_MEASURE_START`` line), ``after`` (it had exited).
 """
 
 from __future__ import annotations
