@@ -17,6 +17,7 @@ from fakes.fake_pynvml import FakeClock, FakeGpu, FakePynvml
 from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.adapters.nvml import NvmlSampler
 from tests.helpers.data import SHARED_DATA, need_shared
+from tests.helpers.ncu import ncu_features as ncu_of
 
 H100 = SHARED_DATA / "gpu-h100"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points
@@ -29,12 +30,7 @@ def h100() -> Path:
 
 
 def ncu_features(h100: Path, kind: str, kernel_prefix: str | None = None):
-    report = read_ncu_csv(h100 / "ncu" / f"ncu-{kind}-h100.details.csv")
-    if kernel_prefix is not None:
-        kernels = tuple(k for k in report.kernels if k.kernel_name.startswith(kernel_prefix))
-        assert kernels, f"no {kernel_prefix} launch in the {kind} profile"
-        report = type(report)(**{**report.__dict__, "kernels": kernels})
-    return application_features([report])
+    return ncu_of(h100 / "ncu" / f"ncu-{kind}-h100.details.csv", kernel_prefix)
 
 
 # --------------------------------------------------------------------------------------------

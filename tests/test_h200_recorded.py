@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_pal.adapters.ncu import application_features, read_ncu_csv
 from slurm_pal.advisor.suspects import gpu_signals_from
 from slurm_pal.core.suspicion import CAP_EXCUSES
+from tests.helpers.ncu import ncu_features
 
 H200 = Path(__file__).parent / "fixtures" / "gpu-h200"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points
@@ -32,11 +32,7 @@ def epilog(job: int) -> dict:
 
 
 def ncu(kind: str, kernel_prefix: str | None = None):
-    report = read_ncu_csv(H200 / "ncu" / f"ncu-{kind}.details.csv")
-    if kernel_prefix is not None:
-        kernels = tuple(k for k in report.kernels if k.kernel_name.startswith(kernel_prefix))
-        report = type(report)(**{**report.__dict__, "kernels": kernels})
-    return application_features([report])
+    return ncu_features(H200 / "ncu" / f"ncu-{kind}.details.csv", kernel_prefix)
 
 
 def test_the_runner_timed_the_window_and_read_telemetry_over_it_only() -> None:
