@@ -272,3 +272,45 @@ def _exec_start(site: Path) -> str:
 def test_lua_string_escapes_every_unsafe_byte() -> None:
     assert lua_string('a"b\\c') == '"a\\"b\\\\c"'
     assert lua_string("x\ny\x00é") == '"x\\010y\\000\\195\\169"'
+
+
+def test_labels_slurm_would_confuse_get_distinct_type_ids():
+    # Slurm keeps a gres Type as a 32-bit sum of its bytes shifted by position mod 4: these two
+    # labels sum alike, so slurmd would merge them and drain the node.
+    from slurm_pal.core.gres import distinct_type_ids, slurm_type_id
+
+    assert slurm_type_id("gpu") == 7696487  # GRES_PLUGIN_GPU in Slurm's sources
+    assert slurm_type_id("gpu-a1b3c2d0") == slurm_type_id("gpu-a2b2c1d1")
+    labels = ["gpu-a2b2c1d1", "gpu-a1b3c2d0", "gpu-a1b0c4d1"]
+    renamed = distinct_type_ids(labels)
+    assert renamed["gpu-a1b3c2d0"] == "gpu-a1b3c2d0"  # the first in sorted order keeps its name
+    assert renamed["gpu-a1b0c4d1"] == "gpu-a1b0c4d1"
+    assert renamed["gpu-a2b2c1d1"] != "gpu-a2b2c1d1"
+    assert len({slurm_type_id(name) for name in renamed.values()}) == 3
+    assert distinct_type_ids(list(reversed(labels))) == renamed
+
+
+def test_plan_site_renders_colliding_labels_apart_and_keeps_signatures():
+    import pandas as pd
+
+    from slurm_pal.core.gres import slurm_type_id
+    from slurm_pal.site.render import plan_site
+
+    labels = {"u0": "gpu-a1b3c2d0", "u1": "gpu-a2b2c1d1", "u2": "gpu-a1b3c2d0"}
+    scores = pd.DataFrame(
+        {
+            "uuid": ["u0", "u1", "u2"],
+            "node": ["n1", "n1", "n2"],
+            "gpu_index": [0, 1, 0],
+            "gpu_model": ["gpu"] * 3,
+            "job_class": ["A"] * 3,
+            "pm_score": [1.0, 2.2, 1.0],
+        }
+    )
+    plan = plan_site("c1", scores, labels)
+    by_uuid = {g.uuid: g for g in plan.gpus}
+    assert by_uuid["u0"].label == by_uuid["u2"].label == "gpu-a1b3c2d0"
+    assert slurm_type_id(by_uuid["u1"].label) != slurm_type_id(by_uuid["u0"].label)
+    assert by_uuid["u1"].signature == "gpu-a2b2c1d1"
+    nodes = plan.to_dict()["nodes"]
+    assert {g["signature"] for g in nodes["n1"]} == {"gpu-a1b3c2d0", "gpu-a2b2c1d1"}

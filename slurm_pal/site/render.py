@@ -50,6 +50,7 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.core.binning import LabelMerge, Signature, merge_signatures
 from slurm_pal.core.gres import NodeDiff as NodeDiff
 from slurm_pal.core.gres import compare_gres as compare_gres
+from slurm_pal.core.gres import distinct_type_ids
 from slurm_pal.core.gres import node_key as _node_key
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
@@ -359,6 +360,8 @@ def plan_site(
                 f"node(s) {', '.join(unknown)} have no GPUs in campaign {campaign!r}; "
                 "check --nodes against 'slurm-pal profile gpus'"
             )
+    renamed = distinct_type_ids(sorted({g.label for g in gpus}))
+    gpus = [replace(g, label=renamed[g.label]) for g in gpus]
     gpus = _slurm_order(gpus)
     skipped.sort(key=lambda s: (_node_key(s.node), s.uuid))
     return SitePlan(campaign, device_pattern, tuple(gpus), tuple(skipped), merge)
