@@ -287,16 +287,22 @@ class _Job:
         "start",
     )
 
-    def __init__(self, spec: SimJob, order: int, advised_class: str) -> None:
+    def __init__(
+        self, spec: SimJob, order: int, advised_class: str, node_gpus: int | None = None
+    ) -> None:
         self.spec = spec
         self.order = order
         limit = spec.time_limit
+        # A job of whole nodes asks Slurm as users do (-N k --gres=gpu:node_gpus), so the
+        # simulated Slurm picks its nodes as cons_tres does for such a request.
+        whole_nodes = node_gpus is not None and spec.gpus > node_gpus and not spec.gpus % node_gpus
         # What the advisor knows of its length: its time limit; without one in the trace, its
         # run time (the scheduler's perfect knowledge).
         self.request = PlacementRequest(
             job_id=str(order),
             job_class=advised_class,
             gpus=spec.gpus,
+            gpus_per_node=node_gpus if whole_nodes else None,
             runtime_s=spec.work if limit is None else None,
             time_limit_s=limit,
         )
@@ -377,8 +383,12 @@ class _Simulation:
             believed = job.job_class if job.known or default is None else default
             return advised.get(believed, believed)
 
+        # Slurm mode only: the paper's rounds place a job's GPUs anywhere (PAL's own spans).
+        node_gpus = self.cluster.max_gpus_per_node if config.mode == "slurm" else None
         self.jobs = [
-            _Job(job, order, advised_class(job)) for order, job in ordered if job.gpus <= n_gpus
+            _Job(job, order, advised_class(job), node_gpus)
+            for order, job in ordered
+            if job.gpus <= n_gpus
         ]
         self.site_penalty = config.site_locality_penalty
         self.by_id = {job.request.job_id: job for job in self.jobs}

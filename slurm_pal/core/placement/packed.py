@@ -113,11 +113,16 @@ def pack_pick(
         required[shape.required] = True
         if (free[required] < shape.per_node).any():
             return None
-        fits = np.flatnonzero((free >= shape.per_node) & ~required)
-        fits = fits[np.lexsort((fits, rank[fits], free[fits]))]
+        usable = (free >= shape.per_node) & ~required
         wanted = shape.node_count - shape.required.size
-        if fits.size < wanted:
+        if int(usable.sum()) < wanted:
             return None
+        if node_rank is None and not shape.required.size:
+            chosen = consecutive_best_fit(usable, free, wanted)
+            counts = np.full(chosen.size, shape.per_node)
+            return take(chosen, counts), "best-fit block of consecutive nodes"
+        fits = np.flatnonzero(usable)
+        fits = fits[np.lexsort((fits, rank[fits], free[fits]))]
         chosen = np.concatenate((shape.required, fits[:wanted]))
         counts = np.full(chosen.size, shape.per_node)
         return take(chosen, counts), "best-fit nodes"
@@ -155,3 +160,49 @@ def pack_pick(
         return None
     gpus = view.spread_pick(np.array(chosen_list, dtype=np.intp), top, by_score=by_score)
     return gpus, "required nodes, then the fullest"
+
+
+def consecutive_best_fit(usable: np.ndarray, weight: np.ndarray, wanted: int) -> np.ndarray:
+    """The ``wanted`` nodes cons_tres gives a job of whole-node parts (``-N``, GPUs per node):
+    Slurm's ``_eval_nodes`` cuts the usable nodes into blocks of consecutive node indices, takes
+    the block that fits the job most tightly (the least ``weight`` among blocks with enough
+    nodes, the first on ties; while none has enough, the largest), fills the job from that
+    block's first node, and repeats for what is left.
+
+    Why it matters: with nodes 1 and 5-8 free, a 2-node job gets nodes 5 and 6, not 1 and 5;
+    a model that took the fullest nodes in index order put the testbed's 8-GPU jobs elsewhere
+    than Slurm did, on other GPUs. ``weight`` stands for the free CPUs Slurm weighs (the free
+    GPUs: on GPU nodes they go together); the caller checked that enough nodes are usable."""
+    blocks: list[list[int]] = []
+    start = None
+    for index, ok in enumerate([*usable.tolist(), False]):
+        if ok and start is None:
+            start = index
+        elif not ok and start is not None:
+            blocks.append([start, index])
+            start = None
+    chosen: list[int] = []
+    remaining = wanted
+    while remaining > 0:
+        best: list[int] | None = None
+        best_weight, best_sufficient = 0, False
+        for block in blocks:
+            size = block[1] - block[0]
+            if size <= 0:
+                continue
+            total = int(weight[block[0] : block[1]].sum())
+            sufficient = size >= remaining
+            if (
+                best is None
+                or (sufficient and not best_sufficient)
+                or (sufficient and total < best_weight)
+                or (not sufficient and total > best_weight)
+            ):
+                best, best_weight, best_sufficient = block, total, sufficient
+        if best is None:
+            break
+        take = min(remaining, best[1] - best[0])
+        chosen.extend(range(best[0], best[0] + take))
+        remaining -= take
+        best[0] = best[1]  # a block is used once, as Slurm empties it
+    return np.array(chosen, dtype=np.intp)
