@@ -11,8 +11,20 @@ hooks or service) and the ratios against it. The advisor runs as the site config
 (``--config``, else $SLURM_PAL_CONFIG, else the shipped defaults: packed-pm). Needs root and
 Slurm (scripts/install-slurm.sh); each arm takes one to four minutes.
 
+The site-like families (``--trace dl``, a deep-learning cluster's gangs; ``--trace campus``, a
+university site's single-GPU jobs) carry the limits users set, run minutes (a site's hour is a
+testbed minute) under backfill on 8 nodes x 4 GPUs, and draw a new trace for every repeat
+(seed ``--trace-seed`` + repeat). Per repeat the JSON gives the measured ratio advisor / control
+and the simulator's prediction of the same pair and trace (``predicted``: with Slurm's start
+latency and the Epilog round modelled, calibrated on the control arm), the advisor's real holds
+(jobs Slurm kept pending under a begin time) beside the simulated advisor's, and the GPU-seconds
+each arm lost to slow GPUs; then the median, range and a bootstrap interval over the repeats.
+Each arm takes 4-12 minutes on the site-like families.
+
+    python benchmarks/testbed_gain.py --trace dl --profile few-slow --repeats 5 --json
+    python benchmarks/testbed_gain.py --trace campus --profile few-slow --repeats 3
+    python benchmarks/testbed_gain.py --trace dl --profile longhorn --repeats 3
     python benchmarks/testbed_gain.py --trace demo32 --scale 2 --repeats 5
-    python benchmarks/testbed_gain.py --trace mixed48 --repeats 5 --json
     python benchmarks/testbed_gain.py --repeats 3 --arms stock,control,advisor
 """
 
@@ -27,7 +39,8 @@ from pathlib import Path
 
 from slurm_pal.adapters.config import ConfigError, load_config
 from slurm_pal.testbed.cluster import TestbedError
-from slurm_pal.testbed.emulate import EmulationError
+from slurm_pal.testbed.emulate import SITE_TRACES, EmulationError
+from slurm_pal.testbed.evidence import repeat_summary
 from slurm_pal.testbed.run import RunSettings, public_report, run_testbed
 
 
@@ -36,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trace", default="mixed48")
     parser.add_argument("--trace-seed", type=int, default=0)
+    parser.add_argument("--nodes", type=int, default=None, help="default: 8 for dl/campus, else 4")
+    parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--profile", default="example")
     parser.add_argument("--profile-seed", type=int, default=0)
     parser.add_argument(
@@ -75,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             root=root,
             trace=args.trace,
             trace_seed=args.trace_seed,
+            nodes=args.nodes or (8 if args.trace in SITE_TRACES else 4),
+            gpus_per_node=args.gpus_per_node,
             profile=args.profile,
             profile_seed=args.profile_seed,
             scale=args.scale,
@@ -95,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": str(exc), "root": str(root)}, indent=2))
         return 1
     report["wall_s"] = round(time.monotonic() - t0, 1)
+    if report.get("baseline"):
+        report |= repeat_summary(report["runs"], str(report["baseline"]))  # type: ignore[arg-type]
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -109,6 +128,21 @@ def main(argv: list[str] | None = None) -> int:
             f"simulator with Slurm's latency modelled ({report['sim_latency_s']} s per job, "
             f"calibrated on the {report['baseline']} arm): avg_jct_ratio "
             f"{report['sim_latency_avg_jct_ratio']}; over 0-2 s {band['min']}-{band['max']}"
+        )
+    for number, repeat in enumerate(report.get("repeats", []), 1):  # type: ignore[arg-type]
+        print(
+            f"repeat {number} (trace seed {repeat['trace_seed']}): measured "
+            f"{repeat['measured']}, predicted {repeat['predicted']} (without Slurm's latency "
+            f"{repeat['predicted_plain']}); holds {repeat['holds']['measured']} vs simulated "
+            f"{repeat['holds']['simulated']}; GPU-s lost to slow GPUs {repeat['slow_gpu_s']}"
+        )
+    if "median_measured" in report:
+        ci = report["measured_ci95"]
+        print(
+            f"advisor/{report['baseline']} avg JCT: median measured {report['median_measured']} "
+            f"(range {report['measured_range']}, geomean {report['geomean_measured']}, 95 % "
+            f"bootstrap {ci}), median predicted {report['median_predicted']}; holds "
+            f"{report['holds_measured']} vs simulated {report['holds_simulated']}"
         )
     for pair, figures in report["pairs"].items():  # type: ignore[union-attr]
         for key, f in figures.items():

@@ -462,3 +462,50 @@ def test_testbed_run_cli_passes_policy_and_config(tmp_path: Path, monkeypatch) -
         assert (seen[-1].advisor_policy, seen[-1].replans_on_epilog) == (policy, replans), args
     result = CliRunner().invoke(app, ["testbed", "run", "--policy", "magic"])
     assert result.exit_code == 2 and "unknown policy 'magic'" in result.output
+
+
+@pytest.mark.parametrize("family", ["dl", "campus"])
+def test_site_like_traces_carry_limits_and_long_jobs(family: str) -> None:
+    from slurm_pal.testbed.emulate import SITE_RUN_S, make_trace
+
+    jobs = make_trace(family, seed=3, gpus_per_node=4, nodes=8)
+    assert jobs == make_trace(family, seed=3, gpus_per_node=4, nodes=8)
+    assert jobs != make_trace(family, seed=4, gpus_per_node=4, nodes=8)
+    assert all(j.time_limit is not None and j.time_limit % 60 == 0 for j in jobs)
+    # a user's limit is never below what the job runs on median GPUs
+    assert all(j.time_limit >= j.base for j in jobs)  # type: ignore[operator]
+    assert min(j.base for j in jobs) >= SITE_RUN_S[0]
+    assert max(j.base for j in jobs) / min(j.base for j in jobs) >= 5
+    assert all(j.gpus <= 4 or j.gpus % 4 == 0 for j in jobs)  # gangs over whole nodes
+    single = sum(j.gpus == 1 for j in jobs) / len(jobs)
+    if family == "campus":
+        assert single >= 0.5
+    else:
+        assert any(j.gpus > 4 for j in jobs)
+    stretched = make_trace(family, seed=3, gpus_per_node=4, nodes=8, scale=2.0)
+    assert [j.base for j in stretched] == [round(2 * j.base, 3) for j in jobs]
+    assert all(j.time_limit % 60 == 0 for j in stretched)  # type: ignore[operator]
+
+
+def test_site_like_jobs_ask_slurm_for_their_limit(tmp_path: Path) -> None:
+    from slurm_pal.testbed.emulate import TraceJob
+    from slurm_pal.testbed.run import BACKFILL, FIFO
+
+    settings = RunSettings(root=tmp_path, trace="dl", nodes=8)
+    assert settings.scheduler == BACKFILL and settings.time_scale == pytest.approx(1 / 60)
+    assert RunSettings(root=tmp_path).scheduler == FIFO
+    assert RunSettings(root=tmp_path).time_scale == 1.0
+    prep = type("P", (), {"settings": settings, "job_script": tmp_path / "job", "table_path": "t"})
+    args = sbatch_args(TraceJob("x1", 0.0, 8, "A", 30.0, 180.0), prep, tmp_path, 0.0)  # type: ignore[arg-type]
+    assert "--time=3" in args and args[args.index("-N") + 1] == "2"
+
+
+def test_few_slow_profile_draws_a_few_far_slower_gpus() -> None:
+    from slurm_pal.testbed.emulate import drawn_gpus
+
+    nodes = [f"n{i:02d}" for i in range(1, 9)]
+    gpus = drawn_gpus("few-slow", nodes, 4, seed=0)
+    assert len(gpus) == 32 and gpus == drawn_gpus("few-slow", nodes, 4, seed=0)
+    slow = [g for g in gpus if g.factors["A"] >= 2.0]
+    assert 1 <= len(slow) <= 3 and all(g.factors["A"] <= 3.1 for g in slow)
+    assert all(g.factors["D"] < 1.1 for g in gpus)  # the memory-bound class does not feel it

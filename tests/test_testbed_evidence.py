@@ -170,3 +170,42 @@ def test_latency_model_without_latency_is_the_prediction(tmp_path: Path) -> None
     assert model["calibrated"] in model["grid"]
     band = model["avg_jct_ratio_band"]
     assert band["min"] <= first["avg_jct_ratio"] <= band["max"]
+
+
+def _run(seed: int, measured: float, predicted: float, held: int) -> dict[str, object]:
+    return {
+        "trace_seed": seed,
+        "advisor/control": {"avg_jct_ratio": measured},
+        "predicted": {
+            "avg_jct_ratio": predicted - 0.01,
+            "latency_avg_jct_ratio": predicted,
+            "held_jobs": held,
+            "held_total_s": 30.0 * held,
+        },
+        "arms": {
+            "control": {"slow_gpu_s": 400.0},
+            "advisor": {
+                "slow_gpu_s": 10.0,
+                "holds": {"held_jobs": held + 1, "held_total_s": 31.0 * held},
+            },
+        },
+    }
+
+
+def test_repeat_summary_sets_each_measurement_beside_its_prediction() -> None:
+    from slurm_pal.testbed.evidence import repeat_summary
+
+    runs = [_run(0, 0.8, 0.85, 1), _run(1, 0.9, 0.88, 2), _run(2, 1.0, 0.95, 0)]
+    out = repeat_summary(runs, "control")
+    assert [r["measured"] for r in out["repeats"]] == [0.8, 0.9, 1.0]
+    assert [r["predicted"] for r in out["repeats"]] == [0.85, 0.88, 0.95]
+    assert out["repeats"][1]["predicted_plain"] == 0.87
+    assert out["median_measured"] == 0.9 and out["median_predicted"] == 0.88
+    assert out["measured_range"] == [0.8, 1.0]
+    low, high = out["measured_ci95"]
+    assert 0.8 <= low <= out["geomean_measured"] <= high <= 1.0
+    assert out["holds_measured"] == {"jobs": 6, "total_s": 93.0}
+    assert out["holds_simulated"] == {"jobs": 3, "total_s": 90.0}
+    assert out["repeats"][0]["slow_gpu_s"] == {"control": 400.0, "advisor": 10.0}
+    assert repeat_summary(runs, "control") == out  # the bootstrap is seeded
+    assert repeat_summary([{"arms": {}}], "control") == {"repeats": []}

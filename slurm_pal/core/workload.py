@@ -29,6 +29,7 @@ __all__ = [
     "pal_job_class",
     "poisson_workload",
     "site_like_workload",
+    "user_time_limit",
 ]
 
 PAL_ITERATION_TIME: Mapping[str, float] = {
@@ -170,6 +171,22 @@ SITE_TIME_LIMITS: Mapping[str, float] = {"unlimited": 0.3, "tight": 0.2, "loose"
 above it (2-10x), or a round default (1, 2 or 7 days, never below the run time)."""
 
 
+def user_time_limit(run_s: float, kind: str, stretch: float, default_s: float) -> float:
+    """The ``--time`` a user of kind ``kind`` (:data:`SITE_TIME_LIMITS`) sets for a job that
+    runs ``run_s``: UNLIMITED (inf); ``tight``, 1.1-1.5x the run time in minutes; ``loose``,
+    2-10x in hours; ``round``, the site default ``default_s``, never below the run time in
+    days. ``stretch`` in [0, 1) places the limit within its kind's range."""
+    if kind == "unlimited":
+        return math.inf
+    if kind == "tight":
+        return math.ceil(run_s * (1.1 + 0.4 * stretch) / 60.0) * 60.0
+    if kind == "loose":
+        return math.ceil(run_s * (2.0 + 8.0 * stretch) / 3600.0) * 3600.0
+    if kind == "round":
+        return max(default_s, math.ceil(run_s / 86400.0) * 86400.0)
+    raise ValueError(f"unknown time-limit kind {kind!r}; valid: {', '.join(SITE_TIME_LIMITS)}")
+
+
 def site_like_workload(
     n_gpus: int,
     *,
@@ -222,14 +239,7 @@ def site_like_workload(
     for number in range(n_jobs):
         run = float(round(work[number], 3))
         kind = kinds[int(limit_kind[number])]
-        if kind == "unlimited":
-            limit = math.inf
-        elif kind == "tight":
-            limit = math.ceil(run * (1.1 + 0.4 * stretch[number]) / 60.0) * 60.0
-        elif kind == "loose":
-            limit = math.ceil(run * (2.0 + 8.0 * stretch[number]) / 3600.0) * 3600.0
-        else:
-            limit = max(float(defaults[number]), math.ceil(run / 86400.0) * 86400.0)
+        limit = user_time_limit(run, kind, float(stretch[number]), float(defaults[number]))
         jobs.append(
             SimJob(
                 job_id=str(number),

@@ -30,8 +30,9 @@ import pandas as pd
 
 from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.variability import VariabilityProfile, build_profile
+from slurm_pal.core.workload import SITE_TIME_LIMITS, user_time_limit
 from slurm_pal.example_campaign import DEFAULT_SHAPES, generate_example_campaign
-from slurm_pal.sim.variability import measured_gpus
+from slurm_pal.sim.variability import few_slow_gpus, measured_gpus
 
 __all__ = [
     "CLASSES",
@@ -44,6 +45,7 @@ __all__ = [
     "arm_metrics",
     "campaign_frame",
     "compare",
+    "drawn_gpus",
     "emulated_gpus",
     "job_slowdown",
     "make_trace",
@@ -53,7 +55,11 @@ __all__ = [
 ]
 
 CLASSES = ("A", "B", "C", "D")
-PROFILES = ("example", "longhorn")
+PROFILES = ("example", "longhorn", "few-slow")
+FEW_SLOW_SHARE = 0.05
+"""``few-slow`` on the testbed: about 5 % of the GPUs (at least one) 2-3x slower for class A,
+the simulator's few-slow profile (:func:`slurm_pal.sim.variability.few_slow_gpus`) at the share
+a 32-GPU testbed can show (the matrix's 3 % would be a single GPU)."""
 LONGHORN_FILES: Mapping[str, str] = {
     "A": "resnet-longhorn-agg.csv",
     "B": "bert-longhorn-agg.csv",
@@ -100,6 +106,8 @@ class TraceJob:
     gpus: int
     job_class: str
     base: float
+    time_limit: float | None = None
+    """Slurm's ``--time`` in seconds (whole minutes, as Slurm takes it); None: UNLIMITED."""
 
     def nodes(self, gpus_per_node: int) -> int:
         """Nodes the job asks for: one if it fits a node, else whole nodes."""
@@ -168,6 +176,39 @@ def emulated_gpus(
     for g in range(drawn.n_gpus):
         node, index = node_names[g // gpus_per_node], g % gpus_per_node
         factors = {c: float(drawn.true_slowdown[c][g]) for c in classes}
+        out.append(EmulatedGpu(node, index, f"EMU-{node}-{index}", factors))
+    return out
+
+
+def drawn_gpus(
+    name: str,
+    node_names: Sequence[str],
+    gpus_per_node: int,
+    *,
+    seed: int = 0,
+    classes: Sequence[str] = CLASSES,
+    longhorn_dir: Path | None = None,
+) -> list[EmulatedGpu]:
+    """The fake GPUs' per-class slowdowns for profile ``name``: a draw from a measured profile
+    (``example``, ``longhorn``: :func:`emulated_gpus`) or the simulator's ``few-slow`` site
+    (:data:`FEW_SLOW_SHARE` of the GPUs 2-3x slower for the first class), so the testbed and
+    the simulator's matrix run on the same kind of cluster."""
+    if name != "few-slow":
+        profile = source_profile(
+            name,
+            nodes=len(node_names),
+            gpus_per_node=gpus_per_node,
+            longhorn_dir=longhorn_dir,
+            class_order=classes,
+        )
+        return emulated_gpus(profile, node_names, gpus_per_node, seed=seed, classes=classes)
+    drawn = few_slow_gpus(
+        tuple(classes), len(node_names), gpus_per_node, seed=seed, share=FEW_SLOW_SHARE
+    )
+    out = []
+    for g in range(drawn.n_gpus):
+        node, index = node_names[g // gpus_per_node], g % gpus_per_node
+        factors = {c: round(float(drawn.true_slowdown[c][g]), 6) for c in classes}
         out.append(EmulatedGpu(node, index, f"EMU-{node}-{index}", factors))
     return out
 
@@ -280,7 +321,35 @@ TRACES: Mapping[str, str] = {
     "(40/10/10/40 %), 3-10 s (log-uniform): ~1.4x the work the GPUs can do while it arrives, "
     "so jobs queue and every free GPU gets used, the slow ones too (the demo's trace)",
     "tiny": "6 jobs in 3 s: 1, 2, 4 and 8 GPUs of classes A-D, 2-4 s each (tests)",
+    "dl": "a deep-learning cluster's work (Sia-Philly-like): 16 jobs of 1/2/4/8/16 GPUs "
+    "(40/15/25/15/5 %, gangs over whole nodes), classes A-D 40/20/20/20 %, 20-200 s "
+    "(log-uniform) with --time set as users set it; a site's hour is a testbed minute",
+    "campus": "a university site's work: 32 jobs, 1/2/4/8 GPUs (75/10/10/5 %), classes A-D "
+    "40/10/10/40 %, 20-200 s (log-uniform) with --time set as users set it; a site's hour is "
+    "a testbed minute",
 }
+SITE_HOUR_S = 60.0
+"""A site's hour on the testbed (``dl``, ``campus``): one minute, so the whole hours and days
+of users' limits stay whole minutes, the unit Slurm takes ``--time`` in."""
+SITE_TRACES: Mapping[str, dict[str, object]] = {
+    "dl": {
+        "jobs": 16,
+        "mix": {1: 0.4, 2: 0.15, 4: 0.25, 8: 0.15, 16: 0.05},
+        "classes": (0.4, 0.2, 0.2, 0.2),
+        "load": 1.2,
+    },
+    "campus": {
+        "jobs": 32,
+        "mix": {1: 0.75, 2: 0.1, 4: 0.1, 8: 0.05},
+        "classes": (0.4, 0.1, 0.1, 0.4),
+        "load": 1.2,
+    },
+}
+"""The site-like families: jobs, GPU mix, class shares and offered load while they arrive
+(above 1: a queue forms, so where a job goes and when it waits both matter)."""
+SITE_RUN_S = (20.0, 200.0)
+"""Run times on median GPUs (log-uniform): over a decade, the shortest long against Slurm's
+start latency on the testbed (well under a second)."""
 
 
 def make_trace(
@@ -341,12 +410,17 @@ def make_trace(
             TraceJob(f"c{i:02d}", float(submits[i]), int(sizes[i]), str(classes[i]), float(b))
             for i, b in enumerate(bases)
         ]
+    elif name in SITE_TRACES:
+        jobs = site_trace(name, seed=seed, gpus_per_node=gpus_per_node, nodes=nodes)
     else:
         raise EmulationError(f"unknown trace {name!r}; valid: {', '.join(TRACES)}")
     out = []
     for job in jobs:
         if job.gpus > total or (job.gpus > gpus_per_node and job.gpus % gpus_per_node):
             continue
+        limit = job.time_limit
+        if limit is not None:
+            limit = slurm_minutes(limit * scale)
         out.append(
             TraceJob(
                 job.job_id,
@@ -354,9 +428,67 @@ def make_trace(
                 job.gpus,
                 job.job_class,
                 round(job.base * scale, 3),
+                limit,
             )
         )
     return out
+
+
+def slurm_minutes(seconds: float) -> float | None:
+    """A limit as Slurm keeps it: whole minutes, rounded up; None for UNLIMITED."""
+    if not math.isfinite(seconds):
+        return None
+    return max(1, math.ceil(seconds / 60.0 - 1e-9)) * 60.0
+
+
+def site_trace(name: str, *, seed: int, gpus_per_node: int, nodes: int) -> list[TraceJob]:
+    """A site-like family (:data:`SITE_TRACES`) drawn anew from ``seed``: Poisson arrivals at
+    the family's offered load on this cluster, sizes that fit it (above one node: whole nodes),
+    log-uniform run times (:data:`SITE_RUN_S`), and every job with the ``--time`` a user sets
+    (:func:`slurm_pal.core.workload.user_time_limit`: tight, loose or the site's round default,
+    in the shares :data:`SITE_TIME_LIMITS` gives them; no UNLIMITED job) computed at the site's
+    scale (:data:`SITE_HOUR_S`) and kept in whole minutes."""
+    spec = SITE_TRACES[name]
+    total = nodes * gpus_per_node
+    mix = {
+        size: share
+        for size, share in spec["mix"].items()  # type: ignore[attr-defined]
+        if size <= total and (size <= gpus_per_node or size % gpus_per_node == 0)
+    }
+    rng = np.random.default_rng(seed)
+    n = int(spec["jobs"])  # type: ignore[call-overload]
+    sizes = np.array(sorted(mix), dtype=int)
+    weights = np.array([mix[int(s)] for s in sizes], dtype=float)
+    gpus = rng.choice(sizes, n, p=weights / weights.sum())
+    shares = np.array(spec["classes"], dtype=float)
+    classes = rng.choice(list(CLASSES), n, p=shares / shares.sum())
+    low, high = SITE_RUN_S
+    bases = np.exp(rng.uniform(math.log(low), math.log(high), n))
+    gap = float((gpus * bases).mean()) / (float(spec["load"]) * total)  # type: ignore[arg-type]
+    submits = np.concatenate([[0.0], np.cumsum(rng.exponential(gap, n - 1))])
+    kinds = [k for k in SITE_TIME_LIMITS if k != "unlimited"]
+    kind_shares = np.array([SITE_TIME_LIMITS[k] for k in kinds], dtype=float)
+    picks = rng.choice(len(kinds), n, p=kind_shares / kind_shares.sum())
+    stretch = rng.uniform(0.0, 1.0, n)
+    defaults = rng.choice([1.0, 2.0, 7.0], n) * 24 * 3600
+    to_site = 3600.0 / SITE_HOUR_S
+    jobs = []
+    for i in range(n):
+        base = round(float(bases[i]), 3)
+        site_limit = user_time_limit(
+            base * to_site, kinds[int(picks[i])], float(stretch[i]), float(defaults[i])
+        )
+        jobs.append(
+            TraceJob(
+                f"{name[0]}{i:02d}",
+                round(float(submits[i]), 3),
+                int(gpus[i]),
+                str(classes[i]),
+                base,
+                slurm_minutes(site_limit / to_site),
+            )
+        )
+    return jobs
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -383,6 +515,11 @@ class ArmMetrics:
     avg_slowdown: float
     spread_jobs: int
     extra: dict[str, object] = field(default_factory=dict)
+    slow_gpu_s: float = 0.0
+    """GPU-seconds the cluster lost to slow GPUs: per job, its GPUs x the seconds its slowest
+    GPU added over a median one (base x penalty x (worst - 1), where worst > 1)."""
+    busy_gpu_s: float = 0.0
+    """GPU-seconds the jobs held their GPUs (GPUs x run time)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -393,6 +530,8 @@ class ArmMetrics:
             "avg_wait_s": round(self.avg_wait, 3),
             "avg_slowdown": round(self.avg_slowdown, 4),
             "spread_jobs": self.spread_jobs,
+            "slow_gpu_s": round(self.slow_gpu_s, 1),
+            "busy_gpu_s": round(self.busy_gpu_s, 1),
             **self.extra,
         }
 
@@ -414,6 +553,16 @@ def arm_metrics(
         if int(r["gpus_asked"]) <= gpus_per_node  # type: ignore[call-overload]
         and len({g[0] for g in r["gpus"]}) > 1  # type: ignore[attr-defined,index]
     )
+    slow = busy = 0.0
+    for r in records:
+        if "base" not in r or "gpus" not in r:
+            continue
+        gpus, base = len(r["gpus"]), float(r["base"])  # type: ignore[arg-type]
+        factor = float(r["slowdown"])  # type: ignore[arg-type]
+        penalty = float(r.get("penalty", 1.0))  # type: ignore[arg-type]
+        worst = float(r.get("worst", factor / penalty))  # type: ignore[arg-type]
+        slow += gpus * base * penalty * max(worst - 1.0, 0.0)
+        busy += gpus * base * factor
     return ArmMetrics(
         arm,
         len(records),
@@ -423,6 +572,8 @@ def arm_metrics(
         float(np.mean(waits)),
         float(np.mean([float(r["slowdown"]) for r in records])),  # type: ignore[arg-type]
         spread,
+        slow_gpu_s=slow,
+        busy_gpu_s=busy,
     )
 
 

@@ -10,6 +10,8 @@ ratio with its median and range next to the simulator's prediction of the same p
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -21,6 +23,7 @@ __all__ = [
     "baseline_arm",
     "calibrated_latency",
     "pair_ratios",
+    "repeat_summary",
     "spread",
     "summarize_pair",
 ]
@@ -104,3 +107,68 @@ def calibrated_latency(control_avg_jct_s: Mapping[float, float], measured_s: flo
     if not control_avg_jct_s:
         raise ValueError("no simulated latencies to calibrate on")
     return min(sorted(control_avg_jct_s), key=lambda d: abs(control_avg_jct_s[d] - measured_s))
+
+
+def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[str, object]:
+    """Per repeat the measured average-JCT ratio advisor / ``baseline`` beside the simulator's
+    prediction of the same pair (with Slurm's latency modelled), the holds both made and the
+    GPU-seconds each arm lost to slow GPUs; over the repeats the medians, range, the geomean
+    with a 95 % bootstrap interval (seeded), and the holds added up."""
+    repeats = []
+    for run in runs:
+        pair = run.get(f"advisor/{baseline}")
+        predicted = run.get("predicted")
+        if not isinstance(pair, Mapping) or not isinstance(predicted, Mapping):
+            continue
+        arms: Mapping[str, Mapping[str, object]] = run["arms"]  # type: ignore[assignment]
+        held = arms["advisor"].get("holds") or {}
+        repeats.append(
+            {
+                "trace_seed": run.get("trace_seed"),
+                "measured": pair["avg_jct_ratio"],
+                "predicted": predicted["latency_avg_jct_ratio"],
+                "predicted_plain": predicted["avg_jct_ratio"],
+                "holds": {
+                    "measured": {
+                        "jobs": held.get("held_jobs", 0),  # type: ignore[union-attr]
+                        "total_s": held.get("held_total_s", 0.0),  # type: ignore[union-attr]
+                    },
+                    "simulated": {
+                        "jobs": predicted.get("held_jobs"),
+                        "total_s": predicted.get("held_total_s"),
+                    },
+                },
+                "slow_gpu_s": {name: arm.get("slow_gpu_s") for name, arm in arms.items()},
+            }
+        )
+    measured = [float(r["measured"]) for r in repeats if r["measured"] is not None]
+    predicted_ratios = [float(r["predicted"]) for r in repeats if r["predicted"] is not None]
+    out: dict[str, object] = {"repeats": repeats}
+    if not measured:
+        return out
+    logs = [math.log(v) for v in measured]
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(4000))
+    low, high = means[int(0.025 * len(means))], means[int(0.975 * len(means)) - 1]
+
+    def total(kind: str, key: str) -> float:
+        return round(sum(float(r["holds"][kind][key] or 0) for r in repeats), 1)  # type: ignore[index]
+
+    out |= {
+        "median_measured": round(statistics.median(measured), 4),
+        "measured_range": [round(min(measured), 4), round(max(measured), 4)],
+        "geomean_measured": round(math.exp(statistics.fmean(logs)), 4),
+        "measured_ci95": [round(math.exp(low), 4), round(math.exp(high), 4)],
+        "median_predicted": (
+            round(statistics.median(predicted_ratios), 4) if predicted_ratios else None
+        ),
+        "holds_measured": {
+            "jobs": total("measured", "jobs"),
+            "total_s": total("measured", "total_s"),
+        },
+        "holds_simulated": {
+            "jobs": total("simulated", "jobs"),
+            "total_s": total("simulated", "total_s"),
+        },
+    }
+    return out

@@ -62,23 +62,25 @@ from slurm_pal.adapters.config import ADVISOR_POLICIES, SiteConfig, load_config
 from slurm_pal.adapters.slurm.state import flat_job_json
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.workload import SimJob
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.site.render import HookSettings, plan_from_store, render_files, write_site
 from slurm_pal.testbed.cluster import LocalSlurm, NodeSpec, TestbedError
 from slurm_pal.testbed.emulate import (
     CLASSES,
+    SITE_HOUR_S,
+    SITE_TRACES,
     ArmMetrics,
     EmulationError,
     TraceJob,
     arm_metrics,
     campaign_frame,
-    emulated_gpus,
+    drawn_gpus,
     job_slowdown,
     make_trace,
     p99,
     score_table,
-    source_profile,
 )
 from slurm_pal.testbed.evidence import (
     LATENCIES_S,
@@ -120,6 +122,17 @@ CONTROL_POLICY = "packed"
 NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
 """Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
+BACKFILL = (
+    "SchedulerType=sched/backfill",
+    "SchedulerParameters=batch_sched_delay=0,bf_interval=1,bf_resolution=1,bf_continue",
+    "OverTimeLimit=UNLIMITED",
+)
+"""The scheduler of the site-like traces, whose jobs carry limits: backfill, as sites run it,
+at the testbed's time scale (a pass every second, limits planned to the second; a site's 30 s
+and 60 s would be half an hour and an hour of its time here). Slurm plans with the limits but
+kills no job past its limit (``OverTimeLimit``): the simulator lets a job slowed past its limit
+finish, so both count the same work (on a site the job would be killed and its work lost,
+which the comparison leaves out)."""
 RECORD_PORT = 7001
 """The advisor's TCP listener for the hooks' records on the multi-host testbed's controller."""
 Progress = Callable[[str], None]
@@ -165,6 +178,9 @@ class RunSettings:
     refresh_s: float = 1.0
     """The advisor's Slurm reads (``advisor.refresh_s``): every second on the testbed, whose
     jobs last seconds; the shipped default is 5 s."""
+    redraw: bool | None = None
+    """Each repeat draws its own trace (seed ``trace_seed + repeat``), so the repeats sample
+    the family rather than one draw of it; None: for the site-like families only."""
     multihost: bool = True
     """Each node on its own compute host beside a controller host (slurm_pal/testbed/
     multihost.py): the hooks send their records to the advisor over TCP with munge, as on a
@@ -186,6 +202,43 @@ class RunSettings:
             raise EmulationError(f"replan_s must be >= 0 (0 = off), got {self.replan_s}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise EmulationError("a testbed needs >= 1 node and >= 1 GPU per node")
+
+    @property
+    def site_like(self) -> bool:
+        """Whether the trace is a site-like family (limits set, a site's hour a minute)."""
+        return self.trace in SITE_TRACES
+
+    @property
+    def redraws(self) -> bool:
+        """Whether each repeat runs a trace of its own."""
+        return self.site_like if self.redraw is None else self.redraw
+
+    def trace_seed_of(self, repeat: int) -> int:
+        """The trace seed of repeat ``repeat`` (0-based)."""
+        return self.trace_seed + repeat if self.redraws else self.trace_seed
+
+    def make_trace(self, repeat: int = 0) -> list[TraceJob]:
+        """The trace repeat ``repeat`` runs."""
+        return make_trace(
+            self.trace,
+            seed=self.trace_seed_of(repeat),
+            scale=self.scale,
+            gpus_per_node=self.gpus_per_node,
+            nodes=self.nodes,
+        )
+
+    @property
+    def time_scale(self) -> float:
+        """Testbed seconds per site second: the factor the advisor's time settings
+        (``max_wait_s``, ``assumed_runtime_s``) are shrunk by, so it weighs waits as the site's
+        would; 1 for the older traces, whose seconds are the testbed's own."""
+        return self.scale * SITE_HOUR_S / 3600.0 if self.site_like else 1.0
+
+    @property
+    def scheduler(self) -> tuple[str, ...]:
+        """slurm.conf lines of the scheduler: backfill where jobs carry limits (as sites
+        run), strict FIFO for the older, UNLIMITED traces (backfill cannot plan them)."""
+        return BACKFILL if self.site_like else FIFO
 
     @property
     def advisor_policy(self) -> str:
@@ -271,19 +324,13 @@ def prepare(settings: RunSettings, progress: Progress = lambda _: None) -> Prepa
     work.mkdir(parents=True)
     settings.root.chmod(0o755)
     work.chmod(0o755)
-    source = source_profile(
+    gpus = drawn_gpus(
         settings.profile,
-        nodes=settings.nodes,
-        gpus_per_node=settings.gpus_per_node,
-        longhorn_dir=settings.longhorn_dir,
-        class_order=classes,
-    )
-    gpus = emulated_gpus(
-        source,
         settings.node_names,
         settings.gpus_per_node,
         seed=settings.profile_seed,
         classes=classes,
+        longhorn_dir=settings.longhorn_dir,
     )
     csv = work / "emulated-campaign.csv"
     campaign_frame(gpus, gpu_model=cfg.profiling.gpu_model).to_csv(csv, index=False)
@@ -370,6 +417,9 @@ def _site_config(
         "reservation_ttl_s": 20.0,
         "labels_file": None,  # serve gets the testbed's labels.json with --labels
     }
+    # The site's waits and runtimes at the testbed's time scale (a site's hour is a minute).
+    for key in ("max_wait_s", "assumed_runtime_s"):
+        testbed[key] = round(float(getattr(cfg.advisor, key)) * settings.time_scale, 3)
     hooks: dict[str, object] = {"spool_dir": str(settings.work / "spool"), "telemetry": False}
     if settings.record_address is not None:
         # Every host's munged answers at the same path (slurm_pal/testbed/multihost.py).
@@ -626,6 +676,8 @@ def sbatch_args(job: TraceJob, prep: Prepared, records: Path, submit: float) -> 
         f"--comment=pal:app={app_name(job.job_class)}",
         f"--gres=gpu:{job.per_node(gpn)}",
     ]
+    if job.time_limit is not None:
+        args.append(f"--time={round(job.time_limit / 60.0)}")
     if job.nodes(gpn) > 1:
         args += ["-N", str(job.nodes(gpn))]
     return [
@@ -658,7 +710,7 @@ def run_arm(
     records.chmod(0o777)
     options: dict[str, object] = {
         "device_pattern": prep.settings.device_pattern,
-        "extra_conf": FIFO,
+        "extra_conf": prep.settings.scheduler,
         **arm.testbed_options(prep),
     }
     tb: LocalSlurm
@@ -716,6 +768,12 @@ def run_arm(
         if isinstance(arm, AdvisorArm):
             extra["advisor_stats"] = arm.stats(prep)
             extra["served_policy"] = arm.health.get("policy")
+        by_job_id = {job_id: trace_id for trace_id, job_id in jobs.items()}
+        extra["holds"] = {
+            by_job_id[job_id]: since
+            for job_id, since in watcher.held_since.items()
+            if job_id in by_job_id
+        }
     finally:
         watcher.stop()
         arm.stop()
@@ -731,8 +789,32 @@ def run_arm(
     for r in recs:
         expected = float(r["base"]) * float(r["slowdown"])
         errors.append((float(r["end"]) - float(r["sleep_start"])) / expected - 1.0)
+    extra["holds"] = hold_figures(extra.get("holds", {}), recs)  # type: ignore[arg-type]
     metrics = arm_metrics(arm.name, recs, prep.settings.gpus_per_node)
     return ArmResult(arm.name, recs, slurm_jobs, metrics, errors, extra)
+
+
+def hold_figures(
+    held_since: Mapping[str, float], records: Sequence[Mapping[str, object]]
+) -> dict[str, object]:
+    """The advisor's real holds in one arm: jobs Slurm kept pending under a ``wait`` comment
+    (a begin time), each held from when it could first have started to its start (as the
+    simulator counts ``held_s``), and the slowest GPU each then got for its class."""
+    by_id = {str(r["trace_id"]): r for r in records}
+    jobs = {}
+    for trace_id, since in sorted(held_since.items()):
+        record = by_id.get(trace_id)
+        if record is None:
+            continue
+        jobs[trace_id] = {
+            "held_s": round(max(0.0, float(record["start"]) - since), 1),  # type: ignore[arg-type]
+            "worst": round(float(record.get("worst", record["slowdown"])), 3),  # type: ignore[arg-type]
+        }
+    return {
+        "held_jobs": len(jobs),
+        "held_total_s": round(sum(float(j["held_s"]) for j in jobs.values()), 1),
+        "jobs": jobs,
+    }
 
 
 class _GresWatcher:
@@ -743,6 +825,9 @@ class _GresWatcher:
         self.interval_s = interval_s
         self.gres: dict[int, list[str]] = {}
         self.stuck: dict[int, str] = {}  # job id -> why Slurm will never start it
+        self.held_since: dict[int, float] = {}
+        """Job id -> when the advisor held it (its admin comment's ``since``: when it could
+        first have started), for every job seen pending with a ``wait`` comment."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -757,6 +842,16 @@ class _GresWatcher:
                 for job in map(flat_job_json, json.loads(out).get("jobs", [])):
                     if job.get("job_state") == "RUNNING" and job.get("gres_detail"):
                         self.gres[int(job["job_id"])] = list(job["gres_detail"])
+                    comment = parse_admin_comment(str(job.get("admin_comment") or ""))
+                    if (
+                        job.get("job_state") == "PENDING"
+                        and comment is not None
+                        and comment.get("action") == "wait"
+                    ):
+                        since = comment.get("since")
+                        self.held_since.setdefault(
+                            int(job["job_id"]), float(since) if since else time.time()
+                        )
                     reason = str(job.get("state_reason") or "")
                     if job.get("job_state") == "PENDING" and reason in NEVER_STARTS:
                         self.stuck[int(job["job_id"])] = (
@@ -849,7 +944,7 @@ def sim_jobs(trace: Sequence[TraceJob], *, extra_s: float = 0.0) -> list[SimJob]
             j.gpus,
             j.base + extra_s,
             j.job_class,
-            time_limit=SLURM_TIME_LIMIT_S,
+            time_limit=SLURM_TIME_LIMIT_S if j.time_limit is None else j.time_limit,
         )
         for j in trace
     ]
@@ -901,7 +996,7 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     own config the same way (when the testbed was prepared with one). All in Slurm mode without
     backfill: the testbed runs strict FIFO."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
-    testbed = {"mode": "slurm", "backfill": False}
+    testbed = {"mode": "slurm", "backfill": prep.settings.scheduler == BACKFILL}
     site = {"site_locality_penalty": penalty}
     advisor = advisor_sim_options(prep.served_config()) | testbed | site
     configs = {
@@ -995,6 +1090,8 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
         out[arm] = {k: round(float(s[k]), 3) for k in PREDICTED} | {  # type: ignore[arg-type]
             "spread_jobs": s["spread_jobs"],
             "placement": placement,
+            "held_jobs": s["held_jobs"],
+            "held_total_s": round(sum(j.held_s for j in result.jobs), 1),
         }
     stock = out["stock"]
     for key in ("avg_jct", "p99_jct", "makespan"):
@@ -1028,15 +1125,8 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
 def run_testbed(settings: RunSettings, progress: Progress = lambda _: None) -> dict[str, object]:
     """Prepare, predict, run every arm, compare. Arms that cannot run here are reported (with
     the reason) and their ratios are None; the testbed is stopped whatever happens."""
-    trace = make_trace(
-        settings.trace,
-        seed=settings.trace_seed,
-        scale=settings.scale,
-        gpus_per_node=settings.gpus_per_node,
-        nodes=settings.nodes,
-    )
     with _terminate_as_exit():
-        return _run_testbed(settings, trace, progress)
+        return _run_testbed(settings, progress)
 
 
 @contextlib.contextmanager
@@ -1057,21 +1147,22 @@ def _terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_testbed(
-    settings: RunSettings, trace: list[TraceJob], progress: Progress
-) -> dict[str, object]:
+def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]:
+    trace = settings.make_trace(0)
     prep = prepare(settings, progress)
     prediction = simulate_prediction(prep, trace)
     baseline = settings.baseline
     pairs: dict[str, dict[str, float]] = prediction["pairs"]  # type: ignore[assignment]
     predicted = pairs.get(f"advisor/{baseline}", {})
     progress(
-        f"simulator (Slurm mode, FIFO), advisor {prediction['advisor_policy']} deciding "
+        f"simulator (Slurm mode, {'backfill' if settings.scheduler == BACKFILL else 'FIFO'}), "
+        f"advisor {prediction['advisor_policy']} deciding "
         f"{prediction['decisions']}: predicted avg JCT ratio advisor/control "
         f"{pairs['advisor/control']['avg_jct_ratio']}, advisor/stock "
         f"{prediction['avg_jct_ratio']} (deciding at submit only: "
         f"{prediction['at_submit_avg_jct_ratio']}); {prediction['jobs_as_stock']} of "
         f"{len(trace)} jobs timed as under packing"
+        + (" (repeat 1's trace; each repeat draws its own)" if settings.redraws else "")
     )
     report: dict[str, object] = {
         "trace": settings.trace,
@@ -1111,23 +1202,45 @@ def _run_testbed(
     results: dict[str, ArmResult] = {}
     for repeat in range(settings.repeats):
         order = arm_order(runnable, repeat)
+        trace_r, prediction_r = trace, prediction
+        if settings.redraws and repeat > 0:
+            trace_r = settings.make_trace(repeat)
+            prediction_r = simulate_prediction(prep, trace_r)
         if settings.repeats > 1:
-            progress(f"repeat {repeat + 1}/{settings.repeats}: arms in order {', '.join(order)}")
+            progress(
+                f"repeat {repeat + 1}/{settings.repeats}: arms in order {', '.join(order)}"
+                f" (trace seed {settings.trace_seed_of(repeat)})"
+            )
         results = {}
         for name in order:
-            results[name] = run_arm(make_arm(name), prep, trace, progress)
+            results[name] = run_arm(make_arm(name), prep, trace_r, progress)
         figures = {name: results[name].to_dict() for name in runnable}
-        run: dict[str, object] = {"order": list(order), "arms": figures}
+        run: dict[str, object] = {
+            "order": list(order),
+            "trace_seed": settings.trace_seed_of(repeat),
+            "arms": figures,
+        }
         for arm, base in (("advisor", "stock"), ("advisor", "control"), ("control", "stock")):
             if arm in figures and base in figures:
                 run[f"{arm}/{base}"] = pair_ratios(figures[arm], figures[base])  # type: ignore[arg-type]
+        if baseline is not None and baseline in figures and "advisor" in figures:
+            run["predicted"] = repeat_prediction(
+                prep,
+                trace_r,
+                prediction_r,
+                baseline,
+                float(figures[baseline]["avg_jct_s"]),  # type: ignore[arg-type]
+            )
         runs.append(run)
         if settings.repeats > 1:
             _keep_repeat(prep, runnable, repeat)
             measured = run.get(f"advisor/{baseline}") or {}
+            expected = run.get("predicted") or {}
             progress(
                 f"repeat {repeat + 1}: avg JCT advisor/{baseline} "
-                f"{measured.get('avg_jct_ratio')} (simulator {predicted.get('avg_jct_ratio')})"
+                f"{measured.get('avg_jct_ratio')} (simulator "
+                f"{expected.get('avg_jct_ratio')}, with Slurm's latency "
+                f"{expected.get('latency_avg_jct_ratio')})"
             )
     report["arms"] = runs[-1]["arms"] if runs else {}
     report["runs"] = runs
@@ -1164,6 +1277,30 @@ def _run_testbed(
     report["sim"] = prediction
     report["_results"] = results  # the last repeat's, for callers that show jobs; not in JSON
     return report
+
+
+def repeat_prediction(
+    prep: Prepared,
+    trace: Sequence[TraceJob],
+    prediction: Mapping[str, object],
+    baseline: str,
+    measured_baseline_avg_jct_s: float,
+) -> dict[str, object]:
+    """The simulator's figures for one repeat's trace: the pair advisor / ``baseline``
+    (``avg_jct_ratio``), the same with Slurm's start latency and the Epilog round modelled and
+    calibrated on the baseline arm's measured average JCT (``latency_avg_jct_ratio``, the
+    prediction the measurement is judged against), and what the simulated advisor held."""
+    pairs: Mapping[str, Mapping[str, float]] = prediction["pairs"]  # type: ignore[assignment]
+    model = latency_prediction(prep, trace, baseline, measured_baseline_avg_jct_s)
+    calibrated: Mapping[str, float] = model["calibrated"]  # type: ignore[assignment]
+    advisor: Mapping[str, object] = prediction["advisor"]  # type: ignore[assignment]
+    return {
+        "avg_jct_ratio": pairs[f"advisor/{baseline}"]["avg_jct_ratio"],
+        "latency_s": calibrated["latency_s"],
+        "latency_avg_jct_ratio": calibrated["avg_jct_ratio"],
+        "held_jobs": advisor.get("held_jobs"),
+        "held_total_s": advisor.get("held_total_s"),
+    }
 
 
 def _keep_repeat(prep: Prepared, arms: Sequence[str], repeat: int) -> None:
