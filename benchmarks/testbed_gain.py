@@ -136,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{repeat['predicted_plain']}); holds {repeat['holds']['measured']} vs simulated "
             f"{repeat['holds']['simulated']}; GPU-s lost to slow GPUs {repeat['slow_gpu_s']}"
         )
+        for job, arms in (repeat.get("jobs_apart") or {}).items():
+            for arm, pair in arms.items():
+                print(
+                    f"  {job} {arm}: [start, JCT, slowdown] measured {pair['measured']}, "
+                    f"simulated {pair['simulated']}"
+                )
     if "median_measured" in report:
         ci = report["measured_ci95"]
         print(

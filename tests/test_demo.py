@@ -14,18 +14,15 @@ from slurm_pal.testbed.emulate import CLASSES, arm_metrics, make_trace
 from slurm_pal.testbed.run import ArmResult
 
 
-def test_demo_trace_offers_more_work_than_the_gpus_while_it_arrives() -> None:
-    jobs = make_trace(DEMO_TRACE)
-    assert DEMO_TRACE == "demo32" and len(jobs) == 32 == len(make_trace(DEMO_TRACE, seed=3))
-    assert jobs != make_trace(DEMO_TRACE, seed=1)
-    assert {j.gpus for j in jobs} <= {1, 2, 4} and {j.job_class for j in jobs} <= set(CLASSES)
-    arrival = max(j.submit for j in jobs)
-    offered = sum(j.gpus * j.base for j in jobs)
-    # Contention: 16 GPUs could not run the work in the time it arrives in, so jobs queue and
-    # the slow GPUs get used; compute-bound A and memory-bound D make most of it.
-    assert offered > 16 * arrival
-    classes = [j.job_class for j in jobs]
-    assert classes.count("A") + classes.count("D") > len(jobs) / 2
+def test_demo_workload_is_the_dl_family_on_a_few_slow_gpus() -> None:
+    from slurm_pal.testbed.demo import DEMO_PROFILE, DEMO_SCALE, DEMO_SEED
+
+    jobs = make_trace(DEMO_TRACE, seed=DEMO_SEED, scale=DEMO_SCALE, nodes=8)
+    assert DEMO_TRACE == "dl" and DEMO_PROFILE == "few-slow"
+    assert jobs != make_trace(DEMO_TRACE, seed=DEMO_SEED + 1, scale=DEMO_SCALE, nodes=8)
+    assert any(j.gpus > 4 for j in jobs)  # gangs over whole nodes
+    assert all(j.time_limit is not None for j in jobs)  # every job with the limit its user set
+    assert {j.job_class for j in jobs} <= set(CLASSES)
 
 
 def _record(job: str, cls: str, submit: float, start: float, end: float) -> dict[str, object]:
@@ -130,3 +127,42 @@ def test_the_demo_says_what_re_planning_at_job_ends_did() -> None:
         "re-planning at job ends: 3 round(s) started by a job's end (4 in all); 2 update(s) of "
         "queued jobs sent to Slurm, 1 refused; 1 of 2 job(s) ran where a round put them"
     )
+
+
+def test_jobs_table_fits_120_columns_and_says_what_the_advisor_did(tmp_path: Path) -> None:
+    import io
+
+    from slurm_pal.cli.common import FullWidthConsole
+    from slurm_pal.engine.decide import format_admin_comment
+    from slurm_pal.testbed.demo import _print_jobs, short_why
+
+    gang = _record("d07", "A", 0, 1, 90)
+    gang |= {
+        "gpus_asked": 16,
+        "job_id": "1234",
+        "worst": 1.01,
+        "gpus": [
+            [f"n{n:02d}", i, f"gpu-a{n}b0c0d{i}-long-label"] for n in range(1, 5) for i in range(4)
+        ],
+    }
+    comment = format_admin_comment(
+        version="0.2.0",
+        action="route",
+        why="Packed-PM: best-fit nodes, GPUs above 1.5 left out " + "x" * 300,
+        gpus={f"n{n:02d}": ["gpu-a1b0c0d0"] * 4 for n in range(1, 5)},
+    )
+    result = ArmResult(
+        "advisor",
+        [gang],
+        {"d07": {"admin_comment": comment}},
+        arm_metrics("advisor", [gang], 4),
+        [],
+    )
+    out = io.StringIO()
+    _print_jobs(FullWidthConsole(file=out), result, "advisor")
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    assert any("n01..04 (4)" in line and "kept off slow GPUs" in line for line in lines)
+    assert short_why(None) == "(no advisor comment)"
+    assert short_why({"action": "wait", "why": "Packed-PM: waits"}) == "held for good GPUs"
+    assert short_why({"action": "pass", "why": "left"}) == "left to Slurm's packing"

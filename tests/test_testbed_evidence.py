@@ -209,3 +209,24 @@ def test_repeat_summary_sets_each_measurement_beside_its_prediction() -> None:
     assert out["repeats"][0]["slow_gpu_s"] == {"control": 400.0, "advisor": 10.0}
     assert repeat_summary(runs, "control") == out  # the bootstrap is seeded
     assert repeat_summary([{"arms": {}}], "control") == {"repeats": []}
+
+
+def test_a_repeat_off_its_prediction_lists_the_jobs_that_moved() -> None:
+    from slurm_pal.testbed.evidence import jobs_apart, repeat_summary
+
+    run = _run(0, 0.8, 0.95, 0)
+    run["measured_jobs"] = {
+        "control": {"d05": [18.0, 160.0, 3.4], "d06": [18.5, 53.0, 1.0]},
+        "advisor": {"d05": [18.0, 81.0, 1.7], "d06": [18.5, 57.0, 1.09]},
+    }
+    run["predicted"]["jobs"] = {  # type: ignore[index]
+        "control": {"d05": [18.0, 80.0, 1.7], "d06": [18.5, 52.0, 1.0]},
+        "advisor": {"d05": [18.0, 80.0, 1.7], "d06": [18.5, 52.0, 1.0]},
+    }
+    apart = jobs_apart(run, "control")
+    assert apart == {
+        "d05": {"control": {"measured": [18.0, 160.0, 3.4], "simulated": [18.0, 80.0, 1.7]}}
+    }
+    assert repeat_summary([run], "control")["repeats"][0]["jobs_apart"] == apart
+    close = _run(1, 0.9, 0.91, 0)
+    assert "jobs_apart" not in repeat_summary([close], "control")["repeats"][0]

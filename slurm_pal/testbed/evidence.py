@@ -22,6 +22,7 @@ __all__ = [
     "arm_order",
     "baseline_arm",
     "calibrated_latency",
+    "jobs_apart",
     "pair_ratios",
     "repeat_summary",
     "spread",
@@ -141,6 +142,9 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
                 "slow_gpu_s": {name: arm.get("slow_gpu_s") for name, arm in arms.items()},
             }
         )
+        measured_ratio, predicted_ratio = pair["avg_jct_ratio"], predicted["latency_avg_jct_ratio"]
+        if measured_ratio and predicted_ratio and abs(measured_ratio / predicted_ratio - 1) > 0.05:
+            repeats[-1]["jobs_apart"] = jobs_apart(run, baseline)
     measured = [float(r["measured"]) for r in repeats if r["measured"] is not None]
     predicted_ratios = [float(r["predicted"]) for r in repeats if r["predicted"] is not None]
     out: dict[str, object] = {"repeats": repeats}
@@ -171,4 +175,24 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
             "total_s": total("simulated", "total_s"),
         },
     }
+    return out
+
+
+def jobs_apart(
+    run: Mapping[str, object], baseline: str, share: float = 0.25
+) -> dict[str, dict[str, object]]:
+    """The jobs of one repeat whose measured JCT differs from the simulated one by more than
+    ``share`` in either arm: per job and arm, [start, JCT, slowdown] measured and simulated,
+    for finding out job by job why a repeat's ratio missed its prediction."""
+    measured: Mapping[str, Mapping[str, list[float]]] = run.get("measured_jobs") or {}  # type: ignore[assignment]
+    predicted_all: Mapping[str, object] = run.get("predicted") or {}  # type: ignore[assignment]
+    simulated: Mapping[str, Mapping[str, list[float]]] = predicted_all.get("jobs") or {}  # type: ignore[assignment]
+    out: dict[str, dict[str, object]] = {}
+    for arm in ("advisor", baseline):
+        for job, real in (measured.get(arm) or {}).items():
+            sim = (simulated.get(arm) or {}).get(job)
+            if sim is None or not sim[1]:
+                continue
+            if abs(real[1] / sim[1] - 1.0) > share:
+                out.setdefault(job, {})[arm] = {"measured": real, "simulated": sim}
     return out

@@ -1092,6 +1092,15 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
             "placement": placement,
             "held_jobs": s["held_jobs"],
             "held_total_s": round(sum(j.held_s for j in result.jobs), 1),
+            "jobs": {
+                j.job_id: [
+                    round(j.start, 1),
+                    round(j.end - j.submit, 1),
+                    round((j.end - j.start) / j.work, 3),
+                ]
+                for j in result.jobs
+                if j.start is not None and j.end is not None and j.work > 0
+            },
         }
     stock = out["stock"]
     for key in ("avg_jct", "p99_jct", "makespan"):
@@ -1231,6 +1240,9 @@ def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]
                 baseline,
                 float(figures[baseline]["avg_jct_s"]),  # type: ignore[arg-type]
             )
+            run["measured_jobs"] = {
+                arm: measured_jobs(results[arm]) for arm in ("advisor", baseline)
+            }
         runs.append(run)
         if settings.repeats > 1:
             _keep_repeat(prep, runnable, repeat)
@@ -1300,6 +1312,21 @@ def repeat_prediction(
         "latency_avg_jct_ratio": calibrated["avg_jct_ratio"],
         "held_jobs": advisor.get("held_jobs"),
         "held_total_s": advisor.get("held_total_s"),
+        "jobs": {arm: prediction[arm]["jobs"] for arm in ("advisor", baseline)},  # type: ignore[index]
+    }
+
+
+def measured_jobs(result: ArmResult) -> dict[str, list[float]]:
+    """Each job of an arm as :func:`simulate_prediction` gives the simulated ones: [start since
+    the first submit, JCT, slowdown], for reading a repeat job by job beside the simulator."""
+    first = min(float(r["submit"]) for r in result.records)  # type: ignore[arg-type]
+    return {
+        str(r["trace_id"]): [
+            round(float(r["start"]) - first, 1),  # type: ignore[arg-type]
+            round(float(r["end"]) - float(r["submit"]), 1),  # type: ignore[arg-type]
+            round(float(r["slowdown"]), 3),  # type: ignore[arg-type]
+        ]
+        for r in result.records
     }
 
 
