@@ -492,7 +492,9 @@ def test_site_like_jobs_ask_slurm_for_their_limit(tmp_path: Path) -> None:
     from slurm_pal.testbed.run import BACKFILL, FIFO
 
     settings = RunSettings(root=tmp_path, trace="dl", nodes=8)
-    assert settings.scheduler == BACKFILL and settings.time_scale == pytest.approx(1 / 60)
+    assert settings.scheduler[: len(BACKFILL)] == BACKFILL
+    assert settings.scheduler[-1] == "DefCpuPerGPU=2"  # free CPUs follow free GPUs
+    assert settings.time_scale == pytest.approx(1 / 60)
     assert RunSettings(root=tmp_path).scheduler == FIFO
     assert RunSettings(root=tmp_path).time_scale == 1.0
     prep = type("P", (), {"settings": settings, "job_script": tmp_path / "job", "table_path": "t"})

@@ -463,6 +463,7 @@ class _Simulation:
                 held_to_bound=job.bound is not None
                 and job.start is not None
                 and job.start >= job.bound - _EPSILON,
+                placed_on=_placed_on(job.last_alloc),
             )
             for job in self.jobs
         ]
@@ -749,6 +750,13 @@ class _Probes:
             cluster.allocate([gpu])
             cluster.expect_free_at([gpu], now + seconds)
             heapq.heappush(self.heap, (now + seconds, gpu, now))
+
+
+def _placed_on(alloc: Allocation | None) -> tuple[str, ...]:
+    """An allocation's GPUs as ``node:index`` (empty: never placed)."""
+    if alloc is None:
+        return ()
+    return tuple(f"{n}:{i}" for n, i in zip(alloc.nodes, alloc.local_indices, strict=True))
 
 
 def _held_s(job: _Job) -> float:

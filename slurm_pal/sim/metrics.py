@@ -69,6 +69,8 @@ class JobOutcome:
     """Seconds the advisor held it back for GPUs that are not outliers for it (Slurm mode)."""
     held_to_bound: bool = False
     """It was held until its bound (``advisor.max_wait_s``), not routed before."""
+    placed_on: tuple[str, ...] = ()
+    """Its last allocation as ``node:index`` (the node's order), to read a run job by job."""
 
     @property
     def jct(self) -> float | None:

@@ -122,6 +122,8 @@ CONTROL_POLICY = "packed"
 NEVER_STARTS = frozenset({"BadConstraints", "JobHeldAdmin", "JobHeldUser", "PartitionConfig"})
 """Pending reasons after which Slurm will not start a job by itself: the run stops at once."""
 FIFO = ("SchedulerType=sched/builtin",)
+TESTBED_CPUS = 8
+"""CPUs of each testbed node (:class:`LocalSlurm`'s default)."""
 BACKFILL = (
     "SchedulerType=sched/backfill",
     "SchedulerParameters=batch_sched_delay=0,bf_interval=1,bf_resolution=1,bf_continue",
@@ -237,8 +239,14 @@ class RunSettings:
     @property
     def scheduler(self) -> tuple[str, ...]:
         """slurm.conf lines of the scheduler: backfill where jobs carry limits (as sites
-        run), strict FIFO for the older, UNLIMITED traces (backfill cannot plan them)."""
-        return BACKFILL if self.site_like else FIFO
+        run), strict FIFO for the older, UNLIMITED traces (backfill cannot plan them). With
+        backfill each GPU also brings its share of a node's CPUs (``DefCpuPerGPU``), as sites
+        set it: cons_tres fits jobs by free CPUs, so only then do its picks follow the free GPUs
+        (a 1-GPU job went to a node with 3 free GPUs rather than one with 2, since both had 7
+        free CPUs), which is what the packing model of the advisor and the simulator assumes."""
+        if not self.site_like:
+            return FIFO
+        return (*BACKFILL, f"DefCpuPerGPU={max(1, TESTBED_CPUS // self.gpus_per_node)}")
 
     @property
     def advisor_policy(self) -> str:
@@ -996,7 +1004,7 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     own config the same way (when the testbed was prepared with one). All in Slurm mode without
     backfill: the testbed runs strict FIFO."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
-    testbed = {"mode": "slurm", "backfill": prep.settings.scheduler == BACKFILL}
+    testbed = {"mode": "slurm", "backfill": prep.settings.site_like}
     site = {"site_locality_penalty": penalty}
     advisor = advisor_sim_options(prep.served_config()) | testbed | site
     configs = {
@@ -1097,6 +1105,7 @@ def simulate_prediction(prep: Prepared, trace: Sequence[TraceJob]) -> dict[str, 
                     round(j.start, 1),
                     round(j.end - j.submit, 1),
                     round((j.end - j.start) / j.work, 3),
+                    _nodes_text(j.placed_on),
                 ]
                 for j in result.jobs
                 if j.start is not None and j.end is not None and j.work > 0
@@ -1164,7 +1173,7 @@ def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]
     pairs: dict[str, dict[str, float]] = prediction["pairs"]  # type: ignore[assignment]
     predicted = pairs.get(f"advisor/{baseline}", {})
     progress(
-        f"simulator (Slurm mode, {'backfill' if settings.scheduler == BACKFILL else 'FIFO'}), "
+        f"simulator (Slurm mode, {'backfill' if settings.site_like else 'FIFO'}), "
         f"advisor {prediction['advisor_policy']} deciding "
         f"{prediction['decisions']}: predicted avg JCT ratio advisor/control "
         f"{pairs['advisor/control']['avg_jct_ratio']}, advisor/stock "
@@ -1316,7 +1325,16 @@ def repeat_prediction(
     }
 
 
-def measured_jobs(result: ArmResult) -> dict[str, list[float]]:
+def _nodes_text(gpus: Sequence[str]) -> str:
+    """``n01:0,n01:1,n02:0`` -> ``n01:0+1 n02:0``: where a job ran, short."""
+    by_node: dict[str, list[str]] = {}
+    for gpu in gpus:
+        node, _, index = str(gpu).rpartition(":")
+        by_node.setdefault(node, []).append(index)
+    return " ".join(f"{node}:{'+'.join(indices)}" for node, indices in by_node.items())
+
+
+def measured_jobs(result: ArmResult) -> dict[str, list[object]]:
     """Each job of an arm as :func:`simulate_prediction` gives the simulated ones: [start since
     the first submit, JCT, slowdown], for reading a repeat job by job beside the simulator."""
     first = min(float(r["submit"]) for r in result.records)  # type: ignore[arg-type]
@@ -1325,6 +1343,7 @@ def measured_jobs(result: ArmResult) -> dict[str, list[float]]:
             round(float(r["start"]) - first, 1),  # type: ignore[arg-type]
             round(float(r["end"]) - float(r["submit"]), 1),  # type: ignore[arg-type]
             round(float(r["slowdown"]), 3),  # type: ignore[arg-type]
+            _nodes_text([f"{g[0]}:{g[1]}" for g in r.get("gpus", ())]),  # type: ignore[union-attr,index]
         ]
         for r in result.records
     }
