@@ -431,3 +431,23 @@ def test_a_job_without_a_pin_whose_place_is_packings_own_is_left_to_slurm(tmp_pa
         assert [u.job_id for u in held.updates] == [3]
     finally:
         env.close()
+
+
+def test_under_backfill_the_round_goes_past_a_job_that_fits_nowhere_yet() -> None:
+    """A 2-GPU job that fits nowhere heads the queue; behind it a 1-GPU job routed at its
+    submit to a GPU that has since been taken. Under strict FIFO nothing behind the head starts,
+    so the round stops there; under backfill Slurm would start the job behind it in a hole, so
+    the round routes it to the GPU that is free now instead of leaving it pinned to a busy one."""
+    policy = get_policy("packed-pm", avoid_above=1.5)
+    two = JobDescription.from_wire({"user": "u", "tres_per_job": "gres:gpu:2"})
+    one = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})
+    cluster, labels = site({"n01": [A0, A0], "n02": [A0, A0]}, busy=[("n01", 0), ("n02", 0)])
+    cluster.allocate([cluster.uuid_index["GPU-n01-1"]])
+    head = PendingJob(7, "t7", two, "A", "test", None, tres_per_job="gres:gpu:2")
+    pinned = PendingJob(8, "t8", one, "A", "test", {"n01": (A0,)}, tres_per_node=f"gres:gpu:{A0}:1")
+    plan = {"labels": labels, "policy": policy, "version": "t"}
+    fifo = plan_replan([head, pinned], cluster, **plan)
+    assert fifo.not_placed == [7, 8] and not fifo.updates
+    backfill = plan_replan([head, pinned], cluster, backfill=True, **plan)
+    assert backfill.not_placed == [7]
+    assert [(u.job_id, u.chosen) for u in backfill.updates] == [(8, {"n02": (A0,)})]

@@ -201,6 +201,11 @@ class AdvisorConfig:
     GPUs PM-First/PAL picks, not where Slurm would put them."""
     reservation_ttl_s: float = 60.0
     """GPUs handed to a job that Slurm has not shown yet are held this long."""
+    slurm_backfill: bool = True
+    """The site's Slurm backfills (``SchedulerType=sched/backfill``, Slurm's default): a
+    re-planning round goes past a job that fits nowhere yet, as Slurm starts the jobs behind it
+    in the holes; false under ``sched/builtin`` (strict FIFO), where nothing behind the head
+    starts and re-planning it would only churn."""
     suspicion: str = "report"
     """GPUs that turned slow since their campaign, learnt from every Epilog record
     (core/suspicion.py): off, report (log line, `serve stats`, metrics and the store name

@@ -179,4 +179,5 @@ class AdvisorEngine:
             leave_packing=self.settings.leave_packing,
             now=now,
             slurm=slurm,
+            backfill=self.settings.slurm_backfill,
         )

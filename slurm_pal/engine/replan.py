@@ -336,6 +336,7 @@ def plan_replan(
     leave_packing: bool = False,
     now: float | None = None,
     slurm: SimulatedSlurm | None = None,
+    backfill: bool = False,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -350,6 +351,10 @@ def plan_replan(
     nothing to avoid is left as it is (Slurm packs it; ``decide``'s ``leave_packing``).
     ``now``: the clock (epoch seconds) a policy that weighs waiting reads ``busy_until``
     against; a held job's wait counts from its ``since``.
+
+    ``backfill``: the real Slurm backfills (``sched/backfill``), so a job that fits nowhere
+    yet does not end the round: Slurm starts the jobs behind it in the holes, and a job routed
+    at its submit to GPUs since taken is routed again rather than left waiting for them.
 
     ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
     the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
@@ -456,7 +461,7 @@ def plan_replan(
         cluster if slurm is not None else cluster.copy(),
         place,
         class_order=class_order,
-        start=slurm.start if slurm is not None else StopAtMisfit(held=held_now),
+        start=slurm.start if slurm is not None else StopAtMisfit(go_on=backfill, held=held_now),
         review=review,
     )
     for step in steps:

@@ -34,6 +34,7 @@ class AdvisorKnobs(Protocol):
     allowed_users: tuple[str, ...]
     reservation_ttl_s: float
     replan_on_epilog: bool
+    slurm_backfill: bool
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class EngineSettings:
     :func:`~slurm_pal.core.placement.configured_policy` takes (those the policy does not use
     are ignored). ``pin``: ``steered`` leaves a job whose pick is packing's own to Slurm,
     ``every-job`` pins every placed job. ``replan_on_epilog``: a job's end runs a round (off:
-    the advisor decides at submit only, and Slurm places what found no GPUs then)."""
+    the advisor decides at submit only, and Slurm places what found no GPUs then).
+    ``slurm_backfill``: the site's Slurm backfills, so a round goes past a job that fits
+    nowhere yet (the simulator's Slurm brings its own start rule and ignores it)."""
 
     policy: str = "packed-pm"
     policy_settings: tuple[tuple[str, float | bool], ...] = ()
@@ -51,6 +54,7 @@ class EngineSettings:
     allowed_users: tuple[str, ...] = ("root", "slurm")
     reservation_ttl_s: float = 60.0
     replan_on_epilog: bool = True
+    slurm_backfill: bool = True
 
     def __post_init__(self) -> None:
         if self.pin not in PINS:
@@ -74,6 +78,7 @@ class EngineSettings:
             allowed_users=tuple(advisor.allowed_users),
             reservation_ttl_s=float(advisor.reservation_ttl_s),
             replan_on_epilog=bool(advisor.replan_on_epilog),
+            slurm_backfill=bool(advisor.slurm_backfill),
         )
 
     @property
