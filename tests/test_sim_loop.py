@@ -209,7 +209,8 @@ def test_remeasures_confirm_a_slow_gpu_and_its_score_becomes_the_measured_time()
     config = SimConfig(placement="advisor", mode="slurm", default_class="A")
     simulate(jobs, gpus, config, hooks=loop)
     outcome = loop.outcomes[0]
-    assert outcome.suspected_s is not None and outcome.sensitive_jobs <= 4
+    # How soon it is suspected is the test above's; here what the re-measure does with it.
+    assert outcome.suspected_s is not None
     # The suspect's class-A benchmark ran on its idle node and confirmed the fault: the
     # measured time is its class-A score from then on (the service's increment).
     mine = [(v, again) for g, c, _, again, v in loop.verdicts if (g, c) == ("sim-gpu-00005", "A")]
