@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
