@@ -24,6 +24,7 @@ from slurm_pal.campaigns.settings import (
     load_campaign_settings,
 )
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
+from slurm_pal.errors import SlurmPalError
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
 ENV_DB = "SLURM_PAL_DB"
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from slurm_pal.core.binning import PMBinner
 
 
-class ConfigError(ValueError):
+class ConfigError(SlurmPalError, ValueError):
     """A configuration problem, naming the file and the key."""
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_pal.core.features import UtilizationFeatures, weighted_mean_skipping_missing
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "DRAM_METRICS",
@@ -138,7 +139,7 @@ _NUMERIC_LOOKING_RE = re.compile(r"^[+-]?[\d.,]+(?:[eE][+-]?\d+)?$")
 _MISSING_VALUES = frozenset({"", "n/a", "na", "nan", "inf", "-inf", "+inf", "-", "--"})
 
 
-class NcuParseError(ValueError):
+class NcuParseError(SlurmPalError, ValueError):
     """A Nsight Compute CSV could not be used; says which file, which line and why."""
 
     def __init__(self, path: str, line: int | None, message: str) -> None:

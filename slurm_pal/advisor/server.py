@@ -41,6 +41,7 @@ from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "MAX_READ_SHARE",
@@ -58,7 +59,7 @@ __all__ = [
 log = logging.getLogger("slurm_pal.advisor")
 
 
-class ReloadRefused(Exception):
+class ReloadRefused(SlurmPalError):
     """A reload whose config or labels.json is unusable: the running config is kept."""
 
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_pal.adapters.config import split_host_port
 from slurm_pal.advisor import munge, protocol
 from slurm_pal.advisor.bounded import BoundedThreadingMixIn, ConnectionSlots, LineReader
+from slurm_pal.errors import SlurmPalError
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.server import AdvisorServer
@@ -58,7 +59,7 @@ ADDRESS_RETRY_S = 5.0
 them (a re-addressed node), so forged records cannot make the advisor query Slurm freely."""
 
 
-class RecordRejected(Exception):
+class RecordRejected(SlurmPalError):
     """A TCP record the advisor does not apply; the message says which check failed."""
 
 

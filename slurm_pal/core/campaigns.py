@@ -30,6 +30,7 @@ from typing import Protocol
 import pandas as pd
 
 from slurm_pal.core import hostlist
+from slurm_pal.errors import SlurmPalError
 
 RECORD_SCHEMA = 1
 STATUS_OK = "ok"
@@ -63,7 +64,7 @@ ClockEvents = tuple[tuple[str, float], ...]
 """(reason, share of the measured window's NVML readings that showed it), sorted by reason."""
 
 
-class RecordError(ValueError):
+class RecordError(SlurmPalError, ValueError):
     """A run record that does not follow the record format; says which field is wrong."""
 
 

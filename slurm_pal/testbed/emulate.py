@@ -30,6 +30,7 @@ import pandas as pd
 
 from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.variability import VariabilityProfile, build_profile
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.example_campaign import DEFAULT_SHAPES, generate_example_campaign
 from slurm_pal.sim.variability import measured_gpus
 
@@ -76,7 +77,7 @@ BASE_SECONDS = {name: shape.base_seconds for name, shape in DEFAULT_SHAPES.items
 """Benchmark seconds on the median GPU, per class, for the emulated campaign's rows."""
 
 
-class EmulationError(ValueError):
+class EmulationError(SlurmPalError, ValueError):
     """An emulation input is missing or invalid; the message says what to use instead."""
 
 

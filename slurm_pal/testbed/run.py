@@ -62,6 +62,7 @@ from slurm_pal.adapters.config import ADVISOR_POLICIES, SiteConfig, load_config
 from slurm_pal.adapters.slurm.state import flat_job_json
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.workload import SimJob
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.site.render import HookSettings, plan_from_store, render_files, write_site
@@ -125,7 +126,7 @@ RECORD_PORT = 7001
 Progress = Callable[[str], None]
 
 
-class ArmUnavailable(RuntimeError):
+class ArmUnavailable(SlurmPalError, RuntimeError):
     """An arm cannot run here (e.g. the advisor service is not installed); says what is missing."""
 
 

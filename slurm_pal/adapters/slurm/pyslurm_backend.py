@@ -53,6 +53,7 @@ from slurm_pal.adapters.slurm.update import (
     transition_problem,
 )
 from slurm_pal.core.hostlist import expand
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "BackendChoice",
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 
-class BackendError(RuntimeError):
+class BackendError(SlurmPalError, RuntimeError):
     """The configured Slurm backend cannot be used here; the message says why."""
 
 

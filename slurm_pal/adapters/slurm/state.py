@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from slurm_pal.adapters.slurm.parse import Gres, gpu_counts, parse_gres, parse_key_values
 from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release
 from slurm_pal.core.hostlist import expand
+from slurm_pal.errors import SlurmPalError
 
 Runner = Callable[[Sequence[str]], str]
 Parser = Callable[[str], Any]
@@ -42,7 +43,7 @@ Parser = Callable[[str], Any]
 log = logging.getLogger("slurm_pal.adapters.slurm")
 
 
-class SlurmQueryError(RuntimeError):
+class SlurmQueryError(SlurmPalError, RuntimeError):
     """A Slurm command failed or printed something unreadable; the message says which."""
 
 
