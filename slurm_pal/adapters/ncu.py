@@ -69,7 +69,7 @@ _FU_PIPE_RE = re.compile(
     r")\.avg\.pct_of_peak_sustained_(?P<basis>active|elapsed)$"
 )
 
-_DETAILS_REQUIRED = (
+_DETAILS_REQUIRED: tuple[str, ...] = (
     "ID",
     "Process ID",
     "Kernel Name",

@@ -103,7 +103,7 @@ class AdvisorServer:
         replan_on_epilog: bool | None = None,
         spool_dir: Path | None = None,
         applier: JobApplier | None = None,
-        reload_config: Callable[[], None] | None = None,
+        reload_config: Callable[[], Iterable[str] | None] | None = None,
         io_timeout_s: float = 10.0,
         request_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,

@@ -125,7 +125,7 @@ class RecordVerifier:
         except (ValueError, protocol.ProtocolError) as exc:
             raise RecordRejected(f"the credential's payload is not a record: {exc}") from None
         record = dict(request.body["record"])  # type: ignore[call-overload]
-        node, job_id = str(record["node"]), int(record["job_id"])  # type: ignore[call-overload]
+        node, job_id = str(record["node"]), int(record["job_id"])
         if not self._host_is(node, cred.host):
             raise RecordRejected(f"credential from {cred.host}, which is not node {node}")
         nodes = self._view_job_nodes(job_id)

@@ -368,7 +368,8 @@ def run_task(
         "hostname": socket.gethostname(),
     }
 
-    problem, allocated = "", []
+    problem = ""
+    allocated: list[int] = []
     if slurm_check:
         here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         counts = plan.get("node_gpu_counts") or {}

@@ -612,7 +612,7 @@ def _print_fit(
 ) -> None:
     """The model's classes (centres and the applications it grouped there), then every
     stored application's class now."""
-    summary = [
+    summary: list[dict[str, Any]] = [
         {
             "class": str(cls),
             "dram_util": float(center[0]),

@@ -183,7 +183,7 @@ def _command_named(context: typer.Context | None) -> str:
     names = []
     while context is not None and context.parent is not None:
         names.append(context.info_name or "")
-        context = context.parent
+        context = context.parent  # type: ignore[assignment]  # typer's parent is click's Context
     return " ".join(["slurm-pal", *reversed(names)])
 
 

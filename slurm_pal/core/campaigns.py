@@ -219,9 +219,9 @@ class RunRecord:
             campaign=str(data["campaign"]),
             status=str(status),
             node=str(data["node"]),
-            gpu_index=int(data["gpu_index"]),  # type: ignore[arg-type]
+            gpu_index=int(data["gpu_index"]),  # type: ignore[call-overload]
             job_class=str(data["job_class"]),
-            repeat=int(data["repeat"]),  # type: ignore[arg-type]
+            repeat=int(data["repeat"]),  # type: ignore[call-overload]
             uuid=str(data["uuid"]),
             uuid_source=str(data.get("uuid_source") or ""),
             benchmark=str(data.get("benchmark") or ""),

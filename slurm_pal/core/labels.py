@@ -152,7 +152,7 @@ class LabelTable:
                     )
                 )
         _require(bool(entries) or nodes is not None, "'nodes'", "no GPUs listed")
-        return cls(campaign, tuple(entries))
+        return cls(str(campaign), tuple(entries))
 
     def _entry(
         self, node: str, index: int, table: Mapping[tuple[str, int], LabelEntry]

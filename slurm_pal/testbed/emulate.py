@@ -212,7 +212,7 @@ def score_table(
     for row in gpu_scores.itertuples(index=False):
         scores.setdefault(str(row.uuid), {})[str(row.job_class)] = float(row.pm_score)
     nodes: dict[str, dict[str, object]] = {}
-    for node, gpus in labels["nodes"].items():  # type: ignore[index]
+    for node, gpus in labels["nodes"].items():  # type: ignore[attr-defined]
         for gpu in gpus:
             uuid = str(gpu["uuid"])
             if uuid not in scores:
@@ -410,10 +410,10 @@ def arm_metrics(
     first = min(float(r["submit"]) for r in records)  # type: ignore[arg-type]
     last = max(float(r["end"]) for r in records)  # type: ignore[arg-type]
     spread = sum(
-        1
+        1  # type: ignore[misc]
         for r in records
         if int(r["gpus_asked"]) <= gpus_per_node  # type: ignore[call-overload]
-        and len({g[0] for g in r["gpus"]}) > 1  # type: ignore[attr-defined,index]
+        and len({g[0] for g in r["gpus"]}) > 1  # type: ignore[attr-defined]
     )
     return ArmMetrics(
         arm,

@@ -353,9 +353,10 @@ def choose_backend(
     try:
         module = import_pyslurm()
     except Exception as exc:  # ImportError, or libslurm missing/mismatched at load (OSError)
-        problem = f"pyslurm does not import ({type(exc).__name__}: {exc})"
+        problem: str | None = f"pyslurm does not import ({type(exc).__name__}: {exc})"
         module = None
     else:
+        assert module is not None
         wanted, running = pyslurm_release(module), release(env)
         if running is None:
             problem = "the running Slurm release is unknown (scontrol --version failed)"

@@ -377,7 +377,7 @@ def _split_state(state: str) -> tuple[str, tuple[str, ...]]:
 def _words(text: str | Sequence[str] | None) -> tuple[str, ...]:
     if isinstance(text, list | tuple):  # 24.11: already a list
         return tuple(str(w) for w in text if w)
-    if not text or text.strip().lower() in ("(null)", "n/a"):
+    if not isinstance(text, str) or text.strip().lower() in ("(null)", "n/a"):
         return ()
     return tuple(w for w in text.split(",") if w)
 

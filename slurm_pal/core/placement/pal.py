@@ -77,7 +77,7 @@ class PALPolicy(PackTolerant):
             allocation = build_allocation(
                 view,
                 gpus,
-                lambda level, worst, nodes, e=entry: (
+                lambda level, worst, nodes, e=entry: (  # type: ignore[misc]
                     f"PAL: {e.level.name} entry #{e.rank} V={e.score:.3g} L={e.level.penalty:g} "
                     f"(LV={e.lv_product:.3g}), {nodes}"
                 ),
