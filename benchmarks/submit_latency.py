@@ -46,8 +46,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from slurm_pal.adapters.slurm.state import CliStateReader
-from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.cli.main import app
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.hooks.spool import DeliveryError, request
 from slurm_pal.testbed import LocalSlurm, NodeSpec, missing_binaries

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import (
+from slurm_pal.cli.main import app
+from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.core.placement import PlacementPolicy, get_policy
+from slurm_pal.core.request import PlacementRequest
+from slurm_pal.engine.decide import (
     ADMIN_COMMENT_MAX,
     SET_FIELDS,
     Decision,
@@ -27,17 +31,13 @@ from slurm_pal.advisor.decide import (
     parse_gpus_field,
     translate_model_types,
 )
-from slurm_pal.advisor.jobdesc import (
+from slurm_pal.engine.jobdesc import (
     JobDescription,
     feature_set,
     gpu_ask,
     node_set,
     parse_tres,
 )
-from slurm_pal.cli.main import app
-from slurm_pal.core.cluster import Cluster, GpuSpec
-from slurm_pal.core.placement import PlacementPolicy, get_policy
-from slurm_pal.core.request import PlacementRequest
 from slurm_pal.example_campaign import generate_example_campaign
 from tests.helpers.decide_site import A0, A1, A2, AX, SCORES, site
 

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 
 from slurm_pal.adapters.slurm.update import scontrol_steps
-from slurm_pal.advisor.decide import format_admin_comment
 from slurm_pal.advisor.server import AdvisorServer
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.engine.decide import format_admin_comment
 from tests.helpers.advisor import JOB, FakeJob, RecordingApplier, make_env, wait_saved
 
 

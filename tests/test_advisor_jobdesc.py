@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from slurm_pal.advisor.jobdesc import (
+from slurm_pal.engine.jobdesc import (
     NO_VAL,
     NO_VAL16,
     GpuAsk,

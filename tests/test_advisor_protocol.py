@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.protocol import (
     MAX_LINE,
     OPS,
@@ -18,6 +17,7 @@ from slurm_pal.advisor.protocol import (
     error_answer,
     parse_request,
 )
+from slurm_pal.engine.jobdesc import JobDescription
 
 
 def line(obj: object) -> bytes:

@@ -14,18 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from slurm_pal.adapters.slurm.update import ScontrolApplier, scontrol_steps, transition_problem
-from slurm_pal.advisor.decide import LabelTable, parse_admin_comment
-from slurm_pal.advisor.jobdesc import JobDescription
-from slurm_pal.advisor.replan import (
-    PendingJob,
-    current_gpus,
-    plan_replan,
-)
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import configured_policy, get_policy
 from slurm_pal.core.queue import Outcome, StopAtMisfit, plan_round, queue_round
 from slurm_pal.core.request import PlacementRequest
+from slurm_pal.engine.decide import LabelTable, parse_admin_comment
+from slurm_pal.engine.jobdesc import JobDescription
+from slurm_pal.engine.replan import (
+    PendingJob,
+    current_gpus,
+    plan_replan,
+)
 from tests.helpers.advisor import Env, make_env
 from tests.helpers.decide_site import A0, A1, A2, AX, site
 
@@ -225,7 +225,7 @@ def test_the_applier_reports_the_failing_step(st) -> None:
 
 
 def test_only_jobs_the_scheduler_would_start_are_replanned() -> None:
-    from slurm_pal.advisor.replan import replannable
+    from slurm_pal.engine.replan import replannable
 
     assert replannable("Resources") and replannable("Priority") and replannable("PartitionDown")
     assert replannable("None")  # 24.11 resets the reason to None at every update
@@ -252,7 +252,7 @@ def test_changes_slurm_refuses_are_not_sent(st) -> None:
 
 def test_a_held_job_gets_its_begin_time_once_then_is_routed_with_the_hold_lifted() -> None:
     from slurm_pal.adapters.slurm.update import start_time_text
-    from slurm_pal.advisor.replan import held
+    from slurm_pal.engine.replan import held
 
     now = 1_800_000_000.0
     policy = get_policy("packed-pm", avoid_above=1.5, wait=True, max_wait_s=3600)
@@ -318,7 +318,7 @@ def test_the_round_goes_past_a_held_job_that_fits_nowhere_as_slurm_does() -> Non
 
 
 def test_an_older_advisors_exclusion_is_lifted_when_its_waiting_job_is_routed() -> None:
-    from slurm_pal.advisor.replan import kept_off
+    from slurm_pal.engine.replan import kept_off
 
     policy = get_policy("packed-pm", avoid_above=1.5, wait=True)
     job = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1"})

@@ -20,12 +20,12 @@ from types import SimpleNamespace
 import pytest
 
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.runtimes import ended_job, ended_jobs
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.engine.engine import AdvisorEngine
+from slurm_pal.engine.jobdesc import JobDescription
 from tests.helpers.advisor import Env, make_env
 
 HOUR = 3600.0

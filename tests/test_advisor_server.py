@@ -22,10 +22,10 @@ import pytest
 
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
-from slurm_pal.advisor.decide import decide
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.server import AdvisorServer, sweep_spool
 from slurm_pal.core.resolve import resolve
+from slurm_pal.engine.decide import decide
+from slurm_pal.engine.jobdesc import JobDescription
 from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env, wait_saved
 
 

@@ -18,9 +18,9 @@ import pytest
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.adapters.slurm.state import CliStateReader
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import parse_admin_comment
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.engine.decide import parse_admin_comment
+from slurm_pal.engine.jobdesc import JobDescription
 from tests.helpers.advisor import (
     Env,
     FakeJob,

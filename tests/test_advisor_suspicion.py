@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.advisor.suspects import FLOOR_ABOVE
+from slurm_pal.engine.jobdesc import JobDescription
 from tests.helpers.advisor import Env, make_env
 
 RUNTIME_S = 100.0

@@ -81,7 +81,7 @@ def test_without_matplotlib_the_png_is_skipped_with_a_message(
 
 
 def test_the_advisor_column_keeps_the_whole_reason_and_marks_re_planned_jobs() -> None:
-    from slurm_pal.advisor.decide import format_admin_comment, parse_admin_comment
+    from slurm_pal.engine.decide import format_admin_comment, parse_admin_comment
     from slurm_pal.testbed.demo import advisor_why
 
     reason = (
@@ -103,7 +103,7 @@ def test_the_advisor_column_keeps_the_whole_reason_and_marks_re_planned_jobs() -
 
 
 def test_the_demo_says_what_re_planning_at_job_ends_did() -> None:
-    from slurm_pal.advisor.decide import format_admin_comment
+    from slurm_pal.engine.decide import format_admin_comment
     from slurm_pal.testbed.demo import replanning_summary
 
     records = [_record("c0", "A", 0, 0, 10), _record("c1", "D", 1, 1, 6)]

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from slurm_pal.advisor.counters import Counters
-from slurm_pal.advisor.jobdesc import JobDescription
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.core.workload import SimJob
 from slurm_pal.engine.engine import AdvisorEngine
+from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.engine.replan import ReplanResult
 from slurm_pal.engine.settings import EngineSettings
 from slurm_pal.sim import engine as sim_engine

@@ -655,12 +655,12 @@ def test_null_set_is_no_change_and_numbers_go_out_exact(short_dir: Path, serve) 
 def test_request_passes_the_advisors_own_parser_and_hashes_the_script_as_sent(
     short_dir: Path,
 ) -> None:
-    """What Lua sends is what slurm_pal.advisor.protocol/jobdesc read: a script with bytes
+    """What Lua sends is what advisor.protocol and engine.jobdesc read: a script with bytes
     that are not UTF-8 hashes like the file (sha256), a cut one hashes prefix + size."""
     import hashlib
 
-    from slurm_pal.advisor.jobdesc import JobDescription
     from slurm_pal.advisor.protocol import parse_request
+    from slurm_pal.engine.jobdesc import JobDescription
 
     lines: list[bytes] = []
     srv = Server(short_dir / "advisor.sock", lambda line: lines.append(line) or b"x\n")

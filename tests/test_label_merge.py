@@ -240,7 +240,7 @@ def test_usage_rolls_labels_up_to_the_gpu_model(run_cli, tmp_path: Path) -> None
 
 
 def test_a_model_request_still_means_the_model_with_merged_labels() -> None:
-    from slurm_pal.advisor.decide import LabelTable, labels_as_models
+    from slurm_pal.engine.decide import LabelTable, labels_as_models
 
     _, capped = _example_plan(4)
     table = LabelTable.from_labels_json(capped.to_dict())

@@ -70,8 +70,8 @@ def test_the_known_long_classes_are_still_long() -> None:
 
 
 def test_the_replanner_imports_no_adapter() -> None:
-    """``advisor/replan.py`` plans (pure); Slurm is read and written by its callers."""
-    assert _imports_under(ADVISOR / "replan.py", "slurm_pal.adapters") == []
+    """``engine/replan.py`` plans (pure); Slurm is read and written by its callers."""
+    assert _imports_under(ENGINE / "replan.py", "slurm_pal.adapters") == []
 
 
 def test_the_advisor_state_imports_no_site_renderer() -> None:

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_pal import __version__
 from slurm_pal.adapters.config import ConfigError, load_config
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.failopen import FailOpenLog, fail_open_path
@@ -278,7 +279,9 @@ def test_metrics_endpoint_counts_decisions_latency_and_fail_opens(service: Servi
     assert after["slurm_pal_fail_open_total"] == 2
     assert after["slurm_pal_spool_backlog"] == 1
     assert (
-        after['slurm_pal_advisor_info{campaign="example",policy="pal",problem="",version="0.1.0"}']
+        after[
+            f'slurm_pal_advisor_info{{campaign="example",policy="pal",problem="",version="{__version__}"}}'
+        ]
         == 1
     )
     stats = service.ask("stats")

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from slurm_pal.errors import FileFormatError
+
 MEASUREMENT_COLUMNS = (
     "job_class",
     "uuid",
@@ -49,14 +51,8 @@ FORMATS = {
 }
 
 
-class CampaignFormatError(ValueError):
+class CampaignFormatError(FileFormatError):
     """A campaign file that cannot be read; says which file, line and column."""
-
-    def __init__(self, path: Path | str, message: str, line: int | None = None) -> None:
-        where = f"{path}" if line is None else f"{path}, line {line}"
-        super().__init__(f"{where}: {message}")
-        self.path = str(path)
-        self.line = line
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from slurm_pal.campaigns.settings import (
     load_campaign_settings,
 )
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
+from slurm_pal.errors import SlurmPalError
 
 ENV_CONFIG = "SLURM_PAL_CONFIG"
 ENV_DB = "SLURM_PAL_DB"
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from slurm_pal.core.binning import PMBinner
 
 
-class ConfigError(ValueError):
+class ConfigError(SlurmPalError, ValueError):
     """A configuration problem, naming the file and the key."""
 
 
@@ -374,7 +375,7 @@ def _build(cls: type, table: dict[str, Any], source: str, prefix: str) -> Any:
         elif dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: '{name}' must be a table ([{name}])")
-            kwargs[key] = _build(hint, value, source, prefix=f"{name}.")
+            kwargs[key] = _build(hint, value, source, prefix=f"{name}.")  # type: ignore[arg-type]
         else:
             kwargs[key] = _coerce(hint, value, source, name)
     return cls(**kwargs)
@@ -553,9 +554,9 @@ def _validate_advisor(config: SiteConfig) -> None:
         "hooks.epilog_timeout_ms": h.epilog_timeout_ms,
         "hooks.sample_s": h.sample_s,
     }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{src}: '{key}' must be > 0, got {value}")
+    for key, amount in positive.items():
+        if amount <= 0:
+            raise ConfigError(f"{src}: '{key}' must be > 0, got {amount}")
     if a.pack_tolerance < 0:
         raise ConfigError(
             f"{src}: 'advisor.pack_tolerance' must be >= 0 (0 = the paper), got {a.pack_tolerance}"

@@ -33,6 +33,7 @@ from slurm_pal.core.features import (
     busy_time_mean,
     weighted_mean_skipping_missing,
 )
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "DCGM_FIELDS",
@@ -91,7 +92,7 @@ _RATIO_TOLERANCE = 1e-6
 _ENTITY_NAMES = ("GPU", "GPU-I", "GPU-CI", "Switch", "Link", "CPU", "Core", "CX")
 
 
-class DcgmParseError(ValueError):
+class DcgmParseError(SlurmPalError, ValueError):
     """DCGM text could not be used; names the source, the line and why."""
 
     def __init__(self, source: str, line: int | None, message: str) -> None:

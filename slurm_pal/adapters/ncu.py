@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_pal.core.features import UtilizationFeatures, weighted_mean_skipping_missing
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "DRAM_METRICS",
@@ -68,7 +69,7 @@ _FU_PIPE_RE = re.compile(
     r")\.avg\.pct_of_peak_sustained_(?P<basis>active|elapsed)$"
 )
 
-_DETAILS_REQUIRED = (
+_DETAILS_REQUIRED: tuple[str, ...] = (
     "ID",
     "Process ID",
     "Kernel Name",
@@ -138,7 +139,7 @@ _NUMERIC_LOOKING_RE = re.compile(r"^[+-]?[\d.,]+(?:[eE][+-]?\d+)?$")
 _MISSING_VALUES = frozenset({"", "n/a", "na", "nan", "inf", "-inf", "+inf", "-", "--"})
 
 
-class NcuParseError(ValueError):
+class NcuParseError(SlurmPalError, ValueError):
     """A Nsight Compute CSV could not be used; says which file, which line and why."""
 
     def __init__(self, path: str, line: int | None, message: str) -> None:
@@ -768,6 +769,36 @@ def application_features(
     except ValueError:
         raise _missing_error(reports, f"{dram_metric} is n/a or missing in every launch") from None
 
+    fu_values, fu_source, missing_message = _fu_per_launch(reports, kernels, present)
+    try:
+        fu = weighted_mean_skipping_missing(fu_values, weights)
+    except ValueError:
+        raise _missing_error(reports, missing_message) from None
+
+    dram_source = dram_metric
+    if any(dram_metric in k.from_display for _, k in kernels):
+        dram_source += " (from the Speed Of Light section's 'DRAM Throughput')"
+    return UtilizationFeatures(
+        dram_util=dram.mean,
+        fu_util=fu.mean,
+        source="ncu",
+        dram_source=dram_source,
+        fu_source=fu_source,
+        measurements=len(kernels),
+        weight_total=math.fsum(weights),
+        weight_unit="ns",
+        dram_excluded_fraction=dram.excluded_fraction,
+        fu_excluded_fraction=fu.excluded_fraction,
+    )
+
+
+def _fu_per_launch(
+    reports: Sequence[NcuReport],
+    kernels: Sequence[tuple[NcuReport, NcuKernel]],
+    present: frozenset[str],
+) -> tuple[list[float | None], str, str]:
+    """Each launch's FU utilization (None: not measured), where it comes from, and what to
+    say when no launch has it; :func:`application_features` says which metrics count."""
     pipe_metrics: dict[str, tuple[str, str]] = {
         m: family_basis for m in present if (family_basis := fu_pipe_metric(m)) is not None
     }
@@ -804,23 +835,4 @@ def application_features(
             "sm__inst_executed_pipe_{fma,alu,fp64,fp16,tensor}.avg.pct_of_peak_sustained_*, "
             f"or at least {SM_THROUGHPUT_METRIC}",
         )
-    try:
-        fu = weighted_mean_skipping_missing(fu_values, weights)
-    except ValueError:
-        raise _missing_error(reports, missing_message) from None
-
-    dram_source = dram_metric
-    if any(dram_metric in k.from_display for _, k in kernels):
-        dram_source += " (from the Speed Of Light section's 'DRAM Throughput')"
-    return UtilizationFeatures(
-        dram_util=dram.mean,
-        fu_util=fu.mean,
-        source="ncu",
-        dram_source=dram_source,
-        fu_source=fu_source,
-        measurements=len(kernels),
-        weight_total=math.fsum(weights),
-        weight_unit="ns",
-        dram_excluded_fraction=dram.excluded_fraction,
-        fu_excluded_fraction=fu.excluded_fraction,
-    )
+    return fu_values, fu_source, missing_message

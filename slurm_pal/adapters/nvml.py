@@ -364,7 +364,7 @@ class NvmlSampler:
         pynvml_module: ModuleType | Any | None = None,
         *,
         use_gpm: bool = True,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._module = pynvml_module

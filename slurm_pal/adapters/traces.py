@@ -39,6 +39,7 @@ from slurm_pal.core.workload import (
     SimJob,
     pal_job_class,
 )
+from slurm_pal.errors import FileFormatError
 
 __all__ = [
     "Trace",
@@ -56,14 +57,8 @@ _GPU_TRES = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(FileFormatError):
     """A trace that cannot be read; says which file and line."""
-
-    def __init__(self, path: Path | str, message: str, line: int | None = None) -> None:
-        where = f"{path}" if line is None else f"{path}, line {line}"
-        super().__init__(f"{where}: {message}")
-        self.path = str(path)
-        self.line = line
 
 
 @dataclass(frozen=True)

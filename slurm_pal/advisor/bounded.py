@@ -139,7 +139,7 @@ class BoundedThreadingMixIn(socketserver.ThreadingMixIn):
     def closed_for_room(self) -> None:
         """A hook for counting; nothing by default."""
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def process_request(self, request, client_address) -> None:
         admission = self.slots.admit(request)
         if admission == "full":
             self.refuse(request)
@@ -153,7 +153,7 @@ class BoundedThreadingMixIn(socketserver.ThreadingMixIn):
             self.slots.release(request)
             raise
 
-    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:

@@ -12,12 +12,14 @@ import socket
 import time
 from collections.abc import Mapping
 
+from slurm_pal.errors import SlurmPalError
+
 __all__ = ["MAX_ANSWER", "AdvisorClient", "AdvisorUnavailable"]
 
 MAX_ANSWER = 1 << 20
 
 
-class AdvisorUnavailable(Exception):
+class AdvisorUnavailable(SlurmPalError):
     """The advisor could not be reached or gave no usable answer; the message says which."""
 
 

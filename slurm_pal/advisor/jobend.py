@@ -100,7 +100,7 @@ def merge_telemetry(records: Iterable[Mapping[str, object]]) -> dict[str, object
     total = sum(weights)
     merged: dict[str, object] = dict(parts[0][1])
     for key in ("dram_util", "fu_util"):
-        merged[key] = sum(w * float(s[key]) for w, (_, s) in zip(weights, parts, strict=True))  # type: ignore[arg-type]
+        merged[key] = sum(w * float(s[key]) for w, (_, s) in zip(weights, parts, strict=True))  # type: ignore[arg-type,misc]
         merged[key] = round(float(merged[key]) / total, 6)  # type: ignore[arg-type]
     for key in ("samples", "measurements"):
         counts = [s.get(key) for _, s in parts]

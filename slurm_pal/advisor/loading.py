@@ -122,7 +122,7 @@ def stored_requests(store: Store, tokens: Iterable[str]) -> dict[str, tuple[JobD
         if not job_class:
             continue
         try:
-            found[token] = (JobDescription.from_wire(row["job"]), str(job_class))
+            found[token] = (JobDescription.from_wire(row["job"]), str(job_class))  # type: ignore[arg-type]
         except JobDescError:
             continue
     return found

@@ -18,6 +18,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
+from slurm_pal.errors import SlurmPalError
+
 DEFAULT_SOCKET = "/run/munge/munge.socket.2"
 
 # munge_err_t values (munge.h) the advisor tells apart in its answers and counters.
@@ -43,7 +45,7 @@ ERRORS = {
 }
 
 
-class MungeError(Exception):
+class MungeError(SlurmPalError):
     """munge could not encode, or the credential is not acceptable; ``code`` is munge's."""
 
     def __init__(self, code: int, message: str) -> None:

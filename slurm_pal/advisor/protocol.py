@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_pal.errors import SlurmPalError
+
 __all__ = [
     "MAX_LINE",
     "OPS",
@@ -39,7 +41,7 @@ def error_answer(message: str, valid: Sequence[str] = ()) -> dict[str, object]:
     return answer
 
 
-class ProtocolError(ValueError):
+class ProtocolError(SlurmPalError, ValueError):
     """A request that breaks the contract; :meth:`answer` is what the server replies."""
 
     def __init__(self, message: str, valid: Sequence[str] = ()) -> None:

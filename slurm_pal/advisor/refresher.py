@@ -78,7 +78,7 @@ def sweep_spool(
             continue
         applied += 1
         if counters is not None:
-            kind = request.body["record"].get("kind")  # type: ignore[union-attr]
+            kind = request.body["record"].get("kind")  # type: ignore[attr-defined]
             if kind in ("prolog", "epilog"):  # an Epilog's record spooled: its round was late
                 counters.add(f"spool_applied_{kind}")
             counters.add("records_total")

@@ -335,7 +335,7 @@ class RoundCoordinator:
             allocation = update.decision.allocation
             if allocation is None:  # held: its begin time is the wait's bound
                 state.writer.submit(
-                    lambda s, t=update.token, a=answer: s.update_decision(
+                    lambda s, t=update.token, a=answer: s.update_decision(  # type: ignore[misc]
                         t, state="waiting", answer=a
                     )
                 )
@@ -348,7 +348,7 @@ class RoundCoordinator:
                 continue
             self._hold_placed(update.job_id, update.token, allocation.uuids, placed_at)
             state.writer.submit(
-                lambda s, t=update.token, a=answer: s.update_decision(
+                lambda s, t=update.token, a=answer: s.update_decision(  # type: ignore[misc]
                     t, state="replanned", answer=a
                 )
             )

@@ -41,6 +41,7 @@ from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "MAX_READ_SHARE",
@@ -58,7 +59,7 @@ __all__ = [
 log = logging.getLogger("slurm_pal.advisor")
 
 
-class ReloadRefused(Exception):
+class ReloadRefused(SlurmPalError):
     """A reload whose config or labels.json is unusable: the running config is kept."""
 
 
@@ -102,7 +103,7 @@ class AdvisorServer:
         replan_on_epilog: bool | None = None,
         spool_dir: Path | None = None,
         applier: JobApplier | None = None,
-        reload_config: Callable[[], None] | None = None,
+        reload_config: Callable[[], Iterable[str] | None] | None = None,
         io_timeout_s: float = 10.0,
         request_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,

@@ -276,7 +276,7 @@ class AdvisorState:
                 if token in self._binding:
                     continue  # still queued from an earlier read: one write per token
                 self._binding.add(token)
-            self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))
+            self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))  # type: ignore[misc]
         return view
 
     def _reconcile(self, view: View, read_start: float | None = None) -> list[tuple[str, int]]:

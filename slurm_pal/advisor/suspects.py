@@ -230,7 +230,7 @@ class SuspectBook:
             with Store(store_path) as store:
                 if detector is not None and self.days > 0:
                     records = store.job_records(since=now - self.days * 86400)
-                    ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}
+                    ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}  # type: ignore[call-overload]
                     done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
                     done = with_clock_ratios(done, models, clocks)
                     detector.fit(base, done)

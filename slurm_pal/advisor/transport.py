@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_pal.adapters.config import split_host_port
 from slurm_pal.advisor import munge, protocol
 from slurm_pal.advisor.bounded import BoundedThreadingMixIn, ConnectionSlots, LineReader
+from slurm_pal.errors import SlurmPalError
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.server import AdvisorServer
@@ -58,7 +59,7 @@ ADDRESS_RETRY_S = 5.0
 them (a re-addressed node), so forged records cannot make the advisor query Slurm freely."""
 
 
-class RecordRejected(Exception):
+class RecordRejected(SlurmPalError):
     """A TCP record the advisor does not apply; the message says which check failed."""
 
 
@@ -124,7 +125,7 @@ class RecordVerifier:
         except (ValueError, protocol.ProtocolError) as exc:
             raise RecordRejected(f"the credential's payload is not a record: {exc}") from None
         record = dict(request.body["record"])  # type: ignore[call-overload]
-        node, job_id = str(record["node"]), int(record["job_id"])  # type: ignore[call-overload]
+        node, job_id = str(record["node"]), int(record["job_id"])
         if not self._host_is(node, cred.host):
             raise RecordRejected(f"credential from {cred.host}, which is not node {node}")
         nodes = self._view_job_nodes(job_id)

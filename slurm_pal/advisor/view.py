@@ -309,7 +309,7 @@ class SteeredQueue:
         new = [p["r"] for _, p, key in steered if key not in known_jobs]
         known = lookup(new) if new else {}
         pending = []
-        for job, parsed, key in steered:
+        for job, parsed, key in steered:  # type: ignore[assignment]
             same = known_jobs.get(key)
             if same is None:
                 found = known.get(parsed["r"])
@@ -327,8 +327,8 @@ class SteeredQueue:
             assert previous is not None
             old = previous.requests
             for p in pending:
-                key = (p.token, p.job_id, p.job_class)
-                if key in old:
-                    cache[key] = old[key]
+                request_key = (p.token, p.job_id, p.job_class)
+                if request_key in old:
+                    cache[request_key] = old[request_key]
         requests_of(pending, labels=view.static.labels, cluster=view.base, known=cache)
         return replace(view, pending=tuple(pending), requests=MappingProxyType(cache))

@@ -149,8 +149,8 @@ def store_record(store: Store, record: dict[str, object], classifier: Any) -> bo
         log.info("epilog of job %d: no advisor decision for it, history not updated", job_id)
         return added
     try:
-        dram = float(telemetry["dram_util"])
-        fu = float(telemetry["fu_util"])
+        dram = float(telemetry["dram_util"])  # type: ignore[arg-type]
+        fu = float(telemetry["fu_util"])  # type: ignore[arg-type]
         job = JobDescription.from_wire(row["job"])  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("epilog of job %d: telemetry unusable: %s", job_id, exc)

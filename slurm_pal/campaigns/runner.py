@@ -334,6 +334,58 @@ def expand_command(command: str, python: str, bench_dir: str) -> str:
     return command.replace("{python}", python).replace("{bench_dir}", bench_dir)
 
 
+def allocation_problem(
+    plan: dict[str, Any],
+    planned: dict[tuple[str, int], dict[str, Any]],
+    node: str,
+    gpu_index: int,
+    env: dict[str, str],
+) -> tuple[list[int], str]:
+    """The GPUs Slurm gave this task (its numbers) and why the task cannot measure GPU
+    ``gpu_index`` of ``node`` ("" when it can): it runs elsewhere, or does not hold that GPU."""
+    here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    counts = plan.get("node_gpu_counts") or {}
+    node_gpus = int(counts.get(node) or sum(1 for key in planned if key[0] == node))
+    slurm_index = planned[(node, gpu_index)].get("slurm_index")
+    if here != node:
+        return [], f"task runs on node {here!r}, but it measures {node!r}"
+    allocated, problem = check_allocation(node_gpus, env)
+    if not problem and slurm_index is not None and int(slurm_index) not in allocated:
+        # a task holding only some of the node's GPUs must hold the one it measures
+        problem = (
+            f"the task does not hold GPU {gpu_index} (Slurm's number {slurm_index}; "
+            f"SLURM_JOB_GPUS={','.join(map(str, allocated))})"
+        )
+    return allocated, problem
+
+
+def _record_refusal(
+    results_dir: Path,
+    base: dict[str, Any],
+    classes: list[str],
+    repeats: int,
+    uuid: str,
+    problem: str,
+) -> None:
+    """Every planned run of the GPU recorded as failed with ``problem``: the campaign says why
+    none ran rather than missing them."""
+    for job_class in classes:
+        for repeat in range(repeats):
+            write_record(
+                results_dir,
+                {
+                    **base,
+                    "status": "failed",
+                    "job_class": job_class,
+                    "repeat": repeat,
+                    "uuid": uuid,
+                    "uuid_source": "assignment",
+                    "reason": problem,
+                    "finished_at": time.time(),
+                },
+            )
+
+
 def run_task(
     plan: dict[str, Any],
     plan_dir: Path,
@@ -368,38 +420,13 @@ def run_task(
         "hostname": socket.gethostname(),
     }
 
-    problem, allocated = "", []
+    problem = ""
+    allocated: list[int] = []
     if slurm_check:
-        here = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        counts = plan.get("node_gpu_counts") or {}
-        node_gpus = int(counts.get(node) or sum(1 for key in planned if key[0] == node))
-        slurm_index = planned[(node, gpu_index)].get("slurm_index")
-        if here != node:
-            problem = f"task runs on node {here!r}, but it measures {node!r}"
-        else:
-            allocated, problem = check_allocation(node_gpus, env)
-        if not problem and slurm_index is not None and int(slurm_index) not in allocated:
-            # a task holding only some of the node's GPUs must hold the one it measures
-            problem = (
-                f"the task does not hold GPU {gpu_index} (Slurm's number {slurm_index}; "
-                f"SLURM_JOB_GPUS={','.join(map(str, allocated))})"
-            )
+        allocated, problem = allocation_problem(plan, planned, node, gpu_index, env)
     if problem:
-        for job_class in classes:
-            for repeat in range(repeats):
-                write_record(
-                    results_dir,
-                    {
-                        **base,
-                        "status": "failed",
-                        "job_class": job_class,
-                        "repeat": repeat,
-                        "uuid": planned[(node, gpu_index)].get("uuid") or f"{node}/gpu{gpu_index}",
-                        "uuid_source": "assignment",
-                        "reason": problem,
-                        "finished_at": time.time(),
-                    },
-                )
+        uuid = planned[(node, gpu_index)].get("uuid") or f"{node}/gpu{gpu_index}"
+        _record_refusal(results_dir, base, classes, repeats, uuid, problem)
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_WRONG_ALLOCATION
 

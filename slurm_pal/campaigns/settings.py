@@ -34,11 +34,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from slurm_pal.errors import SlurmPalError
+
 SECTION = "campaign"
 _TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 
 
-class CampaignSettingsError(ValueError):
+class CampaignSettingsError(SlurmPalError, ValueError):
     """A bad ``[campaign]`` key; the message names the file, the key and what is valid."""
 
 

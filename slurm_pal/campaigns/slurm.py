@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from slurm_pal.errors import SlurmPalError
 
-class SlurmError(RuntimeError):
+
+class SlurmError(SlurmPalError, RuntimeError):
     """A Slurm command that failed; the message holds its stderr."""
 
 

@@ -31,7 +31,7 @@ def stored_diff(store: Store, old: str, new: str) -> CampaignDiff:
         store.resolve_campaign(c)
 
     def label_scores(campaign_id: str) -> dict[str, dict[str, float]]:
-        return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}
+        return {str(r["label"]): dict(r["scores"]) for r in store.labels(campaign_id)}  # type: ignore[call-overload]
 
     old_scores, new_scores = store.gpu_scores(old), store.gpu_scores(new)
     return diff_campaigns(

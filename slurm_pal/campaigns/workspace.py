@@ -33,6 +33,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from slurm_pal.core.campaigns import PlannedGpu, RecordError, RunRecord
+from slurm_pal.errors import SlurmPalError
 
 ENV_CAMPAIGNS = "SLURM_PAL_CAMPAIGNS"
 PLAN_FILE = "campaign.json"
@@ -49,7 +50,7 @@ DEFAULT_BENCHMARKS = {
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class CampaignError(ValueError):
+class CampaignError(SlurmPalError, ValueError):
     """A campaign directory or plan problem; the message says what to do."""
 
 

@@ -57,7 +57,7 @@ def lxv(
         fail(str(exc))
     rows = matrix.rows()
     for row in rows:
-        row["bin_name"] = bin_names[scores[int(row["bin"])]]
+        row["bin_name"] = bin_names[scores[int(row["bin"])]]  # type: ignore[call-overload]
     if as_json:
         print_json({"campaign": campaign_id, "class": job_class, "traversal": rows})
         return

@@ -40,6 +40,7 @@ from slurm_pal.cli.common import console, fail, print_json, reported_errors, sta
 from slurm_pal.core.classifier import JobClassifier, TooFewApplicationsWarning
 from slurm_pal.core.features import UtilizationFeatures
 from slurm_pal.core.resolve import JobRequest, check_app_name, resolve
+from slurm_pal.errors import SlurmPalError
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -52,7 +53,7 @@ _SNIFF_BYTES = 65536
 _DMON_HEADER_RE = re.compile(r"^\s*#\s*Entity(Id)?\s", re.MULTILINE)
 
 
-class TelemetryInputError(ValueError):
+class TelemetryInputError(SlurmPalError, ValueError):
     """A telemetry file that cannot be used; the message starts with ``file[:line]:``."""
 
 
@@ -611,7 +612,7 @@ def _print_fit(
 ) -> None:
     """The model's classes (centres and the applications it grouped there), then every
     stored application's class now."""
-    summary = [
+    summary: list[dict[str, Any]] = [
         {
             "class": str(cls),
             "dram_util": float(center[0]),

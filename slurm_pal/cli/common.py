@@ -22,7 +22,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.rule import Rule
 from rich.text import Text
 
-from slurm_pal.adapters.config import ConfigError, SiteConfig, load_config, resolve_db_path
+from slurm_pal.adapters.config import SiteConfig, load_config, resolve_db_path
+from slurm_pal.errors import SlurmPalError
 
 if TYPE_CHECKING:
     from slurm_pal.adapters.store import Store
@@ -77,16 +78,6 @@ console = FullWidthConsole()
 err_console = FullWidthConsole(stderr=True)
 
 EXIT_USAGE = 2
-
-
-def known_errors() -> tuple[type[Exception], ...]:
-    """The project's own errors, which :func:`reported_errors` turns into one line. The store
-    and the campaign reader bring pandas and scikit-learn: they are imported only once an error
-    is being reported, so a command that never opens them starts fast."""
-    from slurm_pal.adapters.campaign_csv import CampaignFormatError
-    from slurm_pal.adapters.store import StoreError
-
-    return (ConfigError, StoreError, CampaignFormatError)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -161,15 +152,12 @@ def warn(message: str) -> None:
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn the project's own errors into one clear line on stderr and exit code 2."""
+    """Turn the project's own errors (:class:`SlurmPalError`) into one clear line on stderr and
+    exit code 2; anything else is a bug and keeps its traceback."""
     try:
         yield
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:
-        if isinstance(exc, known_errors()):
-            fail(str(exc))
-        raise
+    except SlurmPalError as exc:
+        fail(str(exc))
 
 
 # Typer exports BadParameter but not its base class, the one every option-parsing error
@@ -195,7 +183,7 @@ def _command_named(context: typer.Context | None) -> str:
     names = []
     while context is not None and context.parent is not None:
         names.append(context.info_name or "")
-        context = context.parent
+        context = context.parent  # type: ignore[assignment]  # typer's parent is click's Context
     return " ".join(["slurm-pal", *reversed(names)])
 
 

@@ -38,10 +38,10 @@ class SlurmPalGroup(TyperGroup):
     """The root command: loads a sub-app when it is named, and turns every option-parsing
     error anywhere below it into the one ``error:`` line the project's own errors use."""
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
         return sorted(set(self.commands) | set(SUBCOMMANDS))
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:  # type: ignore[override]
         if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
             module = importlib.import_module(f"slurm_pal.cli.{SUBCOMMANDS[cmd_name]}")
             group = typer.main.get_group(module.app)
@@ -49,7 +49,7 @@ class SlurmPalGroup(TyperGroup):
             self.commands[cmd_name] = group
         return self.commands.get(cmd_name)
 
-    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
             close = get_close_matches(name, self.list_commands(ctx))
@@ -61,7 +61,7 @@ class SlurmPalGroup(TyperGroup):
         with one_line_usage_errors():
             return super().make_context(*args, **kwargs)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         with one_line_usage_errors():
             return super().invoke(ctx)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -288,7 +289,7 @@ def gpus(
         if unknown:
             fail(f"node(s) {', '.join(unknown)} have no GPUs in campaign {campaign_id!r}")
         frame = frame[frame["node"].isin(node)]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for uuid, group in frame.groupby("uuid", sort=False):
         first = group.iloc[0]
         index = first["gpu_index"]
@@ -314,11 +315,11 @@ def gpus(
         table.add_row(
             escape(str(r["node"] or "?")),
             "?" if r["gpu_index"] is None else str(r["gpu_index"]),
-            escape(r["uuid"]),
+            escape(r["uuid"]),  # type: ignore[arg-type]
             escape(str(r["gpu_model"])),
             escape(str(r["label"] or "-")),
-            ",".join(r["measured"]) or "-",
-            ",".join(r["suspect"]) or "-",
+            ",".join(r["measured"]) or "-",  # type: ignore[arg-type]
+            ",".join(r["suspect"]) or "-",  # type: ignore[arg-type]
         )
     console.print(table)
 
@@ -348,7 +349,7 @@ def labels(
     st = state(ctx)
     with reported_errors(), st.store(create=False) as store:
         campaign_id = _campaign_to_show(store, campaign)
-        rows = store.labels(campaign_id) if campaign_id else []
+        rows: list[dict[str, Any]] = store.labels(campaign_id) if campaign_id else []
     if campaign_id is None:
         if as_json:
             print_json({"campaign": None, "labels": []})

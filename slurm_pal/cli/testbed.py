@@ -318,7 +318,7 @@ def run(
         print_report(public)
     unavailable = public.get("unavailable") or {}
     if unavailable:
-        for arm, reason in unavailable.items():  # type: ignore[union-attr]
+        for arm, reason in unavailable.items():  # type: ignore[attr-defined]
             err_console.print(f"[bold red]arm {arm} not run:[/] {reason}", highlight=False)
         raise typer.Exit(1)
 

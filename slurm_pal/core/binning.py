@@ -446,7 +446,7 @@ def merge_signatures(
         if weights.sum() <= 0:
             return np.nanmean(stack, axis=0)
         masked = np.ma.masked_invalid(stack)
-        return np.ma.average(masked, axis=0, weights=weights).filled(np.nan)
+        return np.ma.average(masked, axis=0, weights=weights).filled(np.nan)  # type: ignore[attr-defined]
 
     rendered: dict[str, str] = {}
     scores: dict[str, dict[str, float]] = {}
@@ -474,6 +474,6 @@ def merge_signatures(
             errors.append(abs(own - scores[rendered[s.label]][c]))
             weights.append(s.gpus)
         worst = max(errors, default=0.0)
-        mean = float(np.average(errors, weights=weights)) if sum(weights) > 0 else 0.0
-        cost.append(MergeCost(c, float(worst), mean))
+        mean_error = float(np.average(errors, weights=weights)) if sum(weights) > 0 else 0.0
+        cost.append(MergeCost(c, float(worst), mean_error))
     return LabelMerge(rendered, scores, members, tuple(cost), merged)

@@ -30,6 +30,7 @@ from typing import Protocol
 import pandas as pd
 
 from slurm_pal.core import hostlist
+from slurm_pal.errors import SlurmPalError
 
 RECORD_SCHEMA = 1
 STATUS_OK = "ok"
@@ -63,7 +64,7 @@ ClockEvents = tuple[tuple[str, float], ...]
 """(reason, share of the measured window's NVML readings that showed it), sorted by reason."""
 
 
-class RecordError(ValueError):
+class RecordError(SlurmPalError, ValueError):
     """A run record that does not follow the record format; says which field is wrong."""
 
 
@@ -218,9 +219,9 @@ class RunRecord:
             campaign=str(data["campaign"]),
             status=str(status),
             node=str(data["node"]),
-            gpu_index=int(data["gpu_index"]),  # type: ignore[arg-type]
+            gpu_index=int(data["gpu_index"]),  # type: ignore[call-overload]
             job_class=str(data["job_class"]),
-            repeat=int(data["repeat"]),  # type: ignore[arg-type]
+            repeat=int(data["repeat"]),  # type: ignore[call-overload]
             uuid=str(data["uuid"]),
             uuid_source=str(data.get("uuid_source") or ""),
             benchmark=str(data.get("benchmark") or ""),

@@ -47,6 +47,7 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from slurm_pal.core.features import FEATURE_ORDER, UtilizationFeatures
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "MODEL_FORMAT",
@@ -70,7 +71,7 @@ DEFAULT_NOISE_TOLERANCE = 1.0
 _TOO_FEW_CHOICES = ("raise", "reduce")
 
 
-class TooFewApplicationsError(ValueError):
+class TooFewApplicationsError(SlurmPalError, ValueError):
     """Fewer distinct behaviours (applications beyond measurement noise) than classes."""
 
 

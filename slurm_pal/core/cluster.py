@@ -471,7 +471,7 @@ class Cluster:
 
     def _gpu_ids(self, gpus: Allocation | Iterable[int] | NDArray[np.integer]) -> IntArray:
         ids = getattr(gpus, "gpu_ids", gpus)
-        array = np.asarray(ids if isinstance(ids, np.ndarray | tuple | list) else list(ids))
+        array = np.asarray(ids if isinstance(ids, np.ndarray | tuple | list) else list(ids))  # type: ignore[arg-type]
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
             raise ValueError("GPU ids must be a flat sequence of ints")
         values = array.tolist()

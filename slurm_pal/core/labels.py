@@ -13,12 +13,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from slurm_pal.errors import SlurmPalError
+
 __all__ = ["LabelEntry", "LabelTable", "LabelTableError"]
 
 _BAD_TYPE = re.compile(r"[:,=()\s]")
 
 
-class LabelTableError(ValueError):
+class LabelTableError(SlurmPalError, ValueError):
     """labels.json is not what ``slurm-pal site render`` writes; the message says where."""
 
 
@@ -150,7 +152,7 @@ class LabelTable:
                     )
                 )
         _require(bool(entries) or nodes is not None, "'nodes'", "no GPUs listed")
-        return cls(campaign, tuple(entries))
+        return cls(str(campaign), tuple(entries))
 
     def _entry(
         self, node: str, index: int, table: Mapping[tuple[str, int], LabelEntry]

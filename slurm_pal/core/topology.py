@@ -120,7 +120,7 @@ class Topology:
     @property
     def levels(self) -> tuple[Level, ...]:
         """The locality levels an allocation can reach, most local first."""
-        return self._levels
+        return self._levels  # type: ignore[attr-defined]
 
     def _build_levels(self) -> tuple[Level, ...]:
         node = Level(WITHIN_NODE, NODE_RANK, self.within_node)
@@ -135,7 +135,7 @@ class Topology:
     def level(self, rank: int) -> Level:
         """The level of a given rank (0 node, 1 switch, 2 cluster)."""
         try:
-            return self._level_by_rank[rank]
+            return self._level_by_rank[rank]  # type: ignore[attr-defined]
         except KeyError:
             raise ValueError(f"this topology has no level of rank {rank}") from None
 

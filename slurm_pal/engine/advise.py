@@ -60,7 +60,7 @@ def advise(
         return Advice(Decision("deny", MappingProxyType({}), job_class, denied), job, None)
     decision = decide(
         job,
-        job_class=job_class,
+        job_class=job_class,  # type: ignore[arg-type]
         class_reason=class_reason,
         cluster=cluster,
         labels=labels,
@@ -101,7 +101,7 @@ def label_policy(
             "GPU types here are PM labels the advisor assigns; ask for the GPU model "
             f"instead ({', '.join(sorted(set(translated.values())))})"
         )
-    return replace(job, **translated), None
+    return replace(job, **translated), None  # type: ignore[arg-type]
 
 
 def waiting_pass(decision: Decision, token: str, version: str) -> Decision:

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress
@@ -601,7 +601,7 @@ def decide(
     placed in each and gets the best LV product (the first listed on a tie); without a
     partition the ``default_partition`` applies. Omitted: no partition restriction.
     """
-    common = {"job": job, "labels": labels, "version": version}
+    common: dict[str, Any] = {"job": job, "labels": labels, "version": version}
     try:
         ask = gpu_ask(job)
     except JobDescError as error:
@@ -656,7 +656,7 @@ def decide(
     allocation = best.allocation
     if placement.left_to_slurm:
         reason = f"{allocation.reason}; packing's own pick: left to Slurm; class {job_class}"
-        fields = dict(_translations(job, labels))
+        fields: dict[str, str | int] = dict(_translations(job, labels))
         fields["admin_comment"] = format_admin_comment(
             version=version, action="pass", token=token, job_class=job_class, why=reason
         )

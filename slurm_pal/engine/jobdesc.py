@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 
 from slurm_pal.core.hostlist import expand
 from slurm_pal.core.resolve import JobRequest, app_from_script
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "NO_VAL",
@@ -49,7 +50,7 @@ _FEATURE_NAME = re.compile(r"^[A-Za-z0-9_.:+/@-]+$")
 _UNMODELLED_FEATURE_CHARS = "|[]*!(),"
 
 
-class JobDescError(ValueError):
+class JobDescError(SlurmPalError, ValueError):
     """A job field of the wrong type or shape; the message names the field."""
 
     def __init__(self, field: str, message: str) -> None:

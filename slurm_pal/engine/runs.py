@@ -22,8 +22,8 @@ def jobs_from_decisions(
     skipped: dict[str, str] = {}
     for d in decisions:
         job_id = str(d.get("job_id") or "")
-        answer = d.get("answer") if isinstance(d.get("answer"), dict) else {}
-        job_class = answer.get("class")  # type: ignore[union-attr]
+        answer = d.get("answer")
+        job_class = answer.get("class") if isinstance(answer, dict) else None
         if not job_id:
             continue
         if not isinstance(job_class, str) or not job_class:

@@ -20,21 +20,46 @@ PINS = ("steered", "every-job")
 
 class AdvisorKnobs(Protocol):
     """The part of a site's ``[advisor]`` section the engine reads
-    (``adapters.config.AdvisorConfig`` is one)."""
+    (``adapters.config.AdvisorConfig`` is one; read-only, as that dataclass is frozen)."""
 
-    policy: str
-    pack_tolerance: float
-    avoid_above: float
-    outliers: str
-    max_wait_s: float
-    assumed_runtime_s: float
-    limit_share: float
-    pin: str
-    label_requests: str
-    allowed_users: tuple[str, ...]
-    reservation_ttl_s: float
-    replan_on_epilog: bool
-    slurm_backfill: bool
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def pack_tolerance(self) -> float: ...
+
+    @property
+    def avoid_above(self) -> float: ...
+
+    @property
+    def outliers(self) -> str: ...
+
+    @property
+    def max_wait_s(self) -> float: ...
+
+    @property
+    def assumed_runtime_s(self) -> float: ...
+
+    @property
+    def limit_share(self) -> float: ...
+
+    @property
+    def pin(self) -> str: ...
+
+    @property
+    def label_requests(self) -> str: ...
+
+    @property
+    def allowed_users(self) -> tuple[str, ...]: ...
+
+    @property
+    def reservation_ttl_s(self) -> float: ...
+
+    @property
+    def replan_on_epilog(self) -> bool: ...
+
+    @property
+    def slurm_backfill(self) -> bool: ...
 
 
 @dataclass(frozen=True)

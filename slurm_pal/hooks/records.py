@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from slurm_pal.errors import SlurmPalError
+
 KINDS = ("prolog", "epilog")
 
 
-class HookEnvError(ValueError):
+class HookEnvError(SlurmPalError, ValueError):
     """The environment is not a Slurm Prolog/Epilog's (no job id); says which variable."""
 
 

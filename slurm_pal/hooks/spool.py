@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slurm_pal.advisor import munge
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.hooks.records import spool_name
 
 
@@ -66,7 +67,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class DeliveryError(Exception):
+class DeliveryError(SlurmPalError):
     """The advisor could not be reached or did not take the record; the message says why."""
 
 

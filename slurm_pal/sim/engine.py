@@ -638,7 +638,7 @@ class _Simulation:
                 self._stop(job)
                 # what it ran teaches the engine's runtime model, as its Epilog the service's
                 self.engine.job_ended(
-                    EndedJob(job.spec.gpus, job.spec.time_limit, job.end - job.start)
+                    EndedJob(job.spec.gpus, job.spec.time_limit, job.end - job.start)  # type: ignore[operator]
                 )
                 if self.hooks is not None:
                     self._ended(job, now)
@@ -735,7 +735,7 @@ class _Probes:
         while self.heap and self.heap[0][0] <= now:
             _, gpu, began = heapq.heappop(self.heap)
             self.simulation.cluster.release([gpu])
-            self.hooks.probe_ended(gpu, began, now)  # type: ignore[union-attr,attr-defined]
+            self.hooks.probe_ended(gpu, began, now)  # type: ignore[union-attr]
 
     def start(self, now: float) -> None:
         """Hold the idle GPUs the hooks want (after the round: low priority)."""
@@ -743,7 +743,7 @@ class _Probes:
             return
         cluster = self.simulation.cluster
         free = cluster.free.tolist()
-        for gpu, seconds in self.hooks.probes(now, free):  # type: ignore[attr-defined]
+        for gpu, seconds in self.hooks.probes(now, free):
             if not free[gpu] or not seconds > 0:
                 continue
             free[gpu] = False

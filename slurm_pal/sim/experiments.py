@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,8 @@ def run_grid(
 def grid_configs(
     placements: Sequence[str],
     schedulers: Sequence[str],
-    common: Mapping[str, object],
-    advisor: Mapping[str, object],
+    common: Mapping[str, Any],
+    advisor: Mapping[str, Any],
 ) -> list[SimConfig]:
     """One config per (scheduler, placement), placements varying fastest. ``advisor``: the
     options of the ``advisor`` placement as a site config sets it up; its L x V matrix uses the
@@ -85,7 +86,7 @@ def grid_configs(
 
 def with_gains(results: Sequence[SimResult]) -> list[dict]:
     """Summaries plus each run's gain over Packed-Sticky under the same scheduler."""
-    summaries = [result.summary() for result in results]
+    summaries: list[dict[str, Any]] = [result.summary() for result in results]
     baseline = {s["scheduler"]: s["avg_jct"] for s in summaries if s["placement"] == BASELINE}
     for summary in summaries:
         summary["gain_vs_baseline"] = improvement(
@@ -154,7 +155,7 @@ class PairedRatios:
         """The gain is clear of the noise: the interval's lower bound is above zero."""
         return self.gain_low > 0.0
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, float | int | list[float]]:
         return {
             "runs": len(self.ratios),
             "geomean_gain": self.gain,

@@ -214,7 +214,7 @@ class TuneExperiment:
     def configs(self, seed: int) -> list[SimConfig]:
         """Every candidate's run on draw ``seed``; jobs pay the site's cost of spanning nodes
         whatever penalty a candidate's advisor assumes."""
-        common = {
+        common: dict[str, Any] = {
             "scheduler": self.run.scheduler,
             "mode": self.run.mode,
             "round_seconds": self.run.round_seconds,

@@ -52,6 +52,7 @@ from slurm_pal.core.gres import NodeDiff as NodeDiff
 from slurm_pal.core.gres import compare_gres as compare_gres
 from slurm_pal.core.gres import distinct_type_ids
 from slurm_pal.core.gres import node_key as _node_key
+from slurm_pal.errors import SlurmPalError
 
 DEFAULT_DEVICE_PATTERN = "/dev/nvidia{index}"
 DEFAULT_PROLOG = "/etc/slurm/slurm-pal-prolog.sh"
@@ -61,7 +62,7 @@ SCRIPT_PREFIX = 16384  # bytes of the batch script job_submit.lua sends (PROTOCO
 HOOK_LIMIT_S = 10  # a hook is killed after this long, whatever it is doing
 
 
-class RenderError(ValueError):
+class RenderError(SlurmPalError, ValueError):
     """The campaign cannot be rendered as asked; the message says what to change."""
 
 

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from slurm_pal.errors import SlurmPalError
+
 __all__ = ["JobUsage", "ModelUsage", "UsageError", "parse_elapsed", "parse_sacct", "rollup"]
 
 UNTYPED = "(untyped)"
@@ -25,7 +27,7 @@ _COUNT = re.compile(r"^gres/gpu=(\d+)$")
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 
 
-class UsageError(ValueError):
+class UsageError(SlurmPalError, ValueError):
     """The accounting input is not what the recipe produces; the message says where."""
 
 

@@ -79,7 +79,7 @@ class SlurmConfigFiles(TestbedLayout):
         context = self._config_context()
         self.conf.write_text(env.get_template("slurm.conf.j2").render(context))
         (etc / "gres.conf").write_text(env.get_template("gres.conf.j2").render(context))
-        state = asdict(self)  # the cluster (LocalSlurm) is a dataclass
+        state = asdict(self)  # type: ignore[call-overload]  # the cluster (LocalSlurm) is a dataclass
         state["root"] = str(self.root)
         (self.root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 

@@ -257,11 +257,11 @@ def _print_gain(console: Console, report: dict[str, object]) -> None:
             f"{figures.get('slow_gpu_s', 0.0):.0f} GPU-s of {figures.get('busy_gpu_s', 0.0):.0f}",
             highlight=False,
         )
-    held = (arms.get("advisor") or {}).get("holds") or {}
+    held: Mapping[str, object] = (arms.get("advisor") or {}).get("holds") or {}  # type: ignore[assignment]
     if held:
         console.print(
-            f"advisor held {held.get('held_jobs', 0)} job(s) for good GPUs "  # type: ignore[union-attr]
-            f"({held.get('held_total_s', 0)} s in all) by giving them a begin time",  # type: ignore[union-attr]
+            f"advisor held {held.get('held_jobs', 0)} job(s) for good GPUs "
+            f"({held.get('held_total_s', 0)} s in all) by giving them a begin time",
             highlight=False,
         )
     ratio = report.get("avg_jct_ratio")

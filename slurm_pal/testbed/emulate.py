@@ -31,6 +31,7 @@ import pandas as pd
 from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.variability import VariabilityProfile, build_profile
 from slurm_pal.core.workload import SITE_TIME_LIMITS, user_time_limit
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.example_campaign import DEFAULT_SHAPES, generate_example_campaign
 from slurm_pal.sim.variability import few_slow_gpus, measured_gpus
 
@@ -82,7 +83,7 @@ BASE_SECONDS = {name: shape.base_seconds for name, shape in DEFAULT_SHAPES.items
 """Benchmark seconds on the median GPU, per class, for the emulated campaign's rows."""
 
 
-class EmulationError(ValueError):
+class EmulationError(SlurmPalError, ValueError):
     """An emulation input is missing or invalid; the message says what to use instead."""
 
 
@@ -252,7 +253,7 @@ def score_table(
     for row in gpu_scores.itertuples(index=False):
         scores.setdefault(str(row.uuid), {})[str(row.job_class)] = float(row.pm_score)
     nodes: dict[str, dict[str, object]] = {}
-    for node, gpus in labels["nodes"].items():  # type: ignore[index]
+    for node, gpus in labels["nodes"].items():  # type: ignore[attr-defined]
         for gpu in gpus:
             uuid = str(gpu["uuid"])
             if uuid not in scores:
@@ -548,10 +549,10 @@ def arm_metrics(
     first = min(float(r["submit"]) for r in records)  # type: ignore[arg-type]
     last = max(float(r["end"]) for r in records)  # type: ignore[arg-type]
     spread = sum(
-        1
+        1  # type: ignore[misc]
         for r in records
         if int(r["gpus_asked"]) <= gpus_per_node  # type: ignore[call-overload]
-        and len({g[0] for g in r["gpus"]}) > 1  # type: ignore[attr-defined,index]
+        and len({g[0] for g in r["gpus"]}) > 1  # type: ignore[attr-defined]
     )
     slow = busy = 0.0
     for r in records:

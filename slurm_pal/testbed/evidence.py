@@ -122,7 +122,7 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
         if not isinstance(pair, Mapping) or not isinstance(predicted, Mapping):
             continue
         arms: Mapping[str, Mapping[str, object]] = run["arms"]  # type: ignore[assignment]
-        held = arms["advisor"].get("holds") or {}
+        held: Mapping[str, object] = arms["advisor"].get("holds") or {}  # type: ignore[assignment]
         repeats.append(
             {
                 "trace_seed": run.get("trace_seed"),
@@ -131,8 +131,8 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
                 "predicted_plain": predicted["avg_jct_ratio"],
                 "holds": {
                     "measured": {
-                        "jobs": held.get("held_jobs", 0),  # type: ignore[union-attr]
-                        "total_s": held.get("held_total_s", 0.0),  # type: ignore[union-attr]
+                        "jobs": held.get("held_jobs", 0),
+                        "total_s": held.get("held_total_s", 0.0),
                     },
                     "simulated": {
                         "jobs": predicted.get("held_jobs"),
@@ -156,7 +156,7 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
     low, high = means[int(0.025 * len(means))], means[int(0.975 * len(means)) - 1]
 
     def total(kind: str, key: str) -> float:
-        return round(sum(float(r["holds"][kind][key] or 0) for r in repeats), 1)  # type: ignore[index]
+        return round(sum(float(r["holds"][kind][key] or 0) for r in repeats), 1)
 
     out |= {
         "median_measured": round(statistics.median(measured), 4),

@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_pal.errors import SlurmPalError
+
 NS_PREFIX = "spal-"
 SUBNET = "10.250.0"  # /24, only on bridges inside our own namespaces
 CONTROLLER_OCTET = 1
@@ -46,7 +48,7 @@ FIRST_COMPUTE_OCTET = 11
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "mount", "hostname", "sleep")
 
 
-class HostsError(RuntimeError):
+class HostsError(SlurmPalError, RuntimeError):
     """The namespaces could not be created, entered or removed; the message says why."""
 
 

@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -63,6 +64,7 @@ from slurm_pal.adapters.slurm.state import flat_job_json
 from slurm_pal.adapters.store import Store
 from slurm_pal.core.workload import SimJob
 from slurm_pal.engine.decide import parse_admin_comment
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.site.render import HookSettings, plan_from_store, render_files, write_site
@@ -140,7 +142,7 @@ RECORD_PORT = 7001
 Progress = Callable[[str], None]
 
 
-class ArmUnavailable(RuntimeError):
+class ArmUnavailable(SlurmPalError, RuntimeError):
     """An arm cannot run here (e.g. the advisor service is not installed); says what is missing."""
 
 
@@ -661,7 +663,7 @@ class ArmResult:
     def to_dict(self) -> dict[str, object]:
         errors = [abs(e) for e in self.duration_errors]
         slurm_jcts = [
-            float(j["end_time"]) - float(j["submit_time"])
+            float(j["end_time"]) - float(j["submit_time"])  # type: ignore[arg-type]
             for j in self.slurm_jobs.values()
             if j.get("end_time") and j.get("submit_time")
         ]
@@ -769,8 +771,8 @@ def run_arm(
         progress(f"{arm.name}: all {len(trace)} jobs ended after {time.time() - t0:.0f} s")
         watcher.stop()
         slurm_jobs = _ended_jobs(tb, jobs)
-        for trace_id, job in slurm_jobs.items():  # ended jobs show no gres_detail any more
-            job["gres_detail"] = watcher.gres.get(jobs[trace_id], job.get("gres_detail"))
+        for trace_id, ended in slurm_jobs.items():  # ended jobs show no gres_detail any more
+            ended["gres_detail"] = watcher.gres.get(jobs[trace_id], ended.get("gres_detail"))
         (prep.settings.work / f"slurm-jobs-{arm.name}.json").write_text(
             json.dumps(slurm_jobs, indent=1) + "\n"
         )
@@ -969,7 +971,7 @@ def sim_gpus(prep: Prepared) -> SimGpus:
     in the campaign's order. Packing in the simulator takes the lowest local index first, so in
     the campaign's order it would put jobs on other GPUs of the node than Slurm does (on the
     example profile, an A job on n02's 2.31x GPU where Slurm gives it a median one)."""
-    nodes = prep.table["nodes"]  # type: ignore[index]
+    nodes = cast("dict[str, dict[str, dict]]", prep.table["nodes"])
     gpn = prep.settings.gpus_per_node
     present = {c for n in nodes.values() for g in n.values() for c in g["scores"]}
     named = [c for c in prep.settings.config.classes.names if c in present]
@@ -1037,13 +1039,13 @@ def latency_figures(
     for arm in arms:
         result = simulate(jobs, gpus, configs[arm])
         # the hold's extra share of each job's time on its GPUs, at the job's own slowdown
-        ends = [j.end - latency_s * (j.end - j.start) / j.work for j in result.jobs]
+        ends = [j.end - latency_s * (j.end - j.start) / j.work for j in result.jobs]  # type: ignore[operator]
         jcts = [end - j.submit for end, j in zip(ends, result.jobs, strict=True)]
         out[arm] = {
             "avg_jct": round(float(np.mean(jcts)), 3),
             "p99_jct": round(p99(jcts), 3),
             "makespan": round(max(ends) - min(j.submit for j in result.jobs), 3),
-            "avg_wait": round(float(np.mean([j.start - j.submit for j in result.jobs])), 3),
+            "avg_wait": round(float(np.mean([j.start - j.submit for j in result.jobs])), 3),  # type: ignore[operator]
         }
     return out
 
@@ -1256,11 +1258,11 @@ def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]
         runs.append(run)
         if settings.repeats > 1:
             _keep_repeat(prep, runnable, repeat)
-            measured = run.get(f"advisor/{baseline}") or {}
-            expected = run.get("predicted") or {}
+            this_pair: Mapping[str, object] = run.get(f"advisor/{baseline}") or {}  # type: ignore[assignment]
+            expected: Mapping[str, object] = run.get("predicted") or {}  # type: ignore[assignment]
             progress(
                 f"repeat {repeat + 1}: avg JCT advisor/{baseline} "
-                f"{measured.get('avg_jct_ratio')} (simulator "
+                f"{this_pair.get('avg_jct_ratio')} (simulator "
                 f"{expected.get('avg_jct_ratio')}, with Slurm's latency "
                 f"{expected.get('latency_avg_jct_ratio')})"
             )
@@ -1279,7 +1281,7 @@ def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]
         report[f"sim_predicted_{name}"] = predicted.get(name)
         report[f"{name}_range"] = [head[name]["min"], head[name]["max"]] if name in head else None
     report["sim_at_submit_avg_jct_ratio"] = prediction.get("at_submit_avg_jct_ratio")
-    if baseline is not None and runs and baseline in runs[0]["arms"]:
+    if baseline is not None and runs and baseline in runs[0]["arms"]:  # type: ignore[operator]
         # Slurm's scheduling latency, which the simulator lacks, modelled and calibrated on the
         # baseline arm alone: the prediction beside the measurement, and how far it moves.
         measured_base = spread([r["arms"][baseline]["avg_jct_s"] for r in runs])["median"]  # type: ignore[index]
@@ -1344,7 +1346,7 @@ def measured_jobs(result: ArmResult) -> dict[str, list[object]]:
             round(float(r["start"]) - first, 1),  # type: ignore[arg-type]
             round(float(r["end"]) - float(r["submit"]), 1),  # type: ignore[arg-type]
             round(float(r["slowdown"]), 3),  # type: ignore[arg-type]
-            _nodes_text([f"{g[0]}:{g[1]}" for g in r.get("gpus", ())]),  # type: ignore[union-attr,index]
+            _nodes_text([f"{g[0]}:{g[1]}" for g in r.get("gpus", ())]),  # type: ignore[attr-defined]
         ]
         for r in result.records
     }

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurm_pal.errors import SlurmPalError
 
-class TestbedError(RuntimeError):
+
+class TestbedError(SlurmPalError, RuntimeError):
     """The testbed could not be brought up, queried or torn down; the message says what to do."""
 
     __test__ = False  # not a pytest test class

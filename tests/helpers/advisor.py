@@ -18,8 +18,8 @@ from slurm_pal.adapters.config import AdvisorConfig, HooksConfig, SiteConfig
 from slurm_pal.adapters.slurm.state import CliStateReader
 from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.engine.decide import LabelTable
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.site.render import plan_from_store
 

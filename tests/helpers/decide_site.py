@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from slurm_pal.advisor.decide import LabelTable
 from slurm_pal.core.cluster import Cluster, GpuSpec
+from slurm_pal.engine.decide import LabelTable
 
 # Labels stand for PM signatures: one label, one set of scores.
 SCORES = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm
 from tests.helpers.processes import describe, in_session, wait_until_none

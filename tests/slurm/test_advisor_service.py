@@ -20,12 +20,12 @@ from slurm_pal.adapters.slurm.state import CliStateReader, JobState
 from slurm_pal.adapters.slurm.update import ScontrolApplier
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient
-from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.advisor.server import AdvisorServer
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.site.render import plan_from_store
 from slurm_pal.testbed import LocalSlurm, NodeSpec

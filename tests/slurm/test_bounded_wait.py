@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.core.workload import SimJob
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (

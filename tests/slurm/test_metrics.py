@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_pal.advisor.decide import parse_admin_comment
+from slurm_pal import __version__
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
@@ -109,7 +110,7 @@ def test_a_scrape_shows_decisions_records_rounds_and_fail_opens(site: Site) -> N
     assert before["slurm_pal_decide_duration_seconds_count"] == 0
     assert (
         before[
-            'slurm_pal_advisor_info{campaign="example",policy="packed-pm",problem="",version="0.1.0"}'
+            f'slurm_pal_advisor_info{{campaign="example",policy="packed-pm",problem="",version="{__version__}"}}'
         ]
         == 1
     )

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.cli.main import app
 from slurm_pal.core.hostlist import expand
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed.hosts import missing_tools, namespaces, remove_namespaces, tag_for
 from slurm_pal.testbed.multihost import MultiHostSlurm

@@ -26,11 +26,11 @@ import pytest
 
 from slurm_pal.adapters.slurm.state import JobState
 from slurm_pal.adapters.store import Store
-from slurm_pal.advisor.decide import parse_admin_comment
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import get_policy
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import DEFAULT_SHAPES, ClassShape, generate_example_campaign
 from slurm_pal.hooks.spool import spooled
 from slurm_pal.testbed import LocalSlurm

@@ -123,7 +123,7 @@ def test_tiny_trace_through_the_arms(testbed_root: Path) -> None:
         assert report["arms"]["control"]["served_policy"] == "packed"
         # every job went through job_submit.lua and the advisor, which says so in admin_comment;
         # the control's leaves every job to Slurm
-        from slurm_pal.advisor.decide import parse_admin_comment
+        from slurm_pal.engine.decide import parse_admin_comment
 
         for arm, actions in (("advisor", ("route", "wait", "pass")), ("control", ("pass",))):
             slurm = json.loads((work / f"slurm-jobs-{arm}.json").read_text())

@@ -53,6 +53,7 @@ from slurm_pal.adapters.slurm.update import (
     transition_problem,
 )
 from slurm_pal.core.hostlist import expand
+from slurm_pal.errors import SlurmPalError
 
 __all__ = [
     "BackendChoice",
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 
-class BackendError(RuntimeError):
+class BackendError(SlurmPalError, RuntimeError):
     """The configured Slurm backend cannot be used here; the message says why."""
 
 
@@ -352,9 +353,10 @@ def choose_backend(
     try:
         module = import_pyslurm()
     except Exception as exc:  # ImportError, or libslurm missing/mismatched at load (OSError)
-        problem = f"pyslurm does not import ({type(exc).__name__}: {exc})"
+        problem: str | None = f"pyslurm does not import ({type(exc).__name__}: {exc})"
         module = None
     else:
+        assert module is not None
         wanted, running = pyslurm_release(module), release(env)
         if running is None:
             problem = "the running Slurm release is unknown (scontrol --version failed)"

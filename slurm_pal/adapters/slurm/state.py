@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from slurm_pal.adapters.slurm.parse import Gres, gpu_counts, parse_gres, parse_key_values
 from slurm_pal.adapters.slurm.release import OLDEST, SlurmRelease, detect_release
 from slurm_pal.core.hostlist import expand
+from slurm_pal.errors import SlurmPalError
 
 Runner = Callable[[Sequence[str]], str]
 Parser = Callable[[str], Any]
@@ -42,7 +43,7 @@ Parser = Callable[[str], Any]
 log = logging.getLogger("slurm_pal.adapters.slurm")
 
 
-class SlurmQueryError(RuntimeError):
+class SlurmQueryError(SlurmPalError, RuntimeError):
     """A Slurm command failed or printed something unreadable; the message says which."""
 
 
@@ -376,7 +377,7 @@ def _split_state(state: str) -> tuple[str, tuple[str, ...]]:
 def _words(text: str | Sequence[str] | None) -> tuple[str, ...]:
     if isinstance(text, list | tuple):  # 24.11: already a list
         return tuple(str(w) for w in text if w)
-    if not text or text.strip().lower() in ("(null)", "n/a"):
+    if not isinstance(text, str) or text.strip().lower() in ("(null)", "n/a"):
         return ()
     return tuple(w for w in text.split(",") if w)
 

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 
+from slurm_pal.errors import SlurmPalError
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: campaigns, their raw measurements and everything derived from them.
     """
@@ -211,7 +213,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 DERIVED_TABLES = ("class_bins", "gpu_scores", "labels", "gpu_labels", "gpu_aliases")
 
 
-class StoreError(RuntimeError):
+class StoreError(SlurmPalError, RuntimeError):
     """A store operation that was refused; nothing was written."""
 
 

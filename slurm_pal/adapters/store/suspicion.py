@@ -71,7 +71,7 @@ class SuspicionStore(StoreConnection):
         wanted = {(str(s["gpu"]), str(s["job_class"])): s for s in current}
         opened = closed = 0
         with self.group():  # one commit; each write inside is a savepoint
-            held = {(r["gpu"], r["job_class"]) for r in self.suspicions(campaign_id)}
+            held = {(str(r["gpu"]), str(r["job_class"])) for r in self.suspicions(campaign_id)}
             for key in sorted(held - set(wanted)):
                 closed += self.close_suspicion(campaign_id, key[0], key[1], at_s, why)
             for key in sorted(set(wanted) - held):

@@ -149,7 +149,7 @@ def pack_pick(
     others = others[np.lexsort((others, rank[others], -free[others]))]
     chosen_list = list(shape.required)
     total = int(free[shape.required].sum())
-    for node in others:
+    for node in others:  # type: ignore[assignment]
         if total >= shape.n and len(chosen_list) >= shape.min_nodes:
             break
         chosen_list.append(int(node))

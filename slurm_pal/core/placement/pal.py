@@ -27,7 +27,7 @@ import numpy as np
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.lxv import LxVMatrix
 from slurm_pal.core.placement.base import PlacementResult
-from slurm_pal.core.placement.pmfirst import constraint_text, pmfirst_place
+from slurm_pal.core.placement.pmfirst import PackTolerant, constraint_text, pmfirst_place
 from slurm_pal.core.placement.view import (
     build_allocation,
     packed_within,
@@ -40,7 +40,7 @@ from slurm_pal.core.request import PlacementRequest
 __all__ = ["PALPolicy"]
 
 
-class PALPolicy:
+class PALPolicy(PackTolerant):
     """PAL placement: minimize locality penalty x worst PM-score through the L x V traversal.
 
     ``pack_tolerance`` (default 0: the paper) accepts an LV product that much worse than the
@@ -49,11 +49,6 @@ class PALPolicy:
     """
 
     name = "pal"
-
-    def __init__(self, pack_tolerance: float = 0.0) -> None:
-        if not pack_tolerance >= 0:
-            raise ValueError(f"pack_tolerance must be >= 0, got {pack_tolerance}")
-        self.pack_tolerance = float(pack_tolerance)
 
     def matrix(self, cluster: Cluster, job_class: str) -> LxVMatrix:
         """The class's L x V matrix (the cluster caches it per layout)."""
@@ -82,7 +77,7 @@ class PALPolicy:
             allocation = build_allocation(
                 view,
                 gpus,
-                lambda level, worst, nodes, e=entry: (
+                lambda level, worst, nodes, e=entry: (  # type: ignore[misc]
                     f"PAL: {e.level.name} entry #{e.rank} V={e.score:.3g} L={e.level.penalty:g} "
                     f"(LV={e.lv_product:.3g}), {nodes}"
                 ),

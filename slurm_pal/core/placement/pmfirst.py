@@ -24,7 +24,7 @@ from slurm_pal.core.placement.view import (
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import CLUSTER_RANK
 
-__all__ = ["PMFirstPolicy", "constraint_text"]
+__all__ = ["PMFirstPolicy", "PackTolerant", "constraint_text"]
 
 
 def constraint_text(request: PlacementRequest) -> str:
@@ -60,7 +60,17 @@ def pmfirst_place(view: RequestView, label: str) -> PlacementResult:
     return placed(allocation, view.request)
 
 
-class PMFirstPolicy:
+class PackTolerant:
+    """A policy with a ``pack_tolerance``: the LV product it accepts worse than the best (0.02
+    = 2 %) to pack the job on the fullest node that allows it (PM-First and PAL share it)."""
+
+    def __init__(self, pack_tolerance: float = 0.0) -> None:
+        if not pack_tolerance >= 0:
+            raise ValueError(f"pack_tolerance must be >= 0, got {pack_tolerance}")
+        self.pack_tolerance = float(pack_tolerance)
+
+
+class PMFirstPolicy(PackTolerant):
     """PM-First placement: variability first, packing only to break ties.
 
     ``pack_tolerance`` (default 0: the paper) accepts an LV product that much worse than the
@@ -69,11 +79,6 @@ class PMFirstPolicy:
     """
 
     name = "pm-first"
-
-    def __init__(self, pack_tolerance: float = 0.0) -> None:
-        if not pack_tolerance >= 0:
-            raise ValueError(f"pack_tolerance must be >= 0, got {pack_tolerance}")
-        self.pack_tolerance = float(pack_tolerance)
 
     def place(self, request: PlacementRequest, cluster: Cluster) -> PlacementResult:
         view = prepare(request, cluster)

@@ -69,10 +69,10 @@ class RandomPolicy:
         if (free[shape.required] < 1).any():
             return None
         others = rng.permutation(np.setdiff1d(nodes, shape.required))
-        chosen = self._grow(list(shape.required), others, free, shape.n, shape.min_nodes)
+        chosen = self._grow(list(shape.required), others, free, shape.n, shape.min_nodes)  # type: ignore[assignment]
         if shape.max_nodes is not None and len(chosen) > shape.max_nodes:
             fullest = others[np.argsort(-free[others], kind="stable")]
-            chosen = self._grow(list(shape.required), fullest, free, shape.n, shape.min_nodes)
+            chosen = self._grow(list(shape.required), fullest, free, shape.n, shape.min_nodes)  # type: ignore[assignment]
         total = int(free[chosen].sum())
         if total < shape.n or len(chosen) < shape.min_nodes:
             return None

@@ -131,7 +131,7 @@ class RequestView:
             size = self.cluster.n_nodes if rows is None else rows.size
             return np.full(size, self.n_bins, dtype=np.int32)
         column = self.sorted[:, count - 1]
-        return column if rows is None else column[rows]
+        return column if rows is None else column[rows]  # type: ignore[return-value]
 
     def at_most(self, rows: IntArray, bin_index: int) -> IntArray:
         """Per node of ``rows``: usable GPUs with a bin <= ``bin_index``."""
@@ -382,7 +382,7 @@ class RequestView:
         required = np.flatnonzero(is_required)
         others = np.flatnonzero((cap > 0) & ~is_required)
         others = others[np.lexsort((others, -cap[others]))]
-        chosen = list(required)
+        chosen: list[int] = required.tolist()
         total = int(cap[required].sum())
         for position in others:
             if total >= shape.n and len(chosen) >= shape.min_nodes:

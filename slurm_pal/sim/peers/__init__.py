@@ -15,7 +15,7 @@ from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.peers.fft import FftPal, FftPm, RoundProblem, gpu_types, solve_round
 from slurm_pal.sim.peers.gimbal import GimbalPacking, squeeze
 from slurm_pal.sim.peers.interference import InterferenceTable, compute_share
-from slurm_pal.sim.peers.sharing import SharingRun, share_or_wait
+from slurm_pal.sim.peers.sharing import SharingPolicy, SharingRun, share_or_wait
 from slurm_pal.sim.peers.sjf import PalShare, SjfBsbf, SjfExclusive, SjfFfs
 from slurm_pal.sim.variability import SimGpus
 
@@ -74,7 +74,7 @@ def simulate_peer(
         ).run(max_time)
     table = InterferenceTable(order, xi=xi)
     order_by = "srtf" if scheduler == "srtf" else "fifo"
-    policy = {
+    policy: SharingPolicy = {  # type: ignore[assignment]
         "sjf-bsbf": lambda: SjfBsbf(name, table),
         "sjf-ffs": lambda: SjfFfs(name, table),
         "sjf": lambda: SjfExclusive(name, table),

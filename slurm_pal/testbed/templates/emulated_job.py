@@ -43,9 +43,9 @@ try:
         ).stdout
         per_node = {}
         for line in out.splitlines():
-            node, _, gpus = line.strip().partition(" ")
+            node, _, indices = line.strip().partition(" ")
             if node:
-                per_node[node] = [int(x) for x in gpus.split(",") if x.strip()]
+                per_node[node] = [int(x) for x in indices.split(",") if x.strip()]
     else:
         per_node = {
             os.environ["SLURMD_NODENAME"]: [
@@ -63,7 +63,7 @@ try:
     slowdown = worst * penalty
     record.update(gpus=gpus, worst=worst, penalty=penalty, slowdown=slowdown)
     record["sleep_start"] = time.time()
-    time.sleep(record["base"] * slowdown)
+    time.sleep(float(args["base"]) * slowdown)
     record["end"] = time.time()
     status = 0
 except Exception as exc:  # the record says what went wrong; the job fails

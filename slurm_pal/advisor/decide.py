@@ -1,6 +1,0 @@
-"""The submit-time decision: now in :mod:`slurm_pal.engine.decide` (the advisor engine,
-which the service and the simulator both run); re-exported here so imports of the service's
-module keep working."""
-
-from slurm_pal.engine.decide import *  # noqa: F403
-from slurm_pal.engine.decide import __all__  # noqa: F401

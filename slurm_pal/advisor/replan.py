@@ -1,6 +1,0 @@
-"""The re-planning round's plan: now in :mod:`slurm_pal.engine.replan` (the advisor engine,
-which the service and the simulator both run); re-exported here so imports of the service's
-module keep working."""
-
-from slurm_pal.engine.replan import *  # noqa: F403
-from slurm_pal.engine.replan import __all__  # noqa: F401
