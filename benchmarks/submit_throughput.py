@@ -34,7 +34,9 @@ size over the time from the first submission's start to the last one's end), sba
 pooled over the repeats, slurmctld's CPU seconds in the burst and the controller core's CPU
 milliseconds per job (slurmctld, munged and the advisor or stand-in with its children: what
 bounds the controller's throughput once the clients are not the bottleneck); for the advisor
-arm the service's decide time (its stats) and its decisions; ratios against stock of the
+arm the service's decide time (its stats) and its decisions, and its CPU per request: its CPU
+in the burst less what it spends over as long with the same queue and no submissions
+(``--idle-s`` after the burst: its Slurm reads); ratios against stock of the
 same run. On a 2-core machine the clients (a process per sbatch) fill their core: jobs/s
 there measures the clients as much as the controller, the CPU per job does not.
 ``--lua-parts N`` also times, outside slurmctld (lua5.1 with a mock ``slurm`` table), the
@@ -216,9 +218,17 @@ class Run:
             answerer0 = StormRun._tree_cpu_s(answerer.pid) if answerer is not None else 0.0
             times = run_clients(tb, self.cpus["submit"], shares)
             answerer_s = StormRun._tree_cpu_s(answerer.pid) - answerer0 if answerer else 0.0
+            idle_s = 0.0
+            if answerer is not None and args.idle_s > 0:
+                # the same queue, no submissions: what the answerer spends on its own (the
+                # advisor's Slurm reads), to tell its per-request CPU from it
+                idle0 = StormRun._tree_cpu_s(answerer.pid)
+                time.sleep(args.idle_s)
+                idle_s = StormRun._tree_cpu_s(answerer.pid) - idle0
             controller_s = proc_cpu_s(ctld) - ctld0 + proc_cpu_s(munged) - munged0 + answerer_s
             first = min(s for s, _ in times)
             last = max(s + t for s, t in times)
+            idle_rate = idle_s / args.idle_s if args.idle_s > 0 else 0.0
             report |= {
                 "accepted": len(times),
                 "burst_s": round(last - first, 2),
@@ -227,6 +237,11 @@ class Run:
                 "sbatch_ms_p99": _ms([t for _, t in times], 0.99),
                 "slurmctld_cpu_s": round(proc_cpu_s(ctld) - ctld0, 2),
                 "answerer_cpu_s": round(answerer_s, 2),
+                "answerer_idle_cpu_pct": round(100 * idle_rate, 1),
+                # its CPU in the burst less what it spends idle over as long: per request
+                "answerer_request_cpu_ms_per_job": round(
+                    1000 * max(0.0, answerer_s - idle_rate * (last - first)) / len(times), 2
+                ),
                 # what the controller's core spent per job: slurmctld, munged, the answerer
                 "controller_cpu_ms_per_job": round(1000 * controller_s / len(times), 2),
                 "cpu_busy_pct": busy_share(cpu0, cpu_times()),
@@ -303,6 +318,8 @@ def summarize(runs: list[dict[str, object]], arms: Sequence[str]) -> dict[str, o
             "sbatch_ms_p99": _ms(pooled, 0.99),
             "slurmctld_cpu_s": _median(mine, "slurmctld_cpu_s"),
             "controller_cpu_ms_per_job": _median(mine, "controller_cpu_ms_per_job"),
+            "answerer_request_cpu_ms_per_job": _median(mine, "answerer_request_cpu_ms_per_job"),
+            "answerer_idle_cpu_pct": _median(mine, "answerer_idle_cpu_pct"),
         }
     stock = out.get("stock")
     if stock:
@@ -396,6 +413,9 @@ def main() -> int:
         "--submit-cpus", default=None, help="CPUs of the clients (default: the compute CPUs)"
     )
     parser.add_argument("--refresh-s", type=float, default=1.0, help="advisor.refresh_s")
+    parser.add_argument(
+        "--idle-s", type=float, default=6.0, help="after the burst: the answerer's idle CPU"
+    )
     parser.add_argument(
         "--lua-parts", type=int, default=0, help="also time the script's parts (requests)"
     )
