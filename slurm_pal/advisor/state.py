@@ -92,7 +92,6 @@ def _new_token() -> str:
     return f"{_TOKENS.getrandbits(48):012x}"
 
 
-
 def make_engine(name: str, advisor: AdvisorConfig) -> AdvisorEngine:
     """The engine the service runs: ``[advisor]``'s settings with policy ``name``."""
     return AdvisorEngine(EngineSettings.from_advisor(advisor, name), version=__version__)
