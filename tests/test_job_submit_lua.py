@@ -604,6 +604,22 @@ def test_no_socket_fails_open(short_dir: Path) -> None:
     out = submit(script, GPU_JOB)
     _failed_open(out)
     assert "connect" in out["logs"][0]
+    assert "job of uid 1000 (uid:1000, name 'train') accepted as written" in out["logs"][0]
+
+
+def test_a_fail_open_line_names_what_finds_the_job(short_dir: Path) -> None:
+    """Slurm has not numbered the job when the plugin runs: the advisor's count gets the time,
+    uid, user and job name (tabs and newlines in them made blanks), then why."""
+    sock = short_dir / "absent.sock"
+    script = _render(short_dir, str(sock))
+    job = GPU_JOB.replace('name = "train"', 'name = "a\\tb\\nc", user_name = "alice"')
+    before = time.time()
+    submit(script, job, uid=1234)
+    (line,) = sock.with_name("absent.sock.failopen").read_text().splitlines()
+    epoch, uid, user, name, why = line.split("\t")
+    assert before - 1 <= int(epoch) <= time.time() + 1
+    assert (uid, user, name) == ("1234", "alice", "a b c")
+    assert why.startswith("connect ")
 
 
 def test_socket_without_a_listener_fails_open(short_dir: Path) -> None:
