@@ -18,7 +18,11 @@ every job is held: on the controller's core they would take what slurmctld needs
 runs its share of the burst one ``sbatch`` after the other (a process per submission, as a
 user's loop or a workflow engine does); all clients start together.
 
-Arms, each on a fresh testbed, alternated in order across ``--repeats``:
+``--mode swap`` (the default, :class:`SwapRun`): one testbed and one advisor throughout, the
+arms' scripts swapped in before each block of ``--burst`` submissions, rounds in rotated order;
+the baseline is ``pass_through`` (the plugin with a script that returns at once). Blocks
+seconds apart share the machine's load, which matters on a machine shared with other work.
+``--mode fresh``: each arm on a fresh testbed, alternated in order across ``--repeats``:
 
 - ``stock``: no job_submit plugin at all;
 - ``advisor``: the rendered job_submit.lua and ``slurm-pal serve`` as shipped;
@@ -50,6 +54,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,7 +210,7 @@ class Run:
             if advisor is not None:
                 advisor.start(tb, prep, log)
             elif self.arm == "instant":
-                stand_in = self._start_stand_in(tb)
+                stand_in = start_stand_in(tb, prep.socket_path)
             # warm-up (not counted): the script loaded, the advisor's first decisions made
             run_clients(tb, self.cpus["submit"], burst_jobs(args.warmup, 1, 0.0, out))
             time.sleep(2.5 * settings.refresh_s)  # the advisor has seen the warm-up jobs
@@ -216,7 +221,11 @@ class Run:
             answerer = advisor.proc if advisor is not None else stand_in
             cpu0, ctld0, munged0 = cpu_times(), proc_cpu_s(ctld), proc_cpu_s(munged)
             answerer0 = StormRun._tree_cpu_s(answerer.pid) if answerer is not None else 0.0
+            spy = start_py_spy(args, advisor) if advisor is not None else None
             times = run_clients(tb, self.cpus["submit"], shares)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                spy.wait(timeout=60)
             answerer_s = StormRun._tree_cpu_s(answerer.pid) - answerer0 if answerer else 0.0
             idle_s = 0.0
             if answerer is not None and args.idle_s > 0:
@@ -267,20 +276,198 @@ class Run:
             tb.stop()
         return report
 
-    def _start_stand_in(self, tb: MultiHostSlurm) -> subprocess.Popen[str]:
-        """The instant stand-in on the controller host, on the controller's CPUs (where the
-        advisor would run)."""
-        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-        proc = subprocess.Popen(
-            tb.daemon_command(tb.controller, [python, "-c", INSTANT, str(self.prep.socket_path)]),
-            env=tb.env,
-            stdout=subprocess.PIPE,
-            text=True,
+
+PASS_THROUGH = """
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
+
+
+class SwapRun:
+    """``--mode swap``: one testbed, the advisor up throughout, the arms' job_submit.lua swapped
+    in turn before each block of ``--burst`` submissions (slurmctld re-reads the script when its
+    mtime changes), ``--repeats`` rounds in rotated order, every job cancelled after a round.
+    Blocks seconds apart see the same load from the machine's other users, which fresh testbeds
+    minutes apart do not. The baseline is ``pass_through`` (the plugin loaded with a script that
+    returns at once: stock plus one empty Lua call per job); ``stock`` without the plugin needs
+    ``--mode fresh``."""
+
+    ARMS = ("pass_through", "advisor", "fail_open", "instant")
+
+    def __init__(self, prep: Prepared, args: argparse.Namespace, cpus: dict) -> None:
+        self.prep = prep
+        self.args = args
+        self.cpus = cpus
+        self._swaps = 0
+
+    def scripts(self) -> dict[str, str]:
+        rendered = (self.prep.site_dir / "job_submit.lua").read_text()
+        sock = str(self.prep.socket_path)
+        quoted = json.dumps(sock)  # the template writes it as a Lua string, the same here
+        if quoted not in rendered:
+            raise RuntimeError(f"the rendered job_submit.lua does not name {sock}")
+        instant = json.dumps(str(self.prep.socket_path.with_name("instant.sock")))
+        absent = json.dumps(str(self.prep.socket_path.with_name("absent.sock")))
+        return {
+            "pass_through": PASS_THROUGH,
+            "advisor": rendered,
+            "fail_open": rendered.replace(quoted, absent),
+            "instant": rendered.replace(quoted, instant),
+        }
+
+    def swap(self, tb: MultiHostSlurm, text: str) -> None:
+        """Install a script with a strictly later mtime (whole seconds, in the future)."""
+        path = tb.root / "etc" / "job_submit.lua"
+        path.write_text(text)
+        self._swaps += 1
+        later = int(time.time()) + 10 + self._swaps
+        os.utime(path, (later, later))
+
+    def run(self, log: Log) -> list[dict[str, object]]:
+        args, prep = self.args, self.prep
+        settings = prep.settings
+        out = settings.root / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        out.chmod(0o1777)
+        arms = [a for a in args.arms.split(",") if a]
+        scripts = self.scripts()
+        absent_log = prep.socket_path.with_name("absent.sock.failopen")
+        absent_log.unlink(missing_ok=True)
+        advisor = AdvisorArm()
+        tb = MultiHostSlurm(
+            settings.root,
+            prep.specs,
+            device_pattern=settings.device_pattern,
+            extra_conf=(*FIFO, f"MaxJobCount={2 * len(arms) * (args.burst + args.warmup) + 1000}"),
+            per_host_dirs=(str(settings.work / "spool"),),
+            controller_cpus=self.cpus["controller"],
+            compute_cpus=self.cpus["compute"],
+            **advisor.testbed_options(prep),  # type: ignore[arg-type]
         )
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "up":
-            raise RuntimeError("the instant stand-in did not start")
-        return proc
+        stand_in: subprocess.Popen[str] | None = None
+        results: list[dict[str, object]] = []
+        try:
+            tb.start(timeout_s=60.0)
+            prep.socket_path.unlink(missing_ok=True)
+            advisor.start(tb, prep, log)
+            stand_in = start_stand_in(tb, prep.socket_path.with_name("instant.sock"))
+            assert advisor.proc is not None
+            for repeat in range(args.repeats):
+                shift = repeat % len(arms)
+                for arm in arms[shift:] + arms[:shift]:
+                    self.swap(tb, scripts[arm])
+                    # warm-up (not counted): the new script loaded, its connection made
+                    run_clients(tb, self.cpus["submit"], burst_jobs(args.warmup, 1, 0.0, out))
+                    before = advisor.stats(prep)
+                    lines_before = _lines(absent_log)
+                    block = measure_burst(
+                        tb, self.cpus["submit"], burst_jobs(args.burst, args.clients,
+                        args.cpu_share, out), [advisor.proc.pid, stand_in.pid],
+                        spy=start_py_spy(args, advisor) if arm == "advisor" else None,
+                    )  # fmt: skip
+                    block |= {"arm": arm, "repeat": repeat + 1}
+                    if arm == "fail_open":  # the swapped script ran: one line per job
+                        block["fail_open_lines"] = _lines(absent_log) - lines_before
+                    if arm == "advisor":
+                        block |= _advisor_figures(before, advisor.stats(prep))
+                    results.append(block)
+                    log(
+                        f"round {repeat + 1}/{args.repeats} {arm}: {block['jobs_per_s']} jobs/s,"
+                        f" sbatch p50 {block['sbatch_ms_p50']} ms p99 {block['sbatch_ms_p99']}"
+                        f" ms, controller CPU {block['controller_cpu_ms_per_job']} ms/job"
+                    )
+                tb.run(["scancel", "-u", "root"], timeout_s=120, check=False)
+                time.sleep(2.5 * settings.refresh_s)  # the advisor's view empty again
+        finally:
+            advisor.stop()
+            if stand_in is not None:
+                stand_in.kill()
+                stand_in.wait(timeout=10)
+            tb.stop()
+        return results
+
+
+def _lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def measure_burst(
+    tb: MultiHostSlurm,
+    cpus: Sequence[int],
+    shares: list[list[list[str]]],
+    answerers: Sequence[int],
+    spy: subprocess.Popen[bytes] | None = None,
+) -> dict[str, object]:
+    """One burst from the clients: jobs/s, latency, and the controller core's CPU per job
+    (slurmctld, munged and ``answerers`` with their children)."""
+    daemons = tb.running()
+    ctld, munged = daemons.get("slurmctld"), daemons.get("munged")
+
+    def controller_cpu_s() -> float:
+        own = proc_cpu_s(ctld) + proc_cpu_s(munged)
+        return own + sum(StormRun._tree_cpu_s(pid) for pid in answerers)
+
+    cpu0, ctld0, controller0 = cpu_times(), proc_cpu_s(ctld), controller_cpu_s()
+    times = run_clients(tb, cpus, shares)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        spy.wait(timeout=60)
+    controller_s = controller_cpu_s() - controller0
+    first = min(s for s, _ in times)
+    last = max(s + t for s, t in times)
+    return {
+        "accepted": len(times),
+        "burst_s": round(last - first, 2),
+        "jobs_per_s": round(len(times) / (last - first), 1),
+        "sbatch_ms_p50": _ms([t for _, t in times], 0.5),
+        "sbatch_ms_p99": _ms([t for _, t in times], 0.99),
+        "slurmctld_cpu_s": round(proc_cpu_s(ctld) - ctld0, 2),
+        "controller_cpu_ms_per_job": round(1000 * controller_s / len(times), 2),
+        "cpu_busy_pct": busy_share(cpu0, cpu_times()),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "_times": [t for _, t in times],
+    }
+
+
+def start_stand_in(tb: MultiHostSlurm, path: Path) -> subprocess.Popen[str]:
+    """The instant stand-in on the controller host, on the controller's CPUs (where the
+    advisor runs)."""
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    proc = subprocess.Popen(
+        tb.daemon_command(tb.controller, [python, "-c", INSTANT, str(path)]),
+        env=tb.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "up":
+        raise RuntimeError("the instant stand-in did not start")
+    return proc
+
+
+def start_py_spy(args: argparse.Namespace, advisor: AdvisorArm) -> subprocess.Popen[bytes] | None:
+    """``--py-spy``: sample the advisor (and its children) through a burst, as collapsed
+    stacks (flamegraph.pl or speedscope read them)."""
+    if advisor.proc is None or not args.py_spy:
+        return None
+    out = Path(args.py_spy)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"advisor-burst-{args.burst}-{int(time.time())}.txt"
+    spy = subprocess.Popen(
+        [
+            *(args.py_spy_bin, "record", "--format", "raw", "--subprocesses"),
+            *("--rate", "500", "--pid", str(advisor.proc.pid), "-o", str(target)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # attached
+    return spy
 
 
 def _advisor_figures(before: dict, after: dict) -> dict[str, object]:
@@ -305,10 +492,14 @@ def _median(runs: list[dict[str, object]], key: str) -> float:
 
 
 def summarize(runs: list[dict[str, object]], arms: Sequence[str]) -> dict[str, object]:
-    """Per arm: pooled latency, median jobs/s over the repeats; each against stock."""
+    """Per arm: pooled latency, median jobs/s and CPU over the repeats; each against the
+    baseline (``stock``, in swap mode ``pass_through``) as ``<key>_x_base``."""
     out: dict[str, dict[str, object]] = {}
+    keys = ("jobs_per_s", "sbatch_ms_p50", "sbatch_ms_p99", "controller_cpu_ms_per_job")
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
         pooled = [t for r in mine for t in r["_times"]]  # type: ignore[attr-defined]
         out[arm] = {
             "runs": len(mine),
@@ -316,26 +507,21 @@ def summarize(runs: list[dict[str, object]], arms: Sequence[str]) -> dict[str, o
             "per_run_jobs_per_s": [r["jobs_per_s"] for r in mine],
             "sbatch_ms_p50": _ms(pooled, 0.5),
             "sbatch_ms_p99": _ms(pooled, 0.99),
-            "slurmctld_cpu_s": _median(mine, "slurmctld_cpu_s"),
             "controller_cpu_ms_per_job": _median(mine, "controller_cpu_ms_per_job"),
-            "answerer_request_cpu_ms_per_job": _median(mine, "answerer_request_cpu_ms_per_job"),
-            "answerer_idle_cpu_pct": _median(mine, "answerer_idle_cpu_pct"),
         }
-    stock = out.get("stock")
-    if stock:
+        for extra in ("answerer_request_cpu_ms_per_job", "answerer_idle_cpu_pct"):
+            if all(extra in r for r in mine):
+                out[arm][extra] = _median(mine, extra)
+    base_name = "stock" if "stock" in out else "pass_through"
+    base = out.get(base_name)
+    if base:
         for arm, figures in out.items():
-            if arm == "stock":
+            if arm == base_name:
                 continue
-            for key in (
-                "jobs_per_s",
-                "sbatch_ms_p50",
-                "sbatch_ms_p99",
-                "slurmctld_cpu_s",
-                "controller_cpu_ms_per_job",
-            ):
-                if stock[key] and figures[key] is not None:
-                    figures[f"{key}_x_stock"] = round(figures[key] / stock[key], 2)  # type: ignore[operator]
-    return {"arms": out}
+            for key in keys:
+                if base[key] and figures[key] is not None:
+                    figures[f"{key}_x_base"] = round(figures[key] / base[key], 2)  # type: ignore[operator]
+    return {"baseline": base_name, "arms": out}
 
 
 # --- the rendered script's parts, outside slurmctld ---------------------------------------------
@@ -406,8 +592,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=8, help="uncounted, before the burst")
     parser.add_argument("--cpu-share", type=float, default=0.0, help="share of CPU-only jobs")
     parser.add_argument("--nodes", type=int, default=4, help="compute hosts, 4 GPUs each")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of every arm")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"among {','.join(ARMS)}")
+    parser.add_argument("--repeats", type=int, default=2, help="runs (rounds) of every arm")
+    parser.add_argument(
+        "--mode",
+        choices=("swap", "fresh"),
+        default="swap",
+        help="swap: one testbed, the scripts swapped per block (SwapRun); fresh: a testbed per arm",
+    )
+    parser.add_argument(
+        "--arms",
+        default="",
+        help=f"fresh: among {','.join(ARMS)}; swap: among {','.join(SwapRun.ARMS)} (default all)",
+    )
     parser.add_argument("--pin-controller", default="0", help="CPUs of the controller host")
     parser.add_argument(
         "--submit-cpus", default=None, help="CPUs of the clients (default: the compute CPUs)"
@@ -419,11 +615,17 @@ def main() -> int:
     parser.add_argument(
         "--lua-parts", type=int, default=0, help="also time the script's parts (requests)"
     )
+    parser.add_argument(
+        "--py-spy", default="", help="folder: profile the advisor through each burst (py-spy)"
+    )
+    parser.add_argument("--py-spy-bin", default="py-spy", help="the py-spy program")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    arms = [a for a in args.arms.split(",") if a]
-    if bad := [a for a in arms if a not in ARMS]:
-        raise SystemExit(f"submit_throughput: unknown arm(s) {bad}; valid: {', '.join(ARMS)}")
+    valid = ARMS if args.mode == "fresh" else SwapRun.ARMS
+    arms = [a for a in args.arms.split(",") if a] or list(valid)
+    if bad := [a for a in arms if a not in valid]:
+        raise SystemExit(f"submit_throughput: unknown arm(s) {bad}; valid: {', '.join(valid)}")
+    args.arms = ",".join(arms)
     if min(args.burst, args.clients, args.repeats, args.nodes) < 1 or not 0 <= args.cpu_share < 1:
         raise SystemExit(
             "submit_throughput: need --burst, --clients, --repeats, --nodes >= 1; "
@@ -453,6 +655,7 @@ def main() -> int:
         "cpu_share": args.cpu_share,
         "gpus": args.nodes * 4,
         "repeats": args.repeats,
+        "mode": args.mode,
         "cpus": {k: cpu_list(v) for k, v in cpus.items()},
         "uptime_before": _uptime(),
     }
@@ -462,7 +665,9 @@ def main() -> int:
             prep = prepare(settings, log)
             pristine = settings.work / "store.pristine.db"
             shutil.copy2(prep.db, pristine)
-            for repeat in range(args.repeats):
+            if args.mode == "swap":
+                runs = SwapRun(prep, args, cpus).run(log)
+            for repeat in range(args.repeats if args.mode == "fresh" else 0):
                 shift = repeat % len(arms)
                 for arm in arms[shift:] + arms[:shift]:
                     if arm == "advisor":  # every advisor run starts from the same store
