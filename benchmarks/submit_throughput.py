@@ -339,11 +339,13 @@ class SwapRun:
         absent_log = prep.socket_path.with_name("absent.sock.failopen")
         absent_log.unlink(missing_ok=True)
         advisor = AdvisorArm()
+        # cancelled jobs stay in slurmctld's memory for MinJobAge (300 s): room for them all
+        max_jobs = args.repeats * len(arms) * (args.burst + args.warmup) + 1000
         tb = MultiHostSlurm(
             settings.root,
             prep.specs,
             device_pattern=settings.device_pattern,
-            extra_conf=(*FIFO, f"MaxJobCount={2 * len(arms) * (args.burst + args.warmup) + 1000}"),
+            extra_conf=(*FIFO, f"MaxJobCount={max_jobs}"),
             per_host_dirs=(str(settings.work / "spool"),),
             controller_cpus=self.cpus["controller"],
             compute_cpus=self.cpus["compute"],
