@@ -327,6 +327,22 @@ class SwapRun:
         later = int(time.time()) + 10 + self._swaps
         os.utime(path, (later, later))
 
+    def _request_cpu(self, advisor: AdvisorArm, block: dict[str, object]) -> dict[str, object]:
+        """The advisor's CPU per request: its CPU in the block less what it spends over as long
+        with the same queue and no submissions (its Slurm reads), measured right after."""
+        assert advisor.proc is not None
+        if self.args.idle_s <= 0:
+            return {}
+        idle0 = StormRun._tree_cpu_s(advisor.proc.pid)
+        time.sleep(self.args.idle_s)
+        rate = (StormRun._tree_cpu_s(advisor.proc.pid) - idle0) / self.args.idle_s
+        busy = block["answerers_cpu_s"][0]  # type: ignore[index]
+        request_s = max(0.0, busy - rate * block["burst_s"])  # type: ignore[operator]
+        return {
+            "answerer_idle_cpu_pct": round(100 * rate, 1),
+            "answerer_request_cpu_ms_per_job": round(1000 * request_s / block["accepted"], 2),  # type: ignore[operator]
+        }
+
     def run(self, log: Log) -> list[dict[str, object]]:
         args, prep = self.args, self.prep
         settings = prep.settings
@@ -377,6 +393,7 @@ class SwapRun:
                         block["fail_open_lines"] = _lines(absent_log) - lines_before
                     if arm == "advisor":
                         block |= _advisor_figures(before, advisor.stats(prep))
+                        block |= self._request_cpu(advisor, block)
                     results.append(block)
                     log(
                         f"round {repeat + 1}/{args.repeats} {arm}: {block['jobs_per_s']} jobs/s,"
@@ -415,11 +432,13 @@ def measure_burst(
         return own + sum(StormRun._tree_cpu_s(pid) for pid in answerers)
 
     cpu0, ctld0, controller0 = cpu_times(), proc_cpu_s(ctld), controller_cpu_s()
+    answerers0 = [StormRun._tree_cpu_s(pid) for pid in answerers]
     times = run_clients(tb, cpus, shares)
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
         spy.wait(timeout=60)
     controller_s = controller_cpu_s() - controller0
+    answerers_s = [StormRun._tree_cpu_s(p) - c for p, c in zip(answerers, answerers0, strict=True)]
     first = min(s for s, _ in times)
     last = max(s + t for s, t in times)
     return {
@@ -430,6 +449,7 @@ def measure_burst(
         "sbatch_ms_p99": _ms([t for _, t in times], 0.99),
         "slurmctld_cpu_s": round(proc_cpu_s(ctld) - ctld0, 2),
         "controller_cpu_ms_per_job": round(1000 * controller_s / len(times), 2),
+        "answerers_cpu_s": [round(a, 2) for a in answerers_s],
         "cpu_busy_pct": busy_share(cpu0, cpu_times()),
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "_times": [t for _, t in times],
