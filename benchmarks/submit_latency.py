@@ -128,17 +128,16 @@ def instant_server(path: Path) -> None:
     srv.bind(str(path))
     srv.listen(64)
 
+    def serve(conn: socket.socket) -> None:
+        # every request line of a connection, in turn: job_submit.lua keeps its connection
+        with conn, conn.makefile("rb") as lines:
+            for _line in lines:
+                conn.sendall(INSTANT)
+
     def loop() -> None:
         while True:
             conn, _ = srv.accept()
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                conn.sendall(INSTANT)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()
 

@@ -507,6 +507,33 @@ def test_a_request_must_arrive_whole_by_its_deadline_however_it_trickles(adv_env
         server.stop()
 
 
+def test_a_kept_connection_serves_many_requests_and_is_closed_quietly_when_idle(
+    adv_env: Env,
+) -> None:
+    """job_submit.lua keeps its connection between submissions: each request on it is answered
+    in turn; once it has been idle for the request deadline it is closed without an error line
+    (which the plugin could read as its next answer) and not counted as a timed-out request."""
+    env = adv_env
+    path = env.root / "kept.sock"
+    server = AdvisorServer(env.state(), path, refresh_s=3600, replan_s=0, request_timeout_s=0.5)
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(str(path))
+            reader = conn.makefile("rb")
+            for _ in range(3):
+                conn.sendall(b'{"v":1,"op":"health"}\n')
+                assert json.loads(reader.readline())["ok"] is True
+                time.sleep(0.2)  # idle, but within the deadline
+            started = time.monotonic()
+            assert reader.readline() == b""  # closed, nothing said
+            assert 0.2 < time.monotonic() - started < 5
+        assert server.counters.snapshot()["requests_timed_out"] == 0
+    finally:
+        server.stop()
+
+
 def _node_uuids(server: AdvisorServer, node: str) -> set[str]:
     labels = server.state.view.static.labels  # type: ignore[union-attr]
     return {labels.uuid_at_slurm_index(node, i) for i in range(4)}

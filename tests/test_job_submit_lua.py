@@ -478,11 +478,148 @@ def test_stalled_advisor_times_out_and_fails_open(short_dir: Path, serve) -> Non
     assert len(server.requests) == 1
 
 
+class KeptServer:
+    """A Unix-socket server that answers every request line of a connection in turn, as the
+    advisor does; ``respond(n, line)`` (n counts requests from 1) gives the bytes to send, or
+    None to close the connection without answering. ``connections`` counts accepts."""
+
+    def __init__(self, path: Path, respond: Callable[[int, bytes], bytes | None]) -> None:
+        self.path = path
+        self.respond = respond
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for line in lines:
+                self.requests.append(json.loads(line))
+                reply = self.respond(len(self.requests), line)
+                if reply is None:
+                    return
+                try:
+                    conn.sendall(reply)
+                except OSError:  # the plugin gave up on this connection
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def kept_server(short_dir: Path) -> Iterator[Callable[..., KeptServer]]:
+    servers: list[KeptServer] = []
+
+    def start(respond: Callable[[int, bytes], bytes | None]) -> KeptServer:
+        servers.append(KeptServer(short_dir / "kept.sock", respond))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+SUBMIT_MANY = """
+local socket = require("socket")
+local results = {}
+for i = 1, %d do
+  local job = %s
+  local rc = slurm_job_submit(job, {}, 1000)
+  results[i] = {rc = rc, req_nodes = job.req_nodes or "", logs = #LOGS}
+  %s
+end
+emit(results)
+"""
+
+
+def _routed_to(n: int, node: str = "n%d") -> bytes:
+    body = {"v": 1, "ok": True, "action": "route", "set": {"req_nodes": node % n}}
+    return (json.dumps(body) + "\n").encode()
+
+
+def test_a_burst_goes_over_one_kept_connection(short_dir: Path, kept_server) -> None:
+    """slurmctld runs the script one call at a time: one connection carries every request of
+    a burst, each job gets its own answer."""
+    server = kept_server(lambda n, _line: _routed_to(n))
+    script = _render(short_dir, str(server.path))
+    (results,) = run_lua(script, SUBMIT_MANY % (5, GPU_JOB, ""))
+    assert [r["req_nodes"] for r in results] == [f"n{i}" for i in range(1, 6)], results
+    assert all(r["rc"] == 0 and r["logs"] == 0 for r in results)
+    assert len(server.requests) == 5 and server.connections == 1
+
+
+def test_a_kept_connection_the_advisor_closed_is_replaced(short_dir: Path, serve) -> None:
+    """An advisor that closes after each answer (idle timeout, restart): every job is still
+    asked and answered, on a new connection."""
+    server = serve(answer(set={"req_nodes": "n1"}))
+    script = _render(short_dir, str(server.path))
+    (results,) = run_lua(script, SUBMIT_MANY % (3, GPU_JOB, "socket.sleep(0.05)"))
+    assert [(r["req_nodes"], r["logs"]) for r in results] == [("n1", 0)] * 3
+    assert len(server.requests) == 3
+
+
+def test_a_request_the_advisor_did_not_answer_on_the_kept_connection_goes_again(
+    short_dir: Path, kept_server
+) -> None:
+    """The advisor closes the kept connection as the next request goes out (its idle close
+    racing the send): the plugin asks once more on a new connection instead of failing open."""
+    server = kept_server(lambda n, _line: None if n == 2 else _routed_to(n))
+    script = _render(short_dir, str(server.path))
+    (results,) = run_lua(script, SUBMIT_MANY % (2, GPU_JOB, ""))
+    assert [(r["req_nodes"], r["logs"]) for r in results] == [("n1", 0), ("n3", 0)]
+    assert server.connections == 2 and len(server.requests) == 3
+
+
+def test_a_late_answer_is_never_read_as_the_next_jobs(short_dir: Path, kept_server) -> None:
+    """The first answer comes after the plugin's timeout: that job fails open, its connection
+    is dropped, and the next job gets its own answer, not the late one."""
+
+    def respond(n: int, _line: bytes) -> bytes:
+        if n == 1:
+            time.sleep(0.5)  # past the 200 ms timeout
+        return _routed_to(n)
+
+    server = kept_server(respond)
+    script = _render(short_dir, str(server.path), timeout_ms=200)
+    (results,) = run_lua(script, SUBMIT_MANY % (2, GPU_JOB, "socket.sleep(0.6)"))
+    assert results[0]["req_nodes"] == "" and results[0]["logs"] == 1  # failed open
+    assert results[1]["req_nodes"] == "n2" and results[1]["logs"] == 1
+    assert server.connections == 2
+
+
 def test_no_socket_fails_open(short_dir: Path) -> None:
     script = _render(short_dir, str(short_dir / "absent.sock"))
     out = submit(script, GPU_JOB)
     _failed_open(out)
     assert "connect" in out["logs"][0]
+    assert "job of uid 1000 (uid:1000, name 'train') accepted as written" in out["logs"][0]
+
+
+def test_a_fail_open_line_names_what_finds_the_job(short_dir: Path) -> None:
+    """Slurm has not numbered the job when the plugin runs: the advisor's count gets the time,
+    uid, user and job name (tabs and newlines in them made blanks), then why."""
+    sock = short_dir / "absent.sock"
+    script = _render(short_dir, str(sock))
+    job = GPU_JOB.replace('name = "train"', 'name = "a\\tb\\nc", user_name = "alice"')
+    before = time.time()
+    submit(script, job, uid=1234)
+    (line,) = sock.with_name("absent.sock.failopen").read_text().splitlines()
+    epoch, uid, user, name, why = line.split("\t")
+    assert before - 1 <= int(epoch) <= time.time() + 1
+    assert (uid, user, name) == ("1234", "alice", "a b c")
+    assert why.startswith("connect ")
 
 
 def test_socket_without_a_listener_fails_open(short_dir: Path) -> None:

@@ -86,6 +86,12 @@ class LineReader:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
         self._buffer = bytearray()
+        self.lines = 0  # whole lines returned so far
+
+    @property
+    def pending(self) -> int:
+        """Bytes received of the next line."""
+        return len(self._buffer)
 
     def readline(self, limit: int, deadline: float) -> bytes:
         """The next line with its newline; at most ``limit`` bytes without one (the caller
@@ -94,6 +100,7 @@ class LineReader:
         while True:
             end = self._buffer.find(b"\n", 0, limit)
             if end >= 0:
+                self.lines += 1
                 return self._take(end + 1)
             if len(self._buffer) >= limit:
                 return self._take(limit)

@@ -221,12 +221,18 @@ class UnixTransport:
 
     def read_request(self, conn: socket.socket, reader: LineReader) -> bytes | None:
         """The next request line (b"" at the peer's end; an over-long or cut line as it came),
-        or None when it did not arrive whole within ``request_timeout_s`` (the peer is told)
-        or the connection broke."""
+        or None when it did not arrive whole within ``request_timeout_s`` (the peer is told,
+        unless it was answered before and sent nothing since: an idle kept connection) or the
+        connection broke."""
         deadline = time.monotonic() + self.request_timeout_s
         try:
             return reader.readline(protocol.MAX_LINE + 2, deadline)
         except TimeoutError:
+            if reader.lines and not reader.pending:
+                # A kept connection (job_submit.lua keeps one between submissions) with no
+                # request since its last answer: closed without a word, which the plugin reads
+                # as closed and reconnects; an error line could be read as its next answer.
+                return None
             self.counters.add("requests_timed_out")
             message = f"no whole request line within {self.request_timeout_s:g} s"
             with contextlib.suppress(OSError):

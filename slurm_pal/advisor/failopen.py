@@ -1,12 +1,17 @@
 """Jobs job_submit.lua let through without an answer (fail-open), counted by the advisor.
 
 Why a file: a fail-open happens exactly when the advisor could not answer (down, busy, too
-slow), so the plugin cannot tell the advisor then. It appends one line (``<epoch> <why>``) to
+slow), so the plugin cannot tell the advisor then. It appends one line
+(``<epoch>\t<uid>\t<user>\t<job name>\t<why>``; older plugins wrote ``<epoch> <why>``) to
 ``<advisor.socket>.failopen`` instead: an open, a write and a close inside slurmctld, no process
 and no socket. The advisor creates the file next to its socket (mode 0660, group
 ``advisor.socket_group``, like the socket, so SlurmUser can append without write access to the
 folder), counts the new lines on every refresh and on every metrics scrape, and logs one line
 when there are new ones. Fail-opens while the advisor was down are counted when it is back.
+
+Slurm gives a job its id only after job_submit.lua has returned (22.05 and 24.11 alike: the
+plugin runs before the job record exists), so no line can carry it. The warning names what
+finds the job instead: the user, the job name and the submit time, as an ``sacct`` command.
 
 The file is replaced by an empty one once it passes ``rotate_bytes``; a line a plugin writes
 into the old file after the advisor's last read of it (a few microseconds) is lost.
@@ -18,10 +23,12 @@ import contextlib
 import grp
 import logging
 import os
+import shlex
 import threading
+import time
 from pathlib import Path
 
-__all__ = ["ROTATE_BYTES", "FailOpenLog", "fail_open_path"]
+__all__ = ["ROTATE_BYTES", "FailOpenLog", "describe_line", "fail_open_path"]
 
 log = logging.getLogger("slurm_pal.advisor")
 
@@ -31,6 +38,22 @@ ROTATE_BYTES = 1 << 20
 def fail_open_path(socket_path: str | Path) -> Path:
     """Where job_submit.lua appends its fail-open lines: next to the socket it talks to."""
     return Path(f"{socket_path}.failopen")
+
+
+def describe_line(line: str) -> str:
+    """One fail-open line as an admin can act on it: when, whose job, why, and the sacct
+    command that finds it (its id did not exist yet when the line was written)."""
+    fields = line.split("\t")
+    if len(fields) == 5 and fields[0].isdigit():
+        epoch, uid, user, name, why = fields
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(epoch)))
+        find = f"sacct -X -u {uid} -S {when}" + (f" --name {shlex.quote(name)}" if name else "")
+        return f"job {name!r} of {user} (uid {uid}) submitted {when}: {why} (find it: {find})"
+    head, _, why = line.partition(" ")
+    if head.isdigit():  # an older plugin's "<epoch> <why>"
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(head)))
+        return f"a job submitted {when}: {why}"
+    return line
 
 
 class FailOpenLog:
@@ -85,9 +108,9 @@ class FailOpenLog:
             self.total += new
         if new:
             log.warning(
-                "job_submit.lua let %d GPU job(s) through as written, unanswered (last: %s)",
+                "job_submit.lua let %d GPU job(s) through as written, unanswered; the last: %s",
                 new,
-                self.last,
+                describe_line(self.last or ""),
             )
         return new
 

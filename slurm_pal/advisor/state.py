@@ -23,7 +23,7 @@ token until Slurm shows the job (``r=<token>`` in its admin comment) running or 
 from __future__ import annotations
 
 import logging
-import secrets
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -79,6 +79,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
+
+# Tokens name decisions and reservations; they need to be unique, not secret (only root and
+# the advisor write admin comments). A PRNG seeded once from os.urandom makes them without a
+# system call: os.urandom on every decide released the GIL mid-decision, and the store
+# writer's thread then held it for up to the switch interval (5 ms) before the answer went out.
+_TOKENS = random.Random()
+
+
+def _new_token() -> str:
+    """12 hex digits, as ``secrets.token_hex(6)`` gave."""
+    return f"{_TOKENS.getrandbits(48):012x}"
 
 
 def make_engine(name: str, advisor: AdvisorConfig) -> AdvisorEngine:
@@ -340,7 +351,7 @@ class AdvisorState:
         is stored afterwards by the writer thread (queued by ``defer``'s callables when given,
         so the caller can send the answer first: the writer's Python work competes for the
         GIL). No Slurm call, no store read."""
-        token = secrets.token_hex(6)
+        token = _new_token()
         with self._lock:
             resolution = resolve(job.job_request(), self._store_view, self.resolve_config)
             view, cluster = self._view, self._cluster

@@ -484,6 +484,57 @@ def test_advisor_answering_garbage(clean: Lab) -> None:
     _runs_as_written(lab, "node count")
 
 
+def test_slurmctld_keeps_one_connection_to_the_advisor_across_submissions(clean: Lab) -> None:
+    """slurmctld keeps job_submit.lua's Lua state between calls (one call at a time), so
+    back-to-back submissions share one connection, each with its own answer; a connection
+    the advisor closed (idle, restart) is replaced at the next submission."""
+    lab = clean
+    lab.stop_advisor()
+    lab.socket.unlink(missing_ok=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(lab.socket))
+    srv.listen(16)
+    lab.stand_in = srv  # closed by stop_stand_in, with the connections in lab.held
+    requests: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn.makefile("rb") as lines:
+            for _line in lines:
+                requests.append(len(requests) + 1)
+                comment = f"slurm-pal/stand-in pass n={requests[-1]}"
+                answer = (
+                    f'{{"v":1,"ok":true,"action":"pass","set":{{"admin_comment":"{comment}"}}}}'
+                )
+                conn.sendall(answer.encode() + b"\n")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            lab.held.append(conn)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        jobs = [lab.sbatch("-H", "--gres=gpu:1", f"--wrap={WRAP}") for _ in range(4)]
+        assert len(lab.held) == 1 and requests == [1, 2, 3, 4]
+        seen = lab.jobs()
+        assert [seen[j].admin_comment for j in jobs] == [
+            f"slurm-pal/stand-in pass n={n}" for n in (1, 2, 3, 4)
+        ]
+        lab.held[0].shutdown(socket.SHUT_RDWR)  # the advisor closes it
+        again = lab.sbatch("-H", "--gres=gpu:1", f"--wrap={WRAP}")
+        assert len(lab.held) == 2 and requests[-1] == 5
+        assert lab.jobs()[again].admin_comment == "slurm-pal/stand-in pass n=5"
+    finally:
+        for conn in lab.held:  # close() alone leaves the fd to the serving thread's reader
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        lab.stop_stand_in()
+
+
 # ---------------------------------------------------------------------------------------------
 # security
 
@@ -535,7 +586,7 @@ def test_unprivileged_user_cannot_talk_to_the_socket(clean: Lab) -> None:
     # nobody's GPU job still goes through the advisor (slurmctld asks it as root)
     job_id = lab.sbatch("--gres=gpu:1", f"--wrap={WRAP}", user="nobody")
     job = lab.wait_running(job_id)[job_id]
-    assert _admin(job)["action"] == "route"
+    assert _admin(job)["action"] == "route", job.admin_comment
 
 
 # ---------------------------------------------------------------------------------------------
