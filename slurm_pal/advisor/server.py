@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pau
 from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.advisor.writer import WAITING
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
 
@@ -323,6 +325,7 @@ class AdvisorServer:
                 stats = self.counters.snapshot() | self.state.suspects.snapshot()
                 stats |= self.state.runtimes.snapshot()
                 stats |= self.remeasurer.snapshot()
+                stats |= self.state.writer.snapshot()
                 return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}
@@ -446,11 +449,21 @@ class AdvisorServer:
         replan_answer = None
         if round_due:
             replan_answer = self.rounds.at_job_end(record)
-        added = write.result(timeout=30.0)
+        try:
+            added = write.result(timeout=30.0)
+        except FutureTimeout:
+            # The writer is behind (not a locked store: that answers WAITING within a
+            # second): the hook spools the record and it is swept in later.
+            return protocol.error_answer(
+                f"record {record.get('record_id')} of job {record.get('job_id')} not stored "
+                f"within 30 s: {self.state.writer.backlog()} store writes queued before it"
+            )
         self.counters.add("records_total")
         if not added:
             self.counters.add("records_duplicate")
         answer: dict[str, object] = {"v": 1, "ok": True, "duplicate": not added}
+        if added is WAITING:  # safe in the writer's journal: stored once the lock is released
+            answer["waiting"] = True
         if added and replan_answer is not None:
             answer["replan"] = replan_answer
         if record.get("kind") == "epilog":  # what the Epilog waited for: round and write
