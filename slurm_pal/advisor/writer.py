@@ -130,6 +130,7 @@ class StoreWriter:
         self._run_id = f"{os.getpid()}.{time.time_ns()}"  # this writer's journal lines
         self._closing = threading.Event()
         self._lock = threading.Lock()  # what snapshot() reads from other threads
+        self._journal_lock = threading.Lock()  # appends from the writer and from submit()
         self._held: list[_Write] = []  # taken off the queue, waiting for the lock's release
         self._disk_seqs: set[int] = set()  # durable writes past max_waiting: journal only
         self._locked_since: float | None = None
@@ -151,7 +152,16 @@ class StoreWriter:
         records: kept on disk while the store is locked)."""
         future: Future[T] = Future()
         seq = next(self._order)
-        self._queue.put((0 if urgent else 1, seq, _Write(seq, fn, future, durable)))
+        write = _Write(seq, fn, future, durable)
+        if durable is not None and self._locked_since is not None:
+            # The store is locked: into the journal now, so a hook waiting for its record
+            # hears at once that it is safe (not after the writer's next try for the lock).
+            self._journal([write])
+            if write.journaled:
+                write.started = True
+                future.set_running_or_notify_cancel()
+                future.set_result(WAITING)  # type: ignore[arg-type]
+        self._queue.put((0 if urgent else 1, seq, write))
         return future
 
     def submit_durable(
@@ -389,14 +399,7 @@ class StoreWriter:
 
     def _try_begin(self, store: Store) -> bool:
         """Whether the write lock can be had now (waits up to the busy timeout)."""
-        try:
-            store._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if store_locked(exc):
-                return False
-            raise
-        store._db.execute("ROLLBACK")
-        return True
+        return store.write_lock_free()
 
     def _drain_into_held(self) -> None:
         """Take what was queued meanwhile (in submission order) into the held writes."""
@@ -427,14 +430,15 @@ class StoreWriter:
                 for w in writes
                 for k, a in [w.durable]  # type: ignore[list-item]
             ]
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                data = memoryview("".join(lines).encode())
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with self._journal_lock:
+                fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                try:
+                    data = memoryview("".join(lines).encode())
+                    while data:
+                        data = data[os.write(fd, data) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except (OSError, TypeError, ValueError) as exc:
             log.warning(
                 "cannot keep %d waiting writes in %s (they wait in memory only): %s",
