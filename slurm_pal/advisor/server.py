@@ -40,6 +40,7 @@ from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pau
 from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.advisor.trim import BadRequestTrimmer
 from slurm_pal.advisor.writer import WAITING
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
@@ -58,6 +59,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
+
+LARGE_LINE_BYTES = 64 << 10
+"""A request line above this is large (a decide or a record is a few KB)."""
+LARGE_LINES_AT_ONCE = 2
+"""How many large request lines are parsed and answered at a time (the others wait)."""
+MAX_ELEMENTS = 10_000
+"""The most JSON values a large request line may hold (a decide holds some tens)."""
 
 
 class ReloadRefused(Exception):
@@ -136,9 +144,10 @@ class AdvisorServer:
         self._threads: list[threading.Thread] = []
         self._refresh_now = threading.Event()
         self._store_waiting: str | None = None  # why the store is not open yet
+        self._large_lines = threading.BoundedSemaphore(LARGE_LINES_AT_ONCE)
         self.connections = UnixTransport(
             self.socket_path,
-            answer=self.answer,
+            answer=self._bounded_answer,
             undelivered=self._undelivered,
             counters=self.counters,
             allowed=allowed_uids(cfg.advisor.allowed_users if allowed is None else allowed),
@@ -159,6 +168,7 @@ class AdvisorServer:
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
         self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
+        self.trimmer = BadRequestTrimmer(self._refused)  # a flood's memory back at once
         self.refresher = RefreshLoop(
             state,
             self.counters,
@@ -197,6 +207,7 @@ class AdvisorServer:
             log.warning("cannot create %s (fail-opens not counted): %s", self.fail_opens.path, exc)
         self.poll_fail_opens()
         self._spawn("socket", self.connections.serve_forever)
+        self._spawn("trim", lambda: self.trimmer.run(self._stop))
         if self._tcp is not None:
             self._tcp.start()
         if open_store is None:
@@ -340,6 +351,27 @@ class AdvisorServer:
             return protocol.error_answer(f"{request.op} failed: {exc}")
         return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
 
+    def _bounded_answer(
+        self, line: bytes, after: list[Callable[[], object]] | None = None
+    ) -> dict[str, object]:
+        """:meth:`answer`, with at most ``LARGE_LINES_AT_ONCE`` large lines parsed and
+        answered at a time: a request is a few KB, and a flood of lines near the limit (JSON
+        whose job is a long list) held dozens of parsed copies at once, tens of MB that the
+        heap kept long after."""
+        if len(line) <= LARGE_LINE_BYTES:
+            return self.answer(line, after)
+        # Counted in C, without parsing: a long list would be a million small objects, and
+        # the allocator keeps their memory fragmented long after they are freed.
+        elements = line.count(b",") + line.count(b"[") + line.count(b"{")
+        if elements > MAX_ELEMENTS:
+            self.counters.add("bad_requests")
+            return protocol.error_answer(
+                f"request of {len(line)} bytes holds {elements} JSON values or more (at most "
+                f"{MAX_ELEMENTS}): refused unparsed"
+            )
+        with self._large_lines:
+            return self.answer(line, after)
+
     def reload(self) -> dict[str, object]:
         """The ``reload`` op and SIGHUP: re-read the config (``reload_config`` applies what can
         change live and returns the keys that changed), labels.json and the store, then Slurm.
@@ -358,6 +390,10 @@ class AdvisorServer:
             changed = list(changed or ())
             log.info("reloaded config, labels and store: %s", ", ".join(changed) or "no change")
             return {**self.state.health(), "changed": changed}
+
+    def _refused(self) -> int:
+        """Requests refused so far (malformed, or a decide whose job is not a job)."""
+        return self.counters.total("bad_requests", "decide_errors")
 
     def poll_fail_opens(self) -> int:
         """Count job_submit.lua's new fail-open lines (each refresh, each metrics scrape)."""
