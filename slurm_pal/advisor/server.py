@@ -40,7 +40,7 @@ from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pau
 from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
-from slurm_pal.advisor.trim import BadRequestTrimmer
+from slurm_pal.advisor.trim import BadRequestTrimmer, LargeLines
 from slurm_pal.advisor.writer import WAITING
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
@@ -59,13 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("slurm_pal.advisor")
-
-LARGE_LINE_BYTES = 64 << 10
-"""A request line above this is large (a decide or a record is a few KB)."""
-LARGE_LINES_AT_ONCE = 2
-"""How many large request lines are parsed and answered at a time (the others wait)."""
-MAX_ELEMENTS = 10_000
-"""The most JSON values a large request line may hold (a decide holds some tens)."""
 
 
 class ReloadRefused(Exception):
@@ -144,10 +137,9 @@ class AdvisorServer:
         self._threads: list[threading.Thread] = []
         self._refresh_now = threading.Event()
         self._store_waiting: str | None = None  # why the store is not open yet
-        self._large_lines = threading.BoundedSemaphore(LARGE_LINES_AT_ONCE)
         self.connections = UnixTransport(
             self.socket_path,
-            answer=self._bounded_answer,
+            answer=LargeLines(self.answer, self.counters),  # a flood's memory bounded
             undelivered=self._undelivered,
             counters=self.counters,
             allowed=allowed_uids(cfg.advisor.allowed_users if allowed is None else allowed),
@@ -168,7 +160,9 @@ class AdvisorServer:
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
         self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
-        self.trimmer = BadRequestTrimmer(self._refused)  # a flood's memory back at once
+        self.trimmer = BadRequestTrimmer(  # a flood's memory back at once
+            lambda: self.counters.total("bad_requests", "decide_errors")
+        )
         self.refresher = RefreshLoop(
             state,
             self.counters,
@@ -351,27 +345,6 @@ class AdvisorServer:
             return protocol.error_answer(f"{request.op} failed: {exc}")
         return protocol.error_answer(f"unknown op {request.op!r}", protocol.OPS)
 
-    def _bounded_answer(
-        self, line: bytes, after: list[Callable[[], object]] | None = None
-    ) -> dict[str, object]:
-        """:meth:`answer`, with at most ``LARGE_LINES_AT_ONCE`` large lines parsed and
-        answered at a time: a request is a few KB, and a flood of lines near the limit (JSON
-        whose job is a long list) held dozens of parsed copies at once, tens of MB that the
-        heap kept long after."""
-        if len(line) <= LARGE_LINE_BYTES:
-            return self.answer(line, after)
-        # Counted in C, without parsing: a long list would be a million small objects, and
-        # the allocator keeps their memory fragmented long after they are freed.
-        elements = line.count(b",") + line.count(b"[") + line.count(b"{")
-        if elements > MAX_ELEMENTS:
-            self.counters.add("bad_requests")
-            return protocol.error_answer(
-                f"request of {len(line)} bytes holds {elements} JSON values or more (at most "
-                f"{MAX_ELEMENTS}): refused unparsed"
-            )
-        with self._large_lines:
-            return self.answer(line, after)
-
     def reload(self) -> dict[str, object]:
         """The ``reload`` op and SIGHUP: re-read the config (``reload_config`` applies what can
         change live and returns the keys that changed), labels.json and the store, then Slurm.
@@ -390,10 +363,6 @@ class AdvisorServer:
             changed = list(changed or ())
             log.info("reloaded config, labels and store: %s", ", ".join(changed) or "no change")
             return {**self.state.health(), "changed": changed}
-
-    def _refused(self) -> int:
-        """Requests refused so far (malformed, or a decide whose job is not a job)."""
-        return self.counters.total("bad_requests", "decide_errors")
 
     def poll_fail_opens(self) -> int:
         """Count job_submit.lua's new fail-open lines (each refresh, each metrics scrape)."""

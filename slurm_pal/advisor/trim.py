@@ -1,4 +1,4 @@
-"""Gives the memory of a flood of bad requests back to the system at once.
+"""Keeps the memory of a flood of bad requests bounded and gives it back at once.
 
 Why: a bad request can be large (a line of up to ``protocol.MAX_LINE`` bytes, or JSON just
 under it whose ``job`` is a long list, parsed whole before it is refused): under a flood, dozens
@@ -15,10 +15,27 @@ import ctypes.util
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["BadRequestTrimmer", "malloc_trim"]
+from slurm_pal.advisor import protocol
+
+__all__ = [
+    "LARGE_LINES_AT_ONCE",
+    "LARGE_LINE_BYTES",
+    "MAX_ELEMENTS",
+    "BadRequestTrimmer",
+    "LargeLines",
+    "malloc_trim",
+]
 
 log = logging.getLogger("slurm_pal.advisor")
+
+LARGE_LINE_BYTES = 64 << 10
+"""A request line above this is large (a decide or a record is a few KB)."""
+LARGE_LINES_AT_ONCE = 2
+"""How many large request lines are parsed and answered at a time (the others wait)."""
+MAX_ELEMENTS = 10_000
+"""The most JSON values a large request line may hold (a decide holds some tens)."""
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -69,3 +86,31 @@ class BadRequestTrimmer:
     def run(self, stopping: threading.Event) -> None:
         while not stopping.wait(self.every_s):
             self.tick()
+
+
+class LargeLines:
+    """The service's ``answer``, with at most ``LARGE_LINES_AT_ONCE`` large lines parsed and
+    answered at a time, and a large line of more than ``MAX_ELEMENTS`` values refused from a
+    count (in C, no parse): a request is a few KB, and a flood of lines near the limit whose
+    job is a long list held millions of small objects at once, memory the allocator kept
+    fragmented long after."""
+
+    def __init__(self, answer: Callable[..., dict[str, object]], counters: Any) -> None:
+        self.answer = answer
+        self.counters = counters
+        self._slots = threading.BoundedSemaphore(LARGE_LINES_AT_ONCE)
+
+    def __call__(
+        self, line: bytes, after: list[Callable[[], object]] | None = None
+    ) -> dict[str, object]:
+        if len(line) <= LARGE_LINE_BYTES:
+            return self.answer(line, after)
+        elements = line.count(b",") + line.count(b"[") + line.count(b"{")
+        if elements > MAX_ELEMENTS:
+            self.counters.add("bad_requests")
+            return protocol.error_answer(
+                f"request of {len(line)} bytes holds {elements} JSON values or more (at most "
+                f"{MAX_ELEMENTS}): refused unparsed"
+            )
+        with self._slots:
+            return self.answer(line, after)
