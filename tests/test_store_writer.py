@@ -231,3 +231,21 @@ def test_a_broken_write_still_fails_at_once(tmp_path: Path):
         assert writer.snapshot()["store_locked_episodes"] == 0
     finally:
         writer.close()
+
+
+def test_a_failed_record_write_names_its_job(tmp_path: Path, caplog) -> None:
+    writer = StoreWriter(tmp_path / "advisor.db")
+    record = {"record_id": "9:n1:epilog", "job_id": 9, "node": "n1", "kind": "epilog"}
+
+    def broken(store: Store) -> None:
+        raise ValueError("telemetry unusable")
+
+    caplog.set_level(logging.WARNING, logger="slurm_pal.advisor")
+    try:
+        failing = writer.submit(broken, urgent=True, durable=("record", {"record": record}))
+        with pytest.raises(ValueError):
+            failing.result(10)
+    finally:
+        writer.close()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "job 9's epilog record from n1" in line and "telemetry unusable" in line

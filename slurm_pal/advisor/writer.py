@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from slurm_pal.adapters.store import Store, StoreError
 from slurm_pal.advisor.jobend import merge_telemetry
+from slurm_pal.advisor.logtext import about, reason
 from slurm_pal.core.resolve import JobRecord, claimed_app
 from slurm_pal.engine.jobdesc import JobDescription
 
@@ -275,19 +276,20 @@ class StoreWriter:
                 self._hold(batch)
                 return
             # the commit itself failed: nothing in the batch is stored
-            log.warning("store write failed: %s", exc)
+            log.warning("store write of %d writes failed, none stored: %s", len(batch), reason(exc))
             done = [(write, None, exc) for write, _, _ in done]
         for write, result, error in done:
             future = write.future
             if future is None or future.done():  # told WAITING before: it is written now
                 if error is not None:
-                    log.warning("store write that waited for the lock failed: %s", error)
+                    log.warning("store write of %s (it waited for the lock) failed: %s",
+                                _what(write), reason(error))  # fmt: skip
                 continue
             if error is None:
                 future.set_result(result)
             else:
                 future.set_exception(error)
-                log.warning("store write failed: %s", error)
+                log.warning("store write of %s failed: %s", _what(write), reason(error))
 
     def _execute(self, store: Store, write: _Write) -> Any:
         if write.fn is not None:
@@ -490,6 +492,19 @@ class StoreWriter:
             log.info("%d decisions and records kept in %s at the last stop: written",
                      len(writes), self.journal_path)  # fmt: skip
         return len(writes)
+
+
+def _what(write: _Write) -> str:
+    """A write as an admin looks it up: the job record (Slurm's job id, hook, node) or the
+    decision (its token: ``r=`` in the job's admin comment)."""
+    if write.durable is None:
+        return "an advisor write"
+    kind, args = write.durable
+    if kind == "record" and isinstance(args.get("record"), Mapping):
+        return about(args["record"])
+    if kind == "bind":
+        return f"decision r={args.get('token')}'s job id {args.get('job_id')}"
+    return f"decision r={args.get('token')} ({kind.replace('_', ' ')})"
 
 
 def bind_decision(store: Store, token: str, job_id: int) -> bool:
