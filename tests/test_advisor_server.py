@@ -23,6 +23,7 @@ import pytest
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
 from slurm_pal.advisor.server import AdvisorServer, sweep_spool
+from slurm_pal.advisor.trim import BadRequestTrimmer
 from slurm_pal.core.resolve import resolve
 from slurm_pal.engine.decide import decide
 from slurm_pal.engine.jobdesc import JobDescription
@@ -600,3 +601,49 @@ def test_slurm_reads_take_at_most_a_quarter_of_the_refresh_threads_time() -> Non
     slow = refresh_pause(1.0, 1.2)
     assert 1.2 / (1.2 + slow) == pytest.approx(MAX_READ_SHARE)
     assert refresh_pause(1.0, 0.05) == 1.0
+
+
+def test_a_large_request_with_a_long_list_is_refused_unparsed(served) -> None:
+    """A flood of lines just under the limit whose job is a long list held millions of small
+    objects at once, memory the allocator kept long after: such a line is now refused from
+    a count of its values (bounded work), and still counted as a bad request."""
+    env, _server, client = served
+    path = env.root / "adv.sock"
+    junk = b",".join(b'"%08d"' % i for i in range(40_000))
+    long_list = b'{"v":1,"op":"decide","job":{"min_nodes":[' + junk + b"]}}\n"
+    answer = json.loads(_raw(path, long_list))
+    assert answer["ok"] is False and "refused unparsed" in answer["error"]
+    # a large line with few values is parsed and answered as before
+    padded = b'{"v":1,"op":"health","pad":"' + b"x" * (100 << 10) + b'"}\n'
+    assert json.loads(_raw(path, padded))["ok"] is True
+    assert client.request({"op": "stats"})["bad_requests"] == 1
+
+
+def test_the_heap_is_trimmed_once_refused_requests_stop() -> None:
+    refused = [0]
+    trimmer = BadRequestTrimmer(lambda: refused[0])
+    assert not trimmer.tick()  # nothing refused: nothing to hand back
+    for _ in range(3):  # a flood: not trimmed while it goes on
+        refused[0] += 100
+        assert not trimmer.tick()
+    assert trimmer.tick() and trimmer.trims == 1  # once it stopped
+    assert not trimmer.tick() and trimmer.trims == 1  # and only once
+
+
+def test_a_spooled_record_not_applied_names_its_job_file_and_reason(tmp_path: Path, caplog) -> None:
+    """A timeout carries no message: the line still says why, and which job's record."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    record = {"record_id": "641:n02:epilog", "job_id": 641, "node": "n02", "kind": "epilog",
+              "time": 1.0}  # fmt: skip
+    (spool / "641.n02.epilog.json").write_text(json.dumps(record))
+
+    def busy(_record: object) -> bool:
+        raise TimeoutError
+
+    caplog.set_level("WARNING", logger="slurm_pal.advisor")
+    assert sweep_spool(spool, busy) == (0, 0)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "641.n02.epilog.json" in line and "job 641's epilog record from n02" in line
+    assert not line.rstrip().endswith(":") and "did not answer in time" in line
+    assert (spool / "641.n02.epilog.json").exists()  # kept for the next sweep

@@ -250,7 +250,7 @@ def test_hook_process_exits_0_without_an_advisor_and_on_bad_arguments(short_dir:
         ["prolog", "--socket", str(short_dir / "none.sock"), "--spool-dir", str(spool)],
         PROLOG_ENV,
     )
-    assert proc.returncode == 0 and "not delivered" in proc.stderr
+    assert proc.returncode == 0 and "job 42's prolog record from n01 not delivered" in proc.stderr
     assert [p.name for p in spooled(spool)] == ["42.n01.prolog.json"]
     assert _hook(["epilog", "--bogus"], PROLOG_ENV).returncode == 0
     assert (

@@ -7,9 +7,19 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from slurm_pal.adapters.config import SiteConfig
 from slurm_pal.sim.advisor import advisor_changes_no_job
-from slurm_pal.sim.tune import merged_classes
+from slurm_pal.sim.tune import (
+    NO_VARIABILITY,
+    TuneRun,
+    TuneSweep,
+    judged,
+    merged_classes,
+    tune_experiment,
+)
+from slurm_pal.sim.variability import SimGpus, uniform_gpus
 from tests.helpers.data import need_shared
 
 
@@ -117,7 +127,7 @@ def test_tune_table(run_cli: Callable[..., object]) -> None:
         "--workers",
         "1",
     )
-    assert "recommended: packing, the advisor in pass-through" in result.output
+    assert "recommended: keep packing (packed-sticky), the advisor in pass-through" in result.output
     assert "null" in result.output
     assert "note: the advisor changes no job here" not in result.output  # no advisor candidate
     bad = run_cli("tune", "--poisson", "5", "--seeds", "1", ok=False)
@@ -165,3 +175,53 @@ def test_the_advisor_changes_no_job_only_where_no_gpu_is_above_avoid_above() -> 
     assert advisor_changes_no_job(pal, calm) is None  # PAL uses every score, not a threshold
     packed = dataclasses.replace(site, advisor=dataclasses.replace(site.advisor, policy="packed"))
     assert "leaves every job to Slurm's packing" in str(advisor_changes_no_job(packed, calm))
+
+
+def _judged_on(gpus: SimGpus, pal_jct: list[float]):
+    """packing, the null and PAL judged on three draws of ``gpus`` whose runs gave PAL
+    ``pal_jct`` against packing's 100 s."""
+    experiment = tune_experiment(
+        SiteConfig(),
+        [([], gpus)] * len(pal_jct),
+        TuneSweep(["pal"], [1.3], [1.5]),
+        TuneRun("fifo", "slurm", 360.0, False, 1.7),
+    )
+    flat = [{"avg_jct": 100.0, "p99_jct": 300.0}] * len(pal_jct)
+    pal = [{"avg_jct": jct, "p99_jct": 300.0} for jct in pal_jct]
+    return judged(experiment, {0: flat, 1: flat, 2: pal})
+
+
+def _varied() -> SimGpus:
+    uniform = uniform_gpus(["A"], 2, 4)
+    slow = {"A": np.array([1.0] * 7 + [1.4])}
+    return dataclasses.replace(uniform, placement_scores=slow, true_slowdown=slow)
+
+
+def test_without_variability_tune_recommends_keeping_packing_and_says_why() -> None:
+    """Identical GPUs (no --profile): a deterministic gain over identical runs (the issue's
+    "+0.6 % .. +0.6 %") is no gain to act on."""
+    result = _judged_on(uniform_gpus(["A"], 2, 4), [99.4, 99.4, 99.4])
+    pal = result.rows[-1]
+    assert pal["geomean_gain"] > 0 and not pal["clear_gain"] and not pal["runs_vary"]
+    assert not result.clear_gain
+    assert result.recommended["settings"] == {"policy": "packed"}
+    assert result.recommended["why"] == NO_VARIABILITY
+    assert "--profile" in NO_VARIABILITY and "nothing to gain" in NO_VARIABILITY
+
+
+def test_runs_that_do_not_vary_give_no_recommendation_even_on_varied_gpus() -> None:
+    result = _judged_on(_varied(), [99.0, 99.0, 99.0])
+    assert not result.clear_gain
+    assert "identical" in result.recommended["why"], result.recommended
+
+
+def test_a_gain_clear_of_real_noise_is_still_recommended() -> None:
+    result = _judged_on(_varied(), [95.0, 96.5, 97.0])
+    assert result.clear_gain and result.recommended["advisor"] == "on"
+
+
+def test_tune_help_reads_like_the_other_commands(run_cli: Callable[..., object]) -> None:
+    text = run_cli("tune", "--help").output
+    assert "Usage: slurm-pal tune [OPTIONS]\n" in text
+    assert "COMMAND" not in text and "<bool>" not in text and "╭" not in text
+    assert "--json " in text and "--pal-artifact " in text

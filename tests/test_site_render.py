@@ -140,6 +140,14 @@ def test_cli_render_without_campaign_fails_clearly(run_cli, tmp_path: Path) -> N
     result = run_cli("site", "render", "--out", tmp_path / "x", ok=False)
     assert result.exit_code == 2
     assert "no active campaign" in result.output
+    # a new admin is told how to get one to try, and what it says works as written
+    text = " ".join(result.output.split())
+    assert "'slurm-pal profile example -o example.csv'" in text
+    assert "'slurm-pal profile ingest example.csv'" in text
+    run_cli("profile", "example", "-o", tmp_path / "example.csv")
+    run_cli("profile", "ingest", tmp_path / "example.csv")
+    run_cli("site", "render", "--out", tmp_path / "x")
+    assert (tmp_path / "x" / "labels.json").exists()
 
 
 def test_longhorn_gpus_without_a_location_are_listed_as_skipped(

@@ -234,3 +234,21 @@ def test_clock_events_land_with_the_rows_or_not_at_all(tmp_path: Path) -> None:
             [g], campaign_id="c", class_order=CLASSES, binner=PMBinner(), clock_events=runs[:1]
         )
     assert table_counts(path) == before  # the second file's rows were rolled back too
+
+
+def test_opening_a_current_store_needs_no_write_lock(tmp_path: Path) -> None:
+    """A reader (the advisor's class snapshot, ``serve stats``) opens a store another process
+    holds locked at once: only a store that must be migrated waits for the lock."""
+    path = tmp_path / "s.db"
+    Store(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with Store(path, timeout_s=0.05) as store:
+            assert store.decisions() == []
+            assert store.write_lock_free() is False
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    with Store(path, timeout_s=0.05) as store:
+        assert store.write_lock_free() is True

@@ -3,6 +3,9 @@ fails on its own, and nobody hears a write is stored before its commit."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import pytest
 
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.state import StoreWriter
+from slurm_pal.advisor.writer import WAITING, store_record
 
 JOB = {"user": "alice", "tres_per_node": "gres/gpu:2"}
 ANSWER = {"action": "route", "gres": "gpu:v100_a:2"}
@@ -97,3 +101,151 @@ def test_a_failed_commit_fails_every_write_of_the_batch(blocked_writer):
     with Store(db) as other:
         assert other.decision("lost") is None
         assert other.decision("next") is not None
+
+
+# -- a store locked by another process ------------------------------------------------------------
+
+
+def _durable_save(writer: StoreWriter, token: str):
+    args = {"token": token, "job": JOB, "answer": ANSWER, "state": "reserved"}
+    return writer.submit(_save(token), durable=("save_decision", args))
+
+
+@contextlib.contextmanager
+def locked(db: Path):
+    """What an admin's ``sqlite3`` shell does with ``BEGIN EXCLUSIVE``: hold the write lock."""
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield holder
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+
+
+def _tokens_in_order(db: Path) -> list[str]:
+    """Read as a reader beside the lock does (a Store would migrate first: a write)."""
+    reader = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in reader.execute("SELECT token FROM advisor_decisions ORDER BY rowid")]
+    finally:
+        reader.close()
+
+
+def test_writes_wait_for_a_locked_store_and_land_once_in_order(tmp_path: Path, caplog):
+    db = tmp_path / "advisor.db"
+    writer = StoreWriter(db)
+    writer.call(lambda s: None)  # opened before the lock
+    caplog.set_level(logging.INFO, logger="slurm_pal.advisor")
+    try:
+        with locked(db):
+            saves = [_durable_save(writer, f"t{i}") for i in range(30)]
+            record = {"record_id": "7:n1:prolog", "job_id": 7, "node": "n1", "kind": "prolog"}
+            stored = writer.submit(
+                lambda s: store_record(s, record, None),
+                urgent=True,
+                durable=("record", {"record": record}),
+            )
+            # the hook waiting for its record hears it is safe, while the lock is held
+            assert stored.result(10) is WAITING
+            assert all(f.result(10) is WAITING for f in saves)
+            assert writer.journal_path.exists()
+            assert writer.snapshot()["store_writes_waiting"] == 31
+            assert _tokens_in_order(db) == []  # readers still read (WAL): nothing written yet
+        writer.call(lambda s: None)
+        assert _tokens_in_order(db) == [f"t{i}" for i in range(30)]
+        with Store(db) as store:
+            assert [r["record_id"] for r in store.job_records()] == ["7:n1:prolog"]
+        assert not writer.journal_path.exists()
+        assert writer.snapshot()["store_writes_waiting"] == 0
+        assert writer.snapshot()["store_locked_episodes"] == 1
+    finally:
+        writer.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, warnings  # one when it starts, one when it ends
+    assert "locked by another process since" in warnings[0]
+    assert "writes waiting" in warnings[0]
+    assert "writable again after" in warnings[1]
+    assert "31 writes that waited are written" in warnings[1]
+    assert not any(r.exc_info for r in caplog.records)  # no traceback: an expected condition
+
+
+def test_past_its_memory_bound_a_locked_writer_keeps_writes_on_disk_only(tmp_path: Path, caplog):
+    db = tmp_path / "advisor.db"
+    writer = StoreWriter(db, max_waiting=5, max_batch=4)
+    writer.call(lambda s: None)
+    caplog.set_level(logging.WARNING, logger="slurm_pal.advisor")
+    try:
+        with locked(db):
+            saves = [_durable_save(writer, f"t{i:02d}") for i in range(40)]
+            assert all(f.result(10) is WAITING for f in saves)
+            snap = writer.snapshot()
+            assert snap["store_writes_waiting"] == 40
+            assert snap["store_writes_on_disk_only"] == 35  # in memory: the bound
+            assert len(writer._held) == 5
+        writer.call(lambda s: None)
+        assert _tokens_in_order(db) == [f"t{i:02d}" for i in range(40)]
+        assert writer.snapshot()["store_writes_on_disk_only"] == 0
+    finally:
+        writer.close()
+    full = [r.getMessage() for r in caplog.records if "wait in memory" in r.getMessage()]
+    assert len(full) == 1, full  # one warning when it fills
+
+
+def test_a_stop_while_locked_keeps_the_writes_for_the_next_start(tmp_path: Path):
+    db = tmp_path / "advisor.db"
+    writer = StoreWriter(db)
+    writer.call(lambda s: None)
+    with locked(db):
+        saves = [_durable_save(writer, f"t{i}") for i in range(10)]
+        assert all(f.result(10) is WAITING for f in saves)
+        writer.close(timeout_s=10)
+        assert not writer._thread.is_alive()
+        journal = writer.journal_path
+        assert len(journal.read_text().splitlines()) == 10
+    assert _tokens_in_order(db) == []
+    again = StoreWriter(db)
+    try:
+        again.call(_save("after-restart"))  # the journal is written before the first write
+        again.call(lambda s: None)
+        assert _tokens_in_order(db) == [*(f"t{i}" for i in range(10)), "after-restart"]
+        assert not journal.exists()
+    finally:
+        again.close()
+    third = StoreWriter(db)  # replaying twice would change nothing: each token is written once
+    try:
+        third.call(lambda s: None)
+        assert len(_tokens_in_order(db)) == 11
+    finally:
+        third.close()
+
+
+def test_a_broken_write_still_fails_at_once(tmp_path: Path):
+    """Only a lock held by another process is waited out: any other error is the write's."""
+    db = tmp_path / "advisor.db"
+    writer = StoreWriter(db)
+    try:
+        failing = writer.submit(_fail)
+        with pytest.raises(ValueError):
+            failing.result(10)
+        assert writer.snapshot()["store_locked_episodes"] == 0
+    finally:
+        writer.close()
+
+
+def test_a_failed_record_write_names_its_job(tmp_path: Path, caplog) -> None:
+    writer = StoreWriter(tmp_path / "advisor.db")
+    record = {"record_id": "9:n1:epilog", "job_id": 9, "node": "n1", "kind": "epilog"}
+
+    def broken(store: Store) -> None:
+        raise ValueError("telemetry unusable")
+
+    caplog.set_level(logging.WARNING, logger="slurm_pal.advisor")
+    try:
+        failing = writer.submit(broken, urgent=True, durable=("record", {"record": record}))
+        with pytest.raises(ValueError):
+            failing.result(10)
+    finally:
+        writer.close()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "job 9's epilog record from n1" in line and "telemetry unusable" in line

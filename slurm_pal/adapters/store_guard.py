@@ -103,8 +103,11 @@ def try_open_store(path: Path, *, init: bool = False, wait_s: float = 1.0) -> bo
     # changed only when something is created (at start, before any other thread writes files).
     old_umask = os.umask(0o077) if creating else None
     try:
-        with Store(path, timeout_s=wait_s):
-            pass
+        with Store(path, timeout_s=wait_s) as store:
+            # Reading needs no lock (WAL), but the service writes every decision: a store
+            # another process holds locked is waited for here, as before.
+            if not store.write_lock_free():
+                return False
     except StoreError as exc:
         if "locked" not in str(exc):
             raise

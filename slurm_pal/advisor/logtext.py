@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import logging
 import unicodedata
+from collections.abc import Mapping
 
-__all__ = ["OneLineFormatter", "escaped", "quoted"]
+__all__ = ["OneLineFormatter", "about", "escaped", "quoted", "reason"]
 
 # Line breaks, controls, format characters (bidi overrides and isolates, zero-width ones),
 # line and paragraph separators, surrogates and unassigned code points.
@@ -70,3 +71,18 @@ class OneLineFormatter(logging.Formatter):
 
 def _indented(text: str) -> str:
     return "\n".join("  | " + escaped(line) for line in text.split("\n"))
+
+
+def about(record: Mapping[str, object]) -> str:
+    """A job record as an admin looks it up: Slurm's job id, the hook and the node."""
+    return f"job {record.get('job_id')}'s {record.get('kind')} record from {record.get('node')}"
+
+
+def reason(exc: BaseException) -> str:
+    """Why, never empty: some exceptions (a timeout) carry no message of their own."""
+    text = str(exc).strip()
+    if text:
+        return text
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return type(exc).__name__

@@ -169,8 +169,13 @@ class AdvisorCollector(Collector):
                 spool_backlog(server.spool_dir),
             ),
             "store_write_backlog": (
-                "Store writes queued behind the writer thread.",
+                "Store writes not yet written: queued behind the writer thread, or waiting "
+                "for a store another process holds locked (in memory and on disk).",
                 server.state.writer.backlog(),
+            ),
+            "store_locked_seconds": (
+                "Seconds the store has been locked by another process (0: it is not).",
+                server.state.writer.locked_for(),
             ),
             "gpus": ("GPUs the advisor routes to (active campaign).", _int(health.get("gpus"))),
             "free_gpus": ("GPUs free in the advisor's view.", _int(health.get("free"))),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_pal.advisor import protocol
 from slurm_pal.advisor.counters import Counters, format_stats
+from slurm_pal.advisor.logtext import about, reason
 
 if TYPE_CHECKING:
     from slurm_pal.advisor.heap import FrozenHeap
@@ -63,7 +64,7 @@ def sweep_spool(
                 b'{"v":1,"op":"record","record":' + line.strip() + b"}"
             )
         except OSError as exc:
-            log.warning("spool %s unreadable: %s", path, exc)
+            log.warning("spool %s unreadable (left for the next sweep): %s", path, _why(exc))
             continue
         except protocol.ProtocolError as exc:
             bad += 1
@@ -71,10 +72,16 @@ def sweep_spool(
             with contextlib.suppress(OSError):
                 path.rename(path.with_name(path.name + ".bad"))
             continue
+        record = request.body["record"]
         try:
-            duplicate = not apply(request.body["record"])  # type: ignore[arg-type]
+            duplicate = not apply(record)  # type: ignore[arg-type]
         except Exception as exc:  # the store is busy or broken: try again next sweep
-            log.warning("spool %s not applied: %s", path, exc)
+            log.warning(
+                "spool %s (%s) not applied, tried again at the next sweep: %s",
+                path,
+                about(record),  # type: ignore[arg-type]
+                _why(exc),
+            )
             continue
         applied += 1
         if counters is not None:
@@ -90,6 +97,13 @@ def sweep_spool(
         counters.add("spool_applied", applied)
         counters.add("spool_bad", bad)
     return applied, bad
+
+
+def _why(exc: BaseException) -> str:
+    """Why a record was not applied, never empty (a timeout carries no message)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "the store writer did not answer in time (queued writes before it)"
+    return reason(exc)
 
 
 class RefreshLoop:

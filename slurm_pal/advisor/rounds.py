@@ -334,10 +334,8 @@ class RoundCoordinator:
             answer = update.decision.to_wire()
             allocation = update.decision.allocation
             if allocation is None:  # held: its begin time is the wait's bound
-                state.writer.submit(
-                    lambda s, t=update.token, a=answer: s.update_decision(  # type: ignore[misc]
-                        t, state="waiting", answer=a
-                    )
+                state.writer.submit_durable(
+                    "update_decision", {"token": update.token, "state": "waiting", "answer": answer}
                 )
                 log.info(
                     "job %d held until %s: %s",
@@ -347,10 +345,8 @@ class RoundCoordinator:
                 )
                 continue
             self._hold_placed(update.job_id, update.token, allocation.uuids, placed_at)
-            state.writer.submit(
-                lambda s, t=update.token, a=answer: s.update_decision(  # type: ignore[misc]
-                    t, state="replanned", answer=a
-                )
+            state.writer.submit_durable(
+                "update_decision", {"token": update.token, "state": "replanned", "answer": answer}
             )
             log.info(
                 "re-planned job %d: %s -> %s (lv %.4f)",

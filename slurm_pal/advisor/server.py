@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pau
 from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
 from slurm_pal.advisor.state import AdvisorState
+from slurm_pal.advisor.trim import BadRequestTrimmer, LargeLines
+from slurm_pal.advisor.writer import WAITING
 from slurm_pal.engine.jobdesc import JobDescError, JobDescription
 from slurm_pal.engine.replan import ReplanResult
 from slurm_pal.errors import SlurmPalError
@@ -137,7 +140,7 @@ class AdvisorServer:
         self._store_waiting: str | None = None  # why the store is not open yet
         self.connections = UnixTransport(
             self.socket_path,
-            answer=self.answer,
+            answer=LargeLines(self.answer, self.counters),  # a flood's memory bounded
             undelivered=self._undelivered,
             counters=self.counters,
             allowed=allowed_uids(cfg.advisor.allowed_users if allowed is None else allowed),
@@ -158,6 +161,9 @@ class AdvisorServer:
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
         self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
+        self.trimmer = BadRequestTrimmer(  # a flood's memory back at once
+            lambda: self.counters.total("bad_requests", "decide_errors")
+        )
         self.refresher = RefreshLoop(
             state,
             self.counters,
@@ -196,6 +202,7 @@ class AdvisorServer:
             log.warning("cannot create %s (fail-opens not counted): %s", self.fail_opens.path, exc)
         self.poll_fail_opens()
         self._spawn("socket", self.connections.serve_forever)
+        self._spawn("trim", lambda: self.trimmer.run(self._stop))
         if self._tcp is not None:
             self._tcp.start()
         if open_store is None:
@@ -324,6 +331,7 @@ class AdvisorServer:
                 stats = self.counters.snapshot() | self.state.suspects.snapshot()
                 stats |= self.state.runtimes.snapshot()
                 stats |= self.remeasurer.snapshot()
+                stats |= self.state.writer.snapshot()
                 return {"v": 1, "ok": True, **stats}
             if request.op == "replan":
                 return {"v": 1, "ok": True, **self.replan().summary()}
@@ -447,11 +455,21 @@ class AdvisorServer:
         replan_answer = None
         if round_due:
             replan_answer = self.rounds.at_job_end(record)
-        added = write.result(timeout=30.0)
+        try:
+            added = write.result(timeout=30.0)
+        except FutureTimeout:
+            # The writer is behind (not a locked store: that answers WAITING within a
+            # second): the hook spools the record and it is swept in later.
+            return protocol.error_answer(
+                f"record {record.get('record_id')} of job {record.get('job_id')} not stored "
+                f"within 30 s: {self.state.writer.backlog()} store writes queued before it"
+            )
         self.counters.add("records_total")
         if not added:
             self.counters.add("records_duplicate")
         answer: dict[str, object] = {"v": 1, "ok": True, "duplicate": not added}
+        if added is WAITING:  # safe in the writer's journal: stored once the lock is released
+            answer["waiting"] = True
         if added and replan_answer is not None:
             answer["replan"] = replan_answer
         if record.get("kind") == "epilog":  # what the Epilog waited for: round and write

@@ -52,7 +52,7 @@ from slurm_pal.advisor.view import (
     static_from,
     view_from,
 )
-from slurm_pal.advisor.writer import StoreWriter, store_record
+from slurm_pal.advisor.writer import StoreWriter, bind_decision, store_record
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy
 from slurm_pal.core.resolve import StoreView, resolve
@@ -149,6 +149,10 @@ class AdvisorState:
         self._requests: dict[str, tuple[JobDescription, str, float]] = {}
         self.last_read_start: float | None = None
         self._refresh_lock = threading.Lock()  # one reload/refresh at a time, in order
+        # a record kept in the writer's journal (a locked store): written with what is known now
+        self.writer.replayers["record"] = lambda s, a: _write_record(
+            self, s, a["record"], self._classifier, self._hint(a["record"])
+        )
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -287,7 +291,10 @@ class AdvisorState:
                 if token in self._binding:
                     continue  # still queued from an earlier read: one write per token
                 self._binding.add(token)
-            self.writer.submit(lambda s, t=token, j=job_id: self._bind(s, t, j))  # type: ignore[misc]
+            self.writer.submit(
+                lambda s, t=token, j=job_id: self._bind(s, t, j),  # type: ignore[misc]
+                durable=("bind", {"token": token, "job_id": job_id}),
+            )
         return view
 
     def _reconcile(self, view: View, read_start: float | None = None) -> list[tuple[str, int]]:
@@ -329,11 +336,8 @@ class AdvisorState:
         """Note a decision's Slurm job id (state ``bound`` unless it was re-planned already);
         runs on the writer thread."""
         try:
-            row = store.decision(token)
-            if row is None:
+            if not bind_decision(store, token, job_id):
                 return  # not written yet (or not ours): the next refresh tries again
-            fresh = row["state"] in ("reserved", "waiting")
-            store.update_decision(token, job_id=job_id, state="bound" if fresh else None)
             with self._lock:
                 self._bound[token] = job_id
         finally:
@@ -384,9 +388,8 @@ class AdvisorState:
                 self._requests[token] = (job, decision.job_class, self.clock())
 
         def save() -> object:
-            return self.writer.submit(
-                lambda s: s.save_decision(token, job.stored(), answer, state=state)
-            )
+            args = {"token": token, "job": job.stored(), "answer": answer, "state": state}
+            return self.writer.submit_durable("save_decision", args)
 
         if defer is None:
             save()
@@ -403,18 +406,16 @@ class AdvisorState:
     def submit_record(self, record: Mapping[str, object]) -> Future[bool]:
         """Queue the record's store write; the future says whether it was new. The caller can
         work (a job-end round) while the writer catches up with the decisions queued before."""
-        classifier, hint = self._classifier, decision_hint(self._view, self._requests, record)
+        classifier, hint = self._classifier, self._hint(record)
         self.records.note(record)
 
         def write(store: Store) -> bool:
-            added = store_record(store, dict(record), classifier)
-            if added and self.suspects.feed(store, record, hint) and self.suspects.steering:
-                self.rescore()  # from the next decision on
-            if added:  # what it ran weighs the next waits
-                self.runtimes.feed(store, record, hint)
-            return added
+            return _write_record(self, store, record, classifier, hint)
 
-        return self.writer.submit(write, urgent=True)
+        return self.writer.submit(write, urgent=True, durable=("record", {"record": record}))
+
+    def _hint(self, record: Mapping[str, object]) -> dict[str, object] | None:
+        return decision_hint(self._view, self._requests, record)
 
     def rescore(self) -> None:
         """The suspects changed: the view's scores follow (reservations re-applied)."""
@@ -501,3 +502,16 @@ class AdvisorState:
                 "excluded_nodes": {} if view is None else dict(view.excluded),
                 "problem": self._problem or None,
             }
+
+
+def _write_record(
+    state: AdvisorState, store: Store, record: Mapping[str, object], classifier: Any, hint: Any
+) -> bool:
+    """Keep a record (:func:`store_record`); a new one also feeds the suspects and the
+    learned runtimes. Runs on the writer thread."""
+    added = store_record(store, dict(record), classifier)
+    if added and state.suspects.feed(store, record, hint) and state.suspects.steering:
+        state.rescore()  # from the next decision on
+    if added:  # what it ran weighs the next waits
+        state.runtimes.feed(store, record, hint)
+    return added

@@ -44,7 +44,15 @@ class SlurmPalGroup(TyperGroup):
     def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:  # type: ignore[override]
         if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
             module = importlib.import_module(f"slurm_pal.cli.{SUBCOMMANDS[cmd_name]}")
-            group = typer.main.get_group(module.app)
+            sub: typer.Typer = module.app
+            # an app whose one command has the app's own name (tune) is that command, not a
+            # group: `slurm-pal tune [OPTIONS]`, no COMMAND
+            only = sub.registered_commands[0] if len(sub.registered_commands) == 1 else None
+            named = only is not None and (only.name or getattr(only.callback, "__name__", ""))
+            if named == cmd_name and not sub.registered_groups and sub.registered_callback is None:
+                group = typer.main.get_command(sub)
+            else:
+                group = typer.main.get_group(sub)
             group.name = cmd_name
             self.commands[cmd_name] = group
         return self.commands.get(cmd_name)

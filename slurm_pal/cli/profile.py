@@ -147,7 +147,11 @@ def bins(
         console.print(f"wrote {written}", markup=False, highlight=False)
 
 
-NO_CAMPAIGN_YET = "no campaign yet: ingest one with 'slurm-pal profile ingest PATH --class CLASS'"
+NO_CAMPAIGN_YET = (
+    "no campaign yet: ingest one with 'slurm-pal profile ingest PATH --class CLASS', or try the "
+    "bundled example: 'slurm-pal profile example -o example.csv' then "
+    "'slurm-pal profile ingest example.csv'"
+)
 
 
 def _campaign_to_show(store: Store, campaign: str | None) -> str | None:

@@ -52,7 +52,11 @@ from slurm_pal.sim.tune import (
     with_unknown_share,
 )
 
-app = typer.Typer(help="Should the advisor run on this site, and with which settings?")
+app = typer.Typer(
+    rich_markup_mode=None,
+    help="Should the advisor run on this site, and with which settings?",
+    add_completion=False,
+)
 
 # The options, named once here so that the command's signature reads as a list of them.
 TraceOption = Annotated[
@@ -230,7 +234,7 @@ def drawn_inputs(
     return draws
 
 
-@app.callback(invoke_without_command=True)
+@app.command()
 def tune(
     ctx: typer.Context,
     trace: TraceOption = None,
@@ -317,7 +321,8 @@ def print_tune(
     console.print(
         f"{result.jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {result.run.mode} mode, site "
         f"penalty {result.run.site_penalty:g}; {len(result.baseline_jct)} paired runs each vs "
-        f"{BASELINE} (ratios: lower is better)",
+        f"{BASELINE} (Slurm's packing) on the same trace and GPUs; ratio: the candidate's "
+        f"JCT / {BASELINE}'s (lower is better)",
         highlight=False,
         markup=False,
     )
@@ -330,11 +335,16 @@ def print_tune(
     if result.clear_gain:
         console.print(
             f"recommended: {recommended['candidate']} ({settings}): "
-            f"{recommended['geomean_gain']:+.1%} average JCT vs {BASELINE}, clear of the noise"
+            f"{recommended['geomean_gain']:+.1%} average JCT vs {BASELINE}, clear of the noise",
+            highlight=False,
+            markup=False,
         )
     else:
         console.print(
-            f"recommended: packing, the advisor in pass-through ({settings}): {recommended['why']}"
+            f"recommended: keep packing ({BASELINE}), the advisor in pass-through ({settings}): "
+            f"{recommended['why']}",
+            highlight=False,
+            markup=False,
         )
     notes = [result.advisor_changes_no_job] if result.advisor_changes_no_job else []
     for note in notes + result.notes:
@@ -346,7 +356,15 @@ def print_tune(
 def candidates_table(rows: list[dict]) -> Table:
     """One row per candidate: its gain over packing, the interval, the spread of its runs."""
     table = Table(box=box.SIMPLE_HEAD)
-    columns = ("candidate", "gain", "95% CI", "median", "p90", "worst", "p99 JCT")
+    columns = (
+        "candidate",
+        f"gain vs {BASELINE}",
+        "95% CI",
+        "median",
+        "p90",
+        "worst",
+        "p99 JCT",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "candidate" else "right")
     for row in rows:

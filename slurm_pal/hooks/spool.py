@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slurm_pal.advisor import munge
 from slurm_pal.advisor.client import AdvisorClient, AdvisorUnavailable
+from slurm_pal.advisor.logtext import about, reason
 from slurm_pal.errors import SlurmPalError
 from slurm_pal.hooks.records import spool_name
 
@@ -48,7 +49,7 @@ def write_spool(spool_dir: Path, record: Mapping[str, object]) -> Path | None:
         _fsync_dir(spool_dir)
         return path
     except OSError as exc:
-        warn(f"cannot spool record {record.get('record_id')} in {spool_dir}: {exc}")
+        warn(f"cannot spool {about(record)} in {spool_dir}: {reason(exc)}")
         with contextlib.suppress(OSError):
             tmp.unlink()
         return None
@@ -80,7 +81,7 @@ def request(socket_path: str, message: Mapping[str, object], timeout_s: float) -
     try:
         return AdvisorClient(socket_path).request(message, timeout_s)
     except AdvisorUnavailable as exc:
-        raise DeliveryError(str(exc)) from None
+        raise DeliveryError(reason(exc)) from None
 
 
 def tcp_request(address: str, message: Mapping[str, object], timeout_s: float) -> dict:
@@ -99,7 +100,7 @@ def tcp_request(address: str, message: Mapping[str, object], timeout_s: float) -
                     break
                 data += chunk
     except (OSError, ValueError) as exc:
-        raise DeliveryError(f"advisor at {address}: {exc}") from None
+        raise DeliveryError(f"advisor at {address}: {reason(exc)}") from None
     try:
         answer = json.loads(data)
     except ValueError:
@@ -132,7 +133,8 @@ def send_record(
     else:
         raise DeliveryError("neither the advisor's socket nor its TCP address is set")
     if answer.get("ok") is not True:
-        raise RecordRefused(f"advisor refused record {record.get('record_id')}: {answer}")
+        why = answer.get("error") or answer
+        raise RecordRefused(f"advisor refused {about(record)}: {why}")
     return True
 
 
@@ -151,13 +153,13 @@ def deliver(
         send_record(socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
     except DeliveryError as exc:
         where = f"left in {path}" if path else "NOT spooled (see above): lost"
-        warn(f"record {record.get('record_id')} not delivered ({exc}); {where}")
+        warn(f"{about(record)} not delivered ({reason(exc)}); {where}")
         return False
     if path is not None:
         try:
             path.unlink()
         except OSError as exc:
-            warn(f"cannot remove delivered {path}: {exc}")
+            warn(f"cannot remove delivered {path}: {reason(exc)}")
     return True
 
 
@@ -202,22 +204,23 @@ def flush(
             if not isinstance(record, dict) or "record_id" not in record:
                 raise ValueError("not a record object")
         except (OSError, ValueError) as exc:
-            warn(f"{path}: unreadable spooled record ({exc}); left in place")
+            warn(f"{path}: unreadable spooled record ({reason(exc)}); left in place")
             result.unreadable.append(path.name)
             continue
         try:
             send_record(socket_path, record, timeout_s, tcp=tcp, munge_socket=munge_socket)
         except RecordRefused as exc:
-            warn(f"{path.name}: {exc}")
+            warn(f"{path}: {exc}; left in place")
             result.left.append(path.name)
             continue
         except DeliveryError as exc:
-            warn(f"{path.name}: {exc}; {len(files) - n} record(s) left")
+            left = len(files) - n
+            warn(f"{path}: {about(record)} not delivered ({reason(exc)}); {left} record(s) left")
             result.left.extend(p.name for p in files[n:])
             break
         try:
             path.unlink()
         except OSError as exc:
-            warn(f"cannot remove delivered {path}: {exc}")
+            warn(f"cannot remove delivered {path}: {reason(exc)}")
         result.delivered.append(path.name)
     return result

@@ -12,7 +12,10 @@ listed to show how far the queue's own noise moves them.
 
 The recommendation is honest: a candidate is recommended only when its gain is clear of the
 noise (the interval's lower bound above zero); otherwise packing is recommended (the advisor
-in pass-through: ``policy = "packed"``), and never a candidate that lost.
+in pass-through: ``policy = "packed"``), and never a candidate that lost. Nor one measured
+without variability: on GPUs that are all alike (no ``--profile``) there is nothing to steer
+around, and a candidate whose runs are all the same (one trace on the same GPUs every draw)
+gives no noise to be clear of: a deterministic difference is no evidence of a gain.
 """
 
 from __future__ import annotations
@@ -279,6 +282,41 @@ def recommendation(rows: list[dict]) -> dict[str, Any] | None:
     return {"advisor": "on", **winners[0]} if winners else None
 
 
+def gpus_vary(draws: Sequence[Draw]) -> bool:
+    """Whether any drawn cluster has GPUs that run a class at different speeds."""
+    return any(
+        float(np.ptp(values)) > 0
+        for _, gpus in draws
+        for values in gpus.true_slowdown.values()
+        if len(values)
+    )
+
+
+NO_VARIABILITY = (
+    "the simulated GPUs do not vary (no --profile: every GPU alike, no outlier to steer "
+    "around), so the advisor has nothing to gain over packing; give the campaign with "
+    "--profile CLASS=PATH to see what the advisor would do"
+)
+
+
+def pass_through_why(rows: list[dict], variability: bool, runs: int) -> str:
+    """Why packing is recommended, in the words an admin can act on."""
+    if not variability:
+        return NO_VARIABILITY
+    still = [r for r in rows if not r["noise_reference"] and not r["runs_vary"]]
+    if still and len(still) == sum(1 for r in rows if not r["noise_reference"]):
+        return (
+            f"the {runs} paired runs of each candidate are identical (the "
+            "same trace on the same GPUs in every draw): a difference between identical runs "
+            "is no evidence of a gain, so keep packing; give a --profile campaign with more "
+            "GPUs than the cluster has, or --poisson traces, for draws that differ"
+        )
+    return (
+        "no candidate's average-JCT gain vs packing is clear of the noise (95 % interval "
+        "lower bound > 0)"
+    )
+
+
 def judged(experiment: TuneExperiment, summaries: dict[int, list[dict]]) -> TuneResult:
     """The rows, the recommendation and the notes from each candidate's run summaries
     (index in ``experiment.candidates`` -> one summary per draw)."""
@@ -286,12 +324,19 @@ def judged(experiment: TuneExperiment, summaries: dict[int, list[dict]]) -> Tune
     compared = list(enumerate(experiment.candidates))[1:]
     rows = [candidate_row(c, summaries[i], baseline) for i, c in compared]
     per_run = {c.label: ratios_of(summaries[i], baseline) for i, c in compared}
+    variability = gpus_vary(experiment.draws)
+    for row in rows:
+        ratios = per_run[row["candidate"]]
+        row["runs_vary"] = max(ratios) - min(ratios) > 1e-9
+        # without variability (in the GPUs or between the runs) there is no noise to be
+        # clear of: a deterministic difference is not a gain to act on
+        row["clear_gain"] = bool(row["clear_gain"] and row["runs_vary"] and variability)
     winner = recommendation(rows)
     recommended = winner or {
         "advisor": "pass-through",
         "candidate": f"packing (policy = {PASS_THROUGH!r})",
         "settings": {"policy": PASS_THROUGH},
-        "why": "no candidate's gain is clear of the noise (95 % interval lower bound > 0)",
+        "why": pass_through_why(rows, variability, len(baseline)),
     }
     scores = (gpus.placement_scores for _, gpus in experiment.draws)
     unchanged = (

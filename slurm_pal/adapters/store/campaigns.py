@@ -186,7 +186,9 @@ class CampaignStore(StoreConnection):
         if active is None:
             raise StoreError(
                 f"store {self.path} has no active campaign: ingest one with "
-                "'slurm-pal profile ingest PATH --class CLASS'"
+                "'slurm-pal profile ingest PATH --class CLASS', or to try slurm-pal first, the "
+                "bundled example: 'slurm-pal profile example -o example.csv' then "
+                "'slurm-pal profile ingest example.csv'"
             )
         return active
 

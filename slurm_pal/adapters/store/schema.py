@@ -259,6 +259,9 @@ class StoreConnection:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
+        if self.schema_version == SCHEMA_VERSION:
+            # Current already (a read): a reader never waits for another process's write lock.
+            return
         with self._write():
             version = self.schema_version
             if version > SCHEMA_VERSION:
@@ -270,6 +273,18 @@ class StoreConnection:
                 for statement in _statements(script):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={number}")
+
+    def write_lock_free(self) -> bool:
+        """Whether the write lock can be had within the busy timeout (taken, then released
+        at once): False while another process holds it (an open ``BEGIN EXCLUSIVE``)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return False
+            raise StoreError(f"store {self.path}: {exc}") from exc
+        self._db.execute("ROLLBACK")
+        return True
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
