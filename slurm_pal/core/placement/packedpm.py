@@ -53,8 +53,8 @@ from slurm_pal.core.placement.view import (
     unplaced,
 )
 from slurm_pal.core.request import PlacementRequest
-from slurm_pal.core.runtimes import RuntimeModel
-from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, weigh_wait
+from slurm_pal.core.runtimes import RunningJob, RuntimeModel
+from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, running_jobs, weigh_wait
 
 __all__ = ["WAIT_REASON", "PackedPMPolicy"]
 
@@ -146,22 +146,30 @@ class PackedPMPolicy:
         """Hold the job for other GPUs, or take packing's pick with its outliers?"""
         request, cluster = view.request, view.cluster
         good = _usable_mask(view) & (view.klass.bin_of < slow)
+        running = running_jobs(cluster) if self.runtimes is not None else ()
         wait = expected_wait_s(
-            cluster, good, request.gpus, view.shape.per_node, share=self._holder_shares(cluster)
+            cluster,
+            good,
+            request.gpus,
+            view.shape.per_node,
+            share=self._holder_shares(cluster, running),
         )
         return weigh_wait(
             slowdown=float(view.klass.scores[picked].max()),
-            runtime_s=self._expected_runtime_s(request),
+            runtime_s=self._expected_runtime_s(request, running),
             waited_s=request.waited_s,
             wait_s=wait,
             max_wait_s=self.max_wait_s,
             now=cluster.clock,
         )
 
-    def _holder_shares(self, cluster: Cluster) -> float | np.ndarray:
+    def _holder_shares(
+        self, cluster: Cluster, running: tuple[RunningJob, ...] = ()
+    ) -> float | np.ndarray:
         """Per GPU, the share of its holder's limit the holder is expected to use, as the
-        waiting job's own runtime is weighed: learned for limits like the holder's, else the
-        configured ``limit_share``."""
+        waiting job's own runtime is weighed: learned for limits like the holder's (the jobs
+        of that class still ``running`` counted at what they have used so far), given what
+        the holder has run already; else the configured ``limit_share``."""
         if self.runtimes is None or self.runtimes.limit_share is None:
             return self.limit_share
         with np.errstate(invalid="ignore"):
@@ -169,28 +177,40 @@ class PackedPMPolicy:
         known = np.isfinite(limits) & (limits > 0)
         shares = np.full(cluster.n_gpus, self.limit_share)
         if known.any():
-            distinct, where = np.unique(limits[known], return_inverse=True)
-            learned = [self.runtimes.share_of(float(limit)) for limit in distinct]
-            shares[known] = np.array(learned, dtype=float)[where]
+            # one holder: one limit and one start; its median end given what it has run
+            pairs = np.stack((limits[known], cluster.busy_since[known]), axis=1)
+            distinct, where = np.unique(pairs, axis=0, return_inverse=True)
+            learned = []
+            for limit, since in distinct.tolist():
+                used = max(0.0, (cluster.clock - since) / limit)
+                learned.append(self.runtimes.share_of(limit, running, used))
+            shares[known] = np.array(learned, dtype=float)[where.reshape(-1)]
         return shares
 
-    def _expected_runtime_s(self, request: PlacementRequest) -> float:
+    def _expected_runtime_s(
+        self, request: PlacementRequest, running: tuple[RunningJob, ...] = ()
+    ) -> float:
         """What the job is weighed as running: what it is known to run; else what the site's
         finished jobs predict (``runtimes``: the share of their limits that jobs with limits
         like its own used, what unlimited jobs of its size ran); else ``limit_share`` of its
         time limit (weighed at the whole limit, a 16-GPU job that ran a third of it was held
         41 h and the queue drained behind it at its bound); else, with no limit or an
-        unlimited one, ``assumed_runtime_s``. Whatever it says, the wait it buys is bounded
-        (:func:`~slurm_pal.core.waiting.weigh_wait`)."""
+        unlimited one, ``assumed_runtime_s``. A limited job is never weighed as running less
+        than a ``running`` job of its limit class has run already (what the site's jobs of
+        that class ran so far is known even while none of the long ones has ended). Whatever
+        it says, the wait it buys is bounded (:func:`~slurm_pal.core.waiting.weigh_wait`)."""
         if request.runtime_s is not None:
             return request.runtime_s
         limit = request.time_limit_s
         if self.runtimes is not None:
-            learned = self.runtimes.predict(request.gpus, limit)
+            learned = self.runtimes.predict(request.gpus, limit, running)
             if learned is not None and learned > 0:
                 return learned
         if limit is not None and math.isfinite(limit):
-            return limit * self.limit_share
+            floor = 0.0
+            if self.runtimes is not None:
+                floor = self.runtimes.running_floor_s(limit, running)
+            return max(limit * self.limit_share, floor)
         return min(self.assumed_runtime_s, self.max_wait_s)
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
