@@ -154,9 +154,10 @@ class PackedPMPolicy:
             view.shape.per_node,
             share=self._holder_shares(cluster, running),
         )
+        slowdown, scale = _span_slowdown(view, picked)
         return weigh_wait(
-            slowdown=float(view.klass.scores[picked].max()),
-            runtime_s=self._expected_runtime_s(request, running),
+            slowdown=slowdown,
+            runtime_s=self._expected_runtime_s(request, running) * scale,
             waited_s=request.waited_s,
             wait_s=wait,
             max_wait_s=self.max_wait_s,
@@ -244,7 +245,9 @@ class PackedPMPolicy:
         """Per node, a tie-break among nodes packing finds equal (lower first): nodes with free
         GPUs that are outliers for another class but not for this job first (it keeps them
         busy), then, for a job smaller than a node, nodes with free GPUs that are outliers for
-        it (it fills in around them). None: no such GPU is free.
+        it (it fills in around them). A job that spreads over nodes goes the other way: nodes
+        without free GPUs that are outliers for it first, so it never spreads onto outliers
+        where a spread without them takes as many nodes. None: no such GPU is free.
 
         Left idle, a GPU the sensitive jobs avoid ends up under whoever comes when nothing else
         is free, and its node, emptied by the jobs that dodged it, under a whole-node job: in
@@ -258,16 +261,20 @@ class PackedPMPolicy:
         soak = cluster.free & ~mine
         soak &= outlying[0] if outlying is not None else False
         around = cluster.free & mine
-        if view.request.gpus >= cluster.max_gpus_per_node:
+        spreads = _spreads(view)
+        if view.request.gpus >= cluster.max_gpus_per_node and not spreads:
             around[:] = False
         if not (soak.any() or around.any()):
             return None
         nodes = cluster.n_nodes
         weight = cluster.max_gpus_per_node + 1
-        return -(
-            np.bincount(cluster.gpu_node[soak], minlength=nodes) * weight
-            + np.bincount(cluster.gpu_node[around], minlength=nodes)
-        )
+        kept_busy = np.bincount(cluster.gpu_node[soak], minlength=nodes) * weight
+        outliers = np.bincount(cluster.gpu_node[around], minlength=nodes)
+        if spreads:
+            # A job spread over nodes takes every usable free GPU of all but its last node:
+            # among nodes as full, those without its outliers first.
+            return outliers * weight * weight - kept_busy
+        return -(kept_busy + outliers)
 
     def _as_packing(self, view: RequestView, gpus: np.ndarray, slow: int) -> bool:
         """Is ``gpus`` plain packing's pick, with no free GPU the job could get an outlier for
@@ -327,6 +334,25 @@ def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
     )
 
 
+def _span_slowdown(view: RequestView, picked: np.ndarray) -> tuple[float, float]:
+    """What taking ``picked`` slows the job by against the placement it waits for, and the
+    locality penalty it would run at there: (V x L of the pick / L waited for, L waited for).
+    The wait is for good GPUs on as few nodes as packing uses (one node for a job that fits
+    one: no penalty), so a pick spread over nodes costs its span penalty too. Weighed at its
+    outliers' score alone, a 2-GPU job took two 2.4x GPUs on two nodes (4.1x with the span)
+    rather than wait for one node's good pair."""
+    cluster = view.cluster
+    nodes = np.unique(cluster.gpu_node[picked]).tolist()
+    taken = float(view.klass.scores[picked].max()) * span_level(cluster, nodes).penalty
+    shape = view.shape
+    if shape.per_node is not None:
+        one_node = (shape.node_count or 1) == 1
+    else:
+        one_node = view.request.gpus <= cluster.max_gpus_per_node
+    waited = 1.0 if one_node or len(nodes) == 1 else span_level(cluster, nodes).penalty
+    return taken / waited, waited
+
+
 def _no_wider_and_faster(view: RequestView, packed: np.ndarray, alternative: np.ndarray) -> bool:
     """Are the ``alternative`` GPUs faster for the job (LV product) than packing's, without
     spanning more nodes? A job split over more nodes to dodge an outlier slows itself by the
@@ -341,6 +367,14 @@ def _no_wider_and_faster(view: RequestView, packed: np.ndarray, alternative: np.
     lv_a = float(scores[packed].max()) * span_level(cluster, nodes_a.tolist()).penalty
     lv_b = float(scores[alternative].max()) * span_level(cluster, nodes_b.tolist()).penalty
     return lv_b < lv_a
+
+
+def _spreads(view: RequestView) -> bool:
+    """Will packing spread the job over nodes (a GPU count no node holds free)?"""
+    shape = view.shape
+    if not shape.simple:
+        return False
+    return int(view.usable_counts().max(initial=0)) < shape.n
 
 
 def _without_bins_from(
