@@ -20,7 +20,9 @@ of its runs pairs placements on exactly the same trace, GPUs and seed with the r
   advisor weighs waits from limits as it does under Slurm),
   ``philly-vc`` (a Philly virtual cluster's 76 days as a sacct history, 160 GPUs, every
   limit UNLIMITED), ``site`` (generated site-like weeks: Poisson arrivals at 60-95 % load, 85 %
-  single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 64 GPUs).
+  single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 64 GPUs), ``sia-gang``
+  (``sia-x2`` with five large gangs of 16-64 GPUs and hours of work among its short jobs, the
+  work where a gang on slow GPUs costs the whole cluster: :func:`with_gangs`).
 - Profiles: ``longhorn`` (measured V100s, no GPU above 1.5x), ``h100`` (the six H100s measured
   here, resampled), ``artifact`` (PAL's artifact draws, outliers to 2.8x), ``few-slow`` (3 %
   of GPUs at 2-3x for compute-bound jobs).
@@ -30,8 +32,11 @@ geomean p99-JCT and makespan ratios, next to the PM-blind ``null`` (packing with
 GPUs in a seeded random order). ``--placements advisor,null,faster`` adds the noise floor:
 packing on the same cluster made 2 % faster everywhere, a strictly better cluster whose ratios
 show how far a cell's queue alone swings average JCT. The summary checks the safety targets
-(worst <= 1.10, p90 <= 1.03, makespan <= 1.05 in every cell) and the gain on profiles with
-outliers. Data from
+(worst <= 1.10, p90 <= 1.03, makespan <= 1.05 in every cell), the tail rule against the
+controls (with ``null`` and ``faster`` both run: the advisor's p90 and worst run no worse than
+the worse of the two controls' + 0.02, per cell), the held jobs that started later than
+``max_wait_s`` after they could first have started (counted over every advisor run), and the
+gain on profiles with outliers. Data from
 ../shared/data (or SLURM_PAL_SHARED_DATA); the script says so and exits 2 when it is absent.
 """
 
@@ -67,7 +72,7 @@ SIA = SHARED / "traces" / "sia-philly"
 PHILLY_VC = SHARED / "traces" / "philly-vc" / "philly_vc-ee9e8c_2017-09-25_2017-12-11.sacct"
 H100 = SHARED / "gpu-h100" / "campaign-h100x" / "results"
 SHAPES = (1, 2, 4, 8)
-TRACES = {"sia": 64, "sia-x2": 64, "philly-vc": 160, "site": 64}
+TRACES = {"sia": 64, "sia-x2": 64, "philly-vc": 160, "site": 64, "sia-gang": 64}
 """Trace family -> the cluster's GPU count."""
 PROFILES = ("longhorn", "h100", "artifact", "few-slow")
 WITH_OUTLIERS = ("artifact", "few-slow")
@@ -78,6 +83,12 @@ FASTER = 0.98
 cluster: where it misses the safety targets, the cell's queue turns a small change of runtimes
 into large swings of average JCT, and no placement's gain that small can meet them there."""
 TARGETS = {"worst": 1.10, "p90": 1.03, "makespan": 1.05, "gain": 0.10, "gain_low": 0.05}
+CONTROLS = ("null", "faster")
+TAIL_SLACK = 0.02
+"""The tail rule: in every cell the advisor's p90 and worst run are no worse than the worse
+of the two controls' over the same runs, + this."""
+GANGS = 5
+GANG_SIZES = (16, 24, 32, 48, 64)
 
 Variant = tuple[str, dict[str, object]]  # (sim placement, SimConfig keyword arguments)
 Cell = tuple[int, str, str]  # (GPUs per node, trace family, profile)
@@ -131,15 +142,42 @@ they use; the advisor's own ``limit_share`` default, 0.5, assumes the same)."""
 
 @functools.cache
 def trace(family: str, run: int) -> tuple[SimJob, ...]:
-    if family in ("sia", "sia-x2"):
+    if family in ("sia", "sia-x2", "sia-gang"):
         jobs = read_sia_trace(SIA / f"workload-{1 + run % 4}.csv", track=(0, 159))
         if family == "sia":
             return tuple(jobs)
-        return tuple(dataclasses.replace(j, time_limit=padded_limit(j.work)) for j in jobs)
+        padded = [dataclasses.replace(j, time_limit=padded_limit(j.work)) for j in jobs]
+        return tuple(padded if family == "sia-x2" else with_gangs(padded, run))
     if family == "philly-vc":
         return tuple(read_sacct(PHILLY_VC))
     load = 0.6 + 0.35 * ((run * 0.618) % 1.0)  # spread over 60-95 %, run by run
     return tuple(site_like_workload(TRACES["site"], load=load, n_jobs=600, seed=run))
+
+
+def with_gangs(jobs: list[SimJob], run: int) -> list[SimJob]:
+    """``jobs`` with ``GANGS`` large gangs added (Sia-Philly-like: a handful of 16-64 GPU jobs
+    of hours among many short ones): each a model of one of the trace's multi-GPU jobs (its
+    class with it), 16-64 GPUs, 1-12 h of median-GPU work (lognormal, median 3 h), submitted
+    uniformly over the first 80 % of the trace, its limit padded as ``sia-x2``'s. Seeded by
+    ``run``: the same gangs for every placement of a run."""
+    rng = np.random.default_rng(10_000 + run)
+    multi = [j for j in jobs if j.gpus > 1]
+    end = max(j.submit_time for j in jobs)
+    added = []
+    for number in range(GANGS):
+        like = multi[int(rng.integers(len(multi)))]
+        work = float(np.clip(rng.lognormal(math.log(3 * 3600.0), 0.6), 3600.0, 12 * 3600.0))
+        added.append(
+            dataclasses.replace(
+                like,
+                job_id=f"gang{number}",
+                submit_time=float(rng.uniform(0.0, 0.8 * end)),
+                gpus=int(rng.choice(GANG_SIZES)),
+                work=work,
+                time_limit=padded_limit(work),
+            )
+        )
+    return sorted(jobs + added, key=lambda j: j.submit_time)
 
 
 def padded_limit(work_s: float) -> float:
@@ -162,9 +200,18 @@ def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str]
     config = SimConfig(
         placement=placement, mode="slurm", **{"locality_penalty": 1.7, "seed": seed, **options}
     )
-    summary = simulate(trace(family, run), gpus, config).summary()
+    result = simulate(trace(family, run), gpus, config)
+    summary = result.summary()
     keys = ("avg_jct", "p99_jct", "makespan")
-    return ((per_node, family, profile), run, name), {k: float(summary[k]) for k in keys}
+    figures = {k: float(summary[k]) for k in keys}
+    bound = dict(options.get("advisor_settings", ())).get("max_wait_s")  # type: ignore[call-overload]
+    held = [job.held_s for job in result.jobs if job.held_s > 0]
+    figures["held"] = float(len(held))
+    # started later than the bound after it could first have started (1 s for rounding)
+    figures["held_past_bound"] = float(
+        sum(1 for h in held if bound is not None and h > float(bound) + 1.0)
+    )
+    return ((per_node, family, profile), run, name), figures
 
 
 def faster_gpus(gpus: SimGpus) -> SimGpus:
@@ -190,7 +237,27 @@ def summarize(results: dict, cell: Cell, runs: int, name: str) -> dict[str, obje
         "p99_jct_geomean_ratio": geomean(p99),
         "makespan_geomean_ratio": geomean(span),
         "makespan_worst_ratio": max(span),
+        "held_jobs": int(sum(results[(cell, run, name)].get("held", 0) for run in range(runs))),
+        "held_past_bound": int(
+            sum(results[(cell, run, name)].get("held_past_bound", 0) for run in range(runs))
+        ),
     }
+
+
+def tail_rule(row: dict[str, dict]) -> dict[str, object] | None:
+    """The advisor's p90 and worst run against the worse of the two controls' + the slack
+    (None unless the advisor and both controls ran)."""
+    if "advisor" not in row or any(c not in row for c in CONTROLS):
+        return None
+    out: dict[str, object] = {}
+    ok = True
+    for key in ("p90_ratio", "worst_ratio"):
+        control = max(float(row[c][key]) for c in CONTROLS)
+        mine = float(row["advisor"][key])
+        out[key] = {"advisor": mine, "worse_control": control}
+        ok = ok and mine <= control + TAIL_SLACK
+    out["within"] = ok
+    return out
 
 
 def misses(row: dict, profile: str) -> list[str]:
@@ -293,6 +360,14 @@ def main() -> int:
             by_profile[profile] = PairedRatios.of(ratios).summary()
     report["by_profile"] = by_profile
     report["cells_missing_targets"] = {f"{s}x{f}x{p}": m for (s, f, p), m in lost.items() if m}
+    tails = {cell: tail_rule(rows[cell]) for cell in cells}
+    report["tail_rule"] = {f"{s}x{f}x{p}": t for (s, f, p), t in tails.items() if t is not None}
+    report["cells_missing_tail_rule"] = [
+        f"{s}x{f}x{p}" for (s, f, p), t in tails.items() if t is not None and not t["within"]
+    ]
+    if "advisor" in variants:
+        report["held_jobs"] = sum(int(rows[c]["advisor"]["held_jobs"]) for c in cells)
+        report["held_past_bound"] = sum(int(rows[c]["advisor"]["held_past_bound"]) for c in cells)
     floor_lost = {
         cell: misses(rows[cell]["faster"], cell[2]) for cell in cells if "faster" in rows[cell]
     }
@@ -318,6 +393,14 @@ def main() -> int:
             flag = "  <- " + ", ".join(lost[cell]) if name == "advisor" and lost.get(cell) else ""
             if flag and floor_lost.get(cell):
                 flag += " (a 2 % faster cluster misses too)"
+            tail = tails[cell]
+            if name == "advisor" and tail is not None:
+                p90, worst = tail["p90_ratio"], tail["worst_ratio"]  # type: ignore[index]
+                flag += (
+                    f"  [controls' worse p90 {p90['worse_control']:.3f}, "
+                    f"worst {worst['worse_control']:.3f}: "
+                    + ("within +0.02]" if tail["within"] else "TAIL MISSED]")
+                )
             print(
                 f"{cell[0]:>9} {cell[1]:<10} {cell[2]:<9} {name:<10} {row['geomean_gain']:>+7.1%} "
                 f"{low:>+8.1%}..{high:>+7.1%} {row['p90_ratio']:>6.3f} {row['worst_ratio']:>6.3f} "
@@ -330,6 +413,22 @@ def main() -> int:
             print(
                 f"  {profile:<9} {row['geomean_gain']:+.1%} [{low:+.1%}, {high:+.1%}] "
                 f"p90 {row['p90_ratio']:.3f} worst {row['worst_ratio']:.3f} ({row['runs']} runs)"
+            )
+        if "held_jobs" in report:
+            print(
+                f"\nheld jobs: {report['held_jobs']} over every advisor run; started later than "
+                f"max_wait_s after they could first have started: {report['held_past_bound']}"
+            )
+        if report["tail_rule"]:
+            tail_missed = report["cells_missing_tail_rule"]
+            print(
+                f"tail rule (advisor's p90 and worst <= the worse control's + {TAIL_SLACK}): "
+                + (
+                    f"missed in {len(tail_missed)} of {len(report['tail_rule'])} cells "
+                    f"({', '.join(tail_missed)})"
+                    if tail_missed
+                    else f"met in every one of {len(report['tail_rule'])} cells"
+                )
             )
         missing = report["cells_missing_targets"]
         print(

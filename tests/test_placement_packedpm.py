@@ -353,3 +353,79 @@ def test_the_services_view_knows_when_each_limited_holder_started() -> None:
     expect_ends(cluster, [running(1, 0, 3600.0, 5000.0), running(2, 1, math.inf, None)], labels)
     assert cluster.busy_until.tolist() == [5000.0, math.inf]
     assert cluster.busy_since[0] == 1400.0 and math.isnan(cluster.busy_since[1])
+
+
+def test_a_job_that_spreads_goes_to_nodes_without_its_outliers_first() -> None:
+    """Every node has one free GPU; two of them are outliers for class A, one is good. A
+    2-GPU class-A job must take an outlier (one good GPU is all there is), but only one: the
+    spread starts on the node without. Filling in around outliers is for a job that fits a
+    node."""
+    cluster = cluster_of(
+        {"n0": [2.4, 1.0], "n1": [2.4, 1.0], "n2": [1.0, 1.0]},
+        busy=("n0-1", "n1-1", "n2-1"),
+    )
+    assert uuids(PackedPolicy(), cluster, 2) == ["n0-0", "n1-0"]  # node order
+    assert uuids(PackedPMPolicy(), cluster, 2) == ["n0-0", "n2-0"]
+    # a class-D job, for which they are not outliers, keeps them busy as before
+    assert uuids(PackedPMPolicy(), cluster, 2, "D") == ["n0-0", "n1-0"]
+    # a job that fits a node still fills in beside its outlier
+    beside = cluster_of({"n0": [1.0, 1.0], "n1": [2.4, 1.0]})
+    assert uuids(PackedPMPolicy(), beside, 1) == ["n1-1"]
+
+
+def test_a_spread_without_outliers_on_as_many_nodes_is_always_taken() -> None:
+    """Property: when packing spreads a job and some spread on as many nodes avoids every
+    outlier for its class, packed-pm's pick has none."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(300):
+        layout = {f"n{i}": [2.4 if rng.random() < 0.2 else 1.0 for _ in range(4)] for i in range(6)}
+        busy = tuple(f"n{i}-{j}" for i in range(6) for j in range(4) if rng.random() < 0.6)
+        cluster = cluster_of(layout, busy=busy)
+        gpus = int(rng.integers(2, 9))
+        packed = PackedPolicy().place(PlacementRequest("j", "A", gpus), cluster)
+        if packed.allocation is None or len(set(packed.allocation.node_names)) < 2:
+            continue
+        nodes_used = len(set(packed.allocation.node_names))
+        good_free = sorted(
+            (
+                sum(
+                    1
+                    for j, score in enumerate(scores)
+                    if f"{node}-{j}" not in busy and score <= 1.5
+                )
+                for node, scores in layout.items()
+            ),
+            reverse=True,
+        )
+        if sum(good_free[:nodes_used]) < gpus:
+            continue  # no spread without outliers on as many nodes
+        checked += 1
+        picked = PackedPMPolicy().place(PlacementRequest("j", "A", gpus), cluster).allocation
+        assert picked is not None
+        assert len(set(picked.node_names)) <= nodes_used
+        assert max(cluster.classes["A"].scores[list(picked.gpu_ids)]) <= 1.5
+    assert checked > 20
+
+
+def test_the_outliers_cost_counts_the_span_of_the_pick_it_would_take() -> None:
+    """A 2-GPU job on 2-GPU nodes: the only free GPUs are two 2.4x ones on two nodes; a good
+    node frees in 8,000 s. An hour of work loses 1.4 h on the outliers alone, but spread over
+    two nodes (penalty 1.7) it runs at 4.08x against 1x on the good node: 3.08 h lost, more
+    than the wait, so it waits."""
+    cluster = cluster_of(
+        {"n0": [2.4, 1.0], "n1": [2.4, 1.0], "n2": [1.0, 1.0]},
+        busy=("n0-1", "n1-1", "n2-0", "n2-1"),
+    )
+    cluster.clock = 1000.0
+    cluster.expect_free_at([cluster.uuid_index[g] for g in ("n2-0", "n2-1")], 9000.0)
+    request = PlacementRequest("j", "A", 2, runtime_s=3600.0)
+    held = PackedPMPolicy(wait=True, max_wait_s=86_400.0).place(request, cluster)
+    assert held.allocation is None and WAIT_REASON in held.reason
+    assert "11088 s lost" in held.reason  # 3600 x (2.4 x 1.7 - 1)
+    # The same job on one node's outlier pair loses only the outliers' 1.4 h: it takes them.
+    one_node = cluster_of({"n0": [2.4, 2.4], "n2": [1.0, 1.0]}, busy=("n2-0", "n2-1"))
+    one_node.clock = 1000.0
+    one_node.expect_free_at([one_node.uuid_index[g] for g in ("n2-0", "n2-1")], 9000.0)
+    taken = PackedPMPolicy(wait=True, max_wait_s=86_400.0).place(request, one_node)
+    assert taken.allocation is not None and "5040 s lost" in taken.reason

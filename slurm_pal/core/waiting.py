@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from slurm_pal.core.cluster import Cluster
+from slurm_pal.core.runtimes import RunningJob
 
-__all__ = ["WaitVerdict", "expected_ends", "expected_wait_s", "weigh_wait"]
+__all__ = ["WaitVerdict", "expected_ends", "expected_wait_s", "running_jobs", "weigh_wait"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,26 @@ class WaitVerdict:
     until: float
     """The latest time (driver's clock) the job is held to: its bound."""
     why: str
+
+
+def running_jobs(cluster: Cluster) -> tuple[RunningJob, ...]:
+    """The jobs running on ``cluster`` whose start the view knows (``busy_since``), with their
+    limits (``busy_until - busy_since``; ``inf``: none) and what they have run by its clock:
+    what the runtime model counts as censored observations. The service's view and the
+    simulator fill ``busy_since``/``busy_until`` alike, so both weigh waits from the same
+    running jobs. A job is its GPUs with one start and one end: two jobs that started at the
+    same moment with the same limit count as one (an observation too few, never a wrong one)."""
+    busy = ~cluster.free & np.isfinite(cluster.busy_since)
+    if not busy.any():
+        return ()
+    since = cluster.busy_since[busy]
+    until = cluster.busy_until[busy]
+    pairs, counts = np.unique(np.stack((since, until), axis=1), axis=0, return_counts=True)
+    now = cluster.clock
+    return tuple(
+        RunningJob(int(count), float(end - start), max(0.0, now - float(start)))
+        for (start, end), count in zip(pairs.tolist(), counts.tolist(), strict=True)
+    )
 
 
 def expected_ends(cluster: Cluster, share: float | np.ndarray | None) -> np.ndarray:

@@ -53,8 +53,8 @@ from slurm_pal.core.placement.view import (
     unplaced,
 )
 from slurm_pal.core.request import PlacementRequest
-from slurm_pal.core.runtimes import RuntimeModel
-from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, weigh_wait
+from slurm_pal.core.runtimes import RunningJob, RuntimeModel
+from slurm_pal.core.waiting import WaitVerdict, expected_wait_s, running_jobs, weigh_wait
 
 __all__ = ["WAIT_REASON", "PackedPMPolicy"]
 
@@ -146,22 +146,31 @@ class PackedPMPolicy:
         """Hold the job for other GPUs, or take packing's pick with its outliers?"""
         request, cluster = view.request, view.cluster
         good = _usable_mask(view) & (view.klass.bin_of < slow)
+        running = running_jobs(cluster) if self.runtimes is not None else ()
         wait = expected_wait_s(
-            cluster, good, request.gpus, view.shape.per_node, share=self._holder_shares(cluster)
+            cluster,
+            good,
+            request.gpus,
+            view.shape.per_node,
+            share=self._holder_shares(cluster, running),
         )
+        slowdown, scale = _span_slowdown(view, picked)
         return weigh_wait(
-            slowdown=float(view.klass.scores[picked].max()),
-            runtime_s=self._expected_runtime_s(request),
+            slowdown=slowdown,
+            runtime_s=self._expected_runtime_s(request, running) * scale,
             waited_s=request.waited_s,
             wait_s=wait,
             max_wait_s=self.max_wait_s,
             now=cluster.clock,
         )
 
-    def _holder_shares(self, cluster: Cluster) -> float | np.ndarray:
+    def _holder_shares(
+        self, cluster: Cluster, running: tuple[RunningJob, ...] = ()
+    ) -> float | np.ndarray:
         """Per GPU, the share of its holder's limit the holder is expected to use, as the
-        waiting job's own runtime is weighed: learned for limits like the holder's, else the
-        configured ``limit_share``."""
+        waiting job's own runtime is weighed: learned for limits like the holder's (the jobs
+        of that class still ``running`` counted at what they have used so far), given what
+        the holder has run already; else the configured ``limit_share``."""
         if self.runtimes is None or self.runtimes.limit_share is None:
             return self.limit_share
         with np.errstate(invalid="ignore"):
@@ -169,28 +178,40 @@ class PackedPMPolicy:
         known = np.isfinite(limits) & (limits > 0)
         shares = np.full(cluster.n_gpus, self.limit_share)
         if known.any():
-            distinct, where = np.unique(limits[known], return_inverse=True)
-            learned = [self.runtimes.share_of(float(limit)) for limit in distinct]
-            shares[known] = np.array(learned, dtype=float)[where]
+            # one holder: one limit and one start; its median end given what it has run
+            pairs = np.stack((limits[known], cluster.busy_since[known]), axis=1)
+            distinct, where = np.unique(pairs, axis=0, return_inverse=True)
+            learned = []
+            for limit, since in distinct.tolist():
+                used = max(0.0, (cluster.clock - since) / limit)
+                learned.append(self.runtimes.share_of(limit, running, used))
+            shares[known] = np.array(learned, dtype=float)[where.reshape(-1)]
         return shares
 
-    def _expected_runtime_s(self, request: PlacementRequest) -> float:
+    def _expected_runtime_s(
+        self, request: PlacementRequest, running: tuple[RunningJob, ...] = ()
+    ) -> float:
         """What the job is weighed as running: what it is known to run; else what the site's
         finished jobs predict (``runtimes``: the share of their limits that jobs with limits
         like its own used, what unlimited jobs of its size ran); else ``limit_share`` of its
         time limit (weighed at the whole limit, a 16-GPU job that ran a third of it was held
         41 h and the queue drained behind it at its bound); else, with no limit or an
-        unlimited one, ``assumed_runtime_s``. Whatever it says, the wait it buys is bounded
-        (:func:`~slurm_pal.core.waiting.weigh_wait`)."""
+        unlimited one, ``assumed_runtime_s``. A limited job is never weighed as running less
+        than a ``running`` job of its limit class has run already (what the site's jobs of
+        that class ran so far is known even while none of the long ones has ended). Whatever
+        it says, the wait it buys is bounded (:func:`~slurm_pal.core.waiting.weigh_wait`)."""
         if request.runtime_s is not None:
             return request.runtime_s
         limit = request.time_limit_s
         if self.runtimes is not None:
-            learned = self.runtimes.predict(request.gpus, limit)
+            learned = self.runtimes.predict(request.gpus, limit, running)
             if learned is not None and learned > 0:
                 return learned
         if limit is not None and math.isfinite(limit):
-            return limit * self.limit_share
+            floor = 0.0
+            if self.runtimes is not None:
+                floor = self.runtimes.running_floor_s(limit, running)
+            return max(limit * self.limit_share, floor)
         return min(self.assumed_runtime_s, self.max_wait_s)
 
     def _node_take(self, view: RequestView, nodes: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -224,7 +245,9 @@ class PackedPMPolicy:
         """Per node, a tie-break among nodes packing finds equal (lower first): nodes with free
         GPUs that are outliers for another class but not for this job first (it keeps them
         busy), then, for a job smaller than a node, nodes with free GPUs that are outliers for
-        it (it fills in around them). None: no such GPU is free.
+        it (it fills in around them). A job that spreads over nodes goes the other way: nodes
+        without free GPUs that are outliers for it first, so it never spreads onto outliers
+        where a spread without them takes as many nodes. None: no such GPU is free.
 
         Left idle, a GPU the sensitive jobs avoid ends up under whoever comes when nothing else
         is free, and its node, emptied by the jobs that dodged it, under a whole-node job: in
@@ -238,16 +261,20 @@ class PackedPMPolicy:
         soak = cluster.free & ~mine
         soak &= outlying[0] if outlying is not None else False
         around = cluster.free & mine
-        if view.request.gpus >= cluster.max_gpus_per_node:
+        spreads = _spreads(view)
+        if view.request.gpus >= cluster.max_gpus_per_node and not spreads:
             around[:] = False
         if not (soak.any() or around.any()):
             return None
         nodes = cluster.n_nodes
         weight = cluster.max_gpus_per_node + 1
-        return -(
-            np.bincount(cluster.gpu_node[soak], minlength=nodes) * weight
-            + np.bincount(cluster.gpu_node[around], minlength=nodes)
-        )
+        kept_busy = np.bincount(cluster.gpu_node[soak], minlength=nodes) * weight
+        outliers = np.bincount(cluster.gpu_node[around], minlength=nodes)
+        if spreads:
+            # A job spread over nodes takes every usable free GPU of all but its last node:
+            # among nodes as full, those without its outliers first.
+            return outliers * weight * weight - kept_busy
+        return -(kept_busy + outliers)
 
     def _as_packing(self, view: RequestView, gpus: np.ndarray, slow: int) -> bool:
         """Is ``gpus`` plain packing's pick, with no free GPU the job could get an outlier for
@@ -307,6 +334,25 @@ def _describe(view: RequestView, gpus: np.ndarray, how: str) -> Allocation:
     )
 
 
+def _span_slowdown(view: RequestView, picked: np.ndarray) -> tuple[float, float]:
+    """What taking ``picked`` slows the job by against the placement it waits for, and the
+    locality penalty it would run at there: (V x L of the pick / L waited for, L waited for).
+    The wait is for good GPUs on as few nodes as packing uses (one node for a job that fits
+    one: no penalty), so a pick spread over nodes costs its span penalty too. Weighed at its
+    outliers' score alone, a 2-GPU job took two 2.4x GPUs on two nodes (4.1x with the span)
+    rather than wait for one node's good pair."""
+    cluster = view.cluster
+    nodes = np.unique(cluster.gpu_node[picked]).tolist()
+    taken = float(view.klass.scores[picked].max()) * span_level(cluster, nodes).penalty
+    shape = view.shape
+    if shape.per_node is not None:
+        one_node = (shape.node_count or 1) == 1
+    else:
+        one_node = view.request.gpus <= cluster.max_gpus_per_node
+    waited = 1.0 if one_node or len(nodes) == 1 else span_level(cluster, nodes).penalty
+    return taken / waited, waited
+
+
 def _no_wider_and_faster(view: RequestView, packed: np.ndarray, alternative: np.ndarray) -> bool:
     """Are the ``alternative`` GPUs faster for the job (LV product) than packing's, without
     spanning more nodes? A job split over more nodes to dodge an outlier slows itself by the
@@ -321,6 +367,14 @@ def _no_wider_and_faster(view: RequestView, packed: np.ndarray, alternative: np.
     lv_a = float(scores[packed].max()) * span_level(cluster, nodes_a.tolist()).penalty
     lv_b = float(scores[alternative].max()) * span_level(cluster, nodes_b.tolist()).penalty
     return lv_b < lv_a
+
+
+def _spreads(view: RequestView) -> bool:
+    """Will packing spread the job over nodes (a GPU count no node holds free)?"""
+    shape = view.shape
+    if not shape.simple:
+        return False
+    return int(view.usable_counts().max(initial=0)) < shape.n
 
 
 def _without_bins_from(

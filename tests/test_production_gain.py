@@ -1,0 +1,52 @@
+"""The production matrix's own pieces that need no shared data: the gang family's gangs and the
+tail rule against the controls."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from slurm_pal.core.workload import SimJob
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import production_gain
+
+
+def _short_jobs() -> list[SimJob]:
+    return [
+        SimJob(str(i), 60.0 * i, 1 + (i % 3) * 3, 600.0, "AB"[i % 2], time_limit=3600.0)
+        for i in range(50)
+    ]
+
+
+def test_the_gang_family_adds_large_long_gangs_among_the_short_jobs() -> None:
+    jobs = production_gain.with_gangs(_short_jobs(), 3)
+    gangs = [j for j in jobs if j.job_id.startswith("gang")]
+    assert len(gangs) == production_gain.GANGS and len(jobs) == 50 + production_gain.GANGS
+    assert all(j.gpus in production_gain.GANG_SIZES for j in gangs)
+    assert all(3600.0 <= j.work <= 12 * 3600.0 for j in gangs)
+    assert all(j.time_limit == production_gain.padded_limit(j.work) for j in gangs)
+    assert all(j.submit_time <= 0.8 * 49 * 60.0 for j in gangs)
+    assert [j.submit_time for j in jobs] == sorted(j.submit_time for j in jobs)
+    # a gang is a model of one of the trace's multi-GPU jobs, with its class
+    assert {j.job_class for j in gangs} <= {"A", "B"}
+    # the same gangs for every placement of a run, others for another run
+    assert production_gain.with_gangs(_short_jobs(), 3) == jobs
+    assert production_gain.with_gangs(_short_jobs(), 4) != jobs
+
+
+def test_the_tail_rule_holds_the_advisor_to_the_worse_control_plus_the_slack() -> None:
+    def row(p90: float, worst: float) -> dict[str, float]:
+        return {"p90_ratio": p90, "worst_ratio": worst}
+
+    within = production_gain.tail_rule(
+        {"advisor": row(1.05, 1.30), "null": row(1.03, 1.20), "faster": row(1.01, 1.29)}
+    )
+    assert within is not None and within["within"] is True
+    assert within["worst_ratio"] == {"advisor": 1.30, "worse_control": 1.29}
+    missed = production_gain.tail_rule(
+        {"advisor": row(1.00, 1.40), "null": row(1.03, 1.20), "faster": row(1.01, 1.29)}
+    )
+    assert missed is not None and missed["within"] is False
+    # without both controls there is nothing to judge against
+    assert production_gain.tail_rule({"advisor": row(1.0, 1.0), "null": row(1.0, 1.0)}) is None
