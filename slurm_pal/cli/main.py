@@ -131,19 +131,14 @@ def demo(
         help="Where the PNG comparing the two arms goes (needs the 'plot' extra).",
     ),
     trace_seed: int = typer.Option(
-        18,
-        "--trace-seed",
-        help="Seed of the demo's workload (18: a draw the simulator predicts a clear gain for; "
-        "others are other draws of the same mix).",
+        18, "--trace-seed", help="Seed of the demo's workload (18: a clear predicted gain)."
     ),
 ) -> None:
     """The one-command demo: ingest the bundled example campaign and show its bins and labels;
-    then (root, Slurm installed) start a local Slurm of 8 hosts x 4 fake GPUs, a few far slower
-    for compute-bound jobs, and the advisor, submit a deep-learning cluster's work (gangs, time
-    limits) with plain sbatch, show where each job went and why, the GPU time each arm lost to
-    slow GPUs, the measured gain over a packing control (the same plugin, hooks and service
-    serving policy packed) beside the simulator's prediction, and a PNG comparing the two.
-    Stops everything it started.
+    then (root, Slurm installed) run a deep-learning cluster's work with plain sbatch on a
+    local Slurm of 8 hosts x 4 fake GPUs, a few far slower, under a packing control and under
+    the advisor: where each job went and why, the GPU time each arm lost to slow GPUs, the
+    measured gain beside the simulator's, and a PNG. Stops everything it started.
 
     Uses a throw-away store unless --db (or SLURM_PAL_DB) names one.
     """

@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from slurm_pal.advisor.decide import parse_admin_comment
 
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.example_campaign import generate_example_campaign
 from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (

@@ -117,7 +117,7 @@ def pack_pick(
         wanted = shape.node_count - shape.required.size
         if int(usable.sum()) < wanted:
             return None
-        if node_rank is None and not shape.required.size:
+        if node_rank is None and not shape.required.size and wanted > 1:
             chosen = consecutive_best_fit(usable, free, wanted)
             counts = np.full(chosen.size, shape.per_node)
             return take(chosen, counts), "best-fit block of consecutive nodes"
