@@ -48,7 +48,7 @@ __all__ = ["DEMO_TRACE", "live_demo", "missing_for_live_demo", "verdict", "write
 DEMO_TRACE = "dl"
 DEMO_SEED = 18
 """The draw of ``dl`` the demo runs by default: one for which the simulator predicts a clear gain
-(0.79 at the demo's scale) with two real holds; ``--trace-seed`` draws others, some with none."""
+(0.77-0.79 at the demo's scale); ``--trace-seed`` draws others, some with none."""
 DEMO_SCALE = 0.2
 DEMO_PROFILE = "few-slow"
 DEMO_NODES = 8
@@ -201,7 +201,8 @@ def short_why(parsed: Mapping[str, str] | None) -> str:
         return "held for good GPUs" + replanned
     if "left out" in why or "above" in why:
         return "kept off slow GPUs" + replanned
-    return f"{action}: {why.split(';')[0].split(':')[0][:40]}{replanned}"
+    gist = why.split(";")[0].split(": ", 1)[-1].split(",")[0]
+    return f"pinned ({gist[:30]}){replanned}"
 
 
 def _write_details(console: Console, results: Mapping[str, ArmResult], path: Path) -> None:
