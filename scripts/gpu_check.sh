@@ -8,7 +8,8 @@
 #      benchmarks if `ncu` is there;
 #   3. per-second GPM readings (GRAPHICS/SM/INTEGER utilization, SM clock) idle, under STREAM
 #      and under GEMM;
-#   4. the benchmarks' CuPy path (PyTorch hidden), beside the PyTorch runs of step 1.
+#   4. the benchmarks' CuPy path (PyTorch hidden), beside the PyTorch runs of step 1;
+#   and the NVML health readings the signal reader uses (scripts/nvml_health.py), idle and busy.
 # Usage, from the repository root: scripts/gpu_check.sh OUTDIR (GPU 0 is measured).
 # Every step runs even when one before it failed; OUTDIR/steps.log says which failed.
 # GPU_CHECK_STEPS="versions cupy" runs only the steps named (default: all).
@@ -142,6 +143,13 @@ cupy_runs() { # each benchmark through CuPy: 3 runs at the default window with P
     done
 }
 
+health() { # NVML's health readings, idle and (GPU_CHECK_BUSY_S, default 10) under a matmul
+    "$PY" "$ROOT/scripts/nvml_health.py" --busy-s "${GPU_CHECK_BUSY_S:-10}" >"$W/nvml-health.json"
+    local rc=$?
+    cat "$W/nvml-health.json"
+    return "$rc"
+}
+
 probe() { # probe LABEL CMD...: per-second GPM readings, 5 s idle, the command, 2 s after
     local label=$1
     shift
@@ -162,6 +170,7 @@ probe() { # probe LABEL CMD...: per-second GPM readings, 5 s idle, the command, 
     step classify classify
     step probe-stream probe stream $STREAM --warmup-s 2 --measure-s 10
     step probe-gemm probe gemm $GEMM --warmup-s 2 --measure-s 8
+    step health health
     step ncu ncu_runs
     step cupy cupy_runs
 } 2>&1 | tee "$OUT_DIR/gpu-check.log"

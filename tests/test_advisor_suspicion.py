@@ -244,6 +244,16 @@ def test_a_pending_row_remap_makes_the_gpu_suspect_and_old_records_stay_valid(en
     assert {s.gpu for s in st.suspects.suspects()} == {two}
 
 
+def test_a_pcie_link_trained_down_makes_the_gpu_suspect(env: Env) -> None:
+    st = with_mode(env, "report").state()
+    jobs = Jobs(env)
+    one = next(iter(jobs.place))
+    signal_run(st, jobs, one, {"link_faults": ["pcie_width_degraded"], "pcie_width": [8, 16]})
+    found = st.suspects.suspects()
+    assert {s.gpu for s in found} == {one}
+    assert all("PCIe link narrower" in s.cause for s in found)
+
+
 def test_a_short_jobs_epilog_before_its_decision_is_bound(env: Env) -> None:
     """The store binds a decision to its job id at a later refresh; the decide path's memory
     and the job's admin comment in the last read stand in for it."""

@@ -65,3 +65,9 @@ def test_memory_faults_are_faults_and_a_clean_busy_reading_counts_as_read() -> N
     clean = GpuSignals({}, event_samples=12)
     assert clean.read and clean.fault(0.2, 0.85) == ""
     assert not GpuSignals().read
+
+
+def test_a_link_trained_down_is_a_fault_and_an_unknown_link_state_is_not() -> None:
+    link = GpuSignals(link_faults=("pcie_width_degraded",))
+    assert link.read and "PCIe link narrower" in link.fault(0.2, 0.85)
+    assert GpuSignals(link_faults=("something_new",)).fault(0.2, 0.85) == ""

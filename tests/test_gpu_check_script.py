@@ -29,6 +29,7 @@ STEPS = [
     "classify",
     "probe-stream",
     "probe-gemm",
+    "health",
     "ncu",
     "cupy",
 ]
@@ -44,6 +45,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "PYTHONPATH": str(NODE),
         "GPU_CHECK_GEMM": standin,
         "GPU_CHECK_STREAM": standin,
+        "GPU_CHECK_BUSY_S": "0",  # no matmul without a GPU: the idle readings only
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     env.pop("SLURM_PAL_CONFIG", None)
@@ -108,3 +110,11 @@ def test_the_probe_reads_gpm_through_idle_run_and_measure_phases(
     assert phases[0] == "idle" and {"run", "measure"} & set(phases) and phases[-1] == "after"
     assert doc["exit_code"] == 0 and doc["readings"][0]["GRAPHICS_UTIL"] == 99.9
     assert any("PAL_MEASURE_START" in line["line"] for line in doc["stdout"])
+
+
+def test_the_health_readings_name_each_answer_or_its_error(checked: tuple[Path, Path]) -> None:
+    (gpu,) = json.loads((checked[1] / "nvml-health.json").read_text())
+    idle = gpu["idle"]
+    assert gpu["index"] == 0 and "busy" not in gpu
+    assert set(idle) >= {"pcie_width_max", "pcie_width_now", "remapped_rows"}
+    assert all(isinstance(v, int | list) or "error" in v for v in idle.values())

@@ -57,6 +57,23 @@ def test_memory_faults_are_read_once_at_the_end() -> None:
     assert "clock_events" not in first.signals  # the reasons were NotSupported: left out
 
 
+def test_a_pcie_link_narrower_than_its_max_while_busy_is_a_link_fault() -> None:
+    base = {"gpm_supported": False, "sm_clocks": [1410], "max_pcie_width": 16}
+    # the idle first second's width (8) does not count: only busy samples are read
+    down = FakeGpu(
+        index=0,
+        uuid="GPU-0",
+        utilization=[(0, 0), (60, 10), (60, 10), (60, 10)],
+        pcie_widths=[16, 8, 16],
+        **base,  # type: ignore[arg-type]
+    )
+    full = FakeGpu(index=1, uuid="GPU-1", utilization=[(0, 0), (60, 10)], pcie_widths=[16], **base)  # type: ignore[arg-type]
+    first, second = sample(FakePynvml([down, full]), seconds=4).gpus  # type: ignore[attr-defined]
+    assert first.signals["link_faults"] == ["pcie_width_degraded"]
+    assert first.signals["pcie_width"] == [8, 16]
+    assert "link_faults" not in second.signals and "pcie_width" not in second.signals
+
+
 def test_nothing_supported_reads_nothing_and_stops_asking() -> None:
     gpu = FakeGpu(index=0, uuid="GPU-0", gpm_supported=False, utilization=[(80, 20)])
     result = sample(FakePynvml([gpu]))

@@ -67,6 +67,19 @@ def test_fragmentation_spreads_a_job_that_fits_in_a_node() -> None:
     assert outcome(packed, "2").max_nodes == 1 and packed.summary()["spread_jobs"] == 0
 
 
+def test_a_job_asked_with_gres_per_node_waits_for_one_node_rather_than_spreading() -> None:
+    # The same fragmentation, with the 2-GPU job asked as --gres=gpu:2 (one node, as the
+    # testbed and most users submit it): it waits for a whole node and never spans two.
+    scores = {"A": np.array([1.2, 1.0, 1.0, 1.2])}
+    gpus = SimGpus(2, 2, scores, scores)
+    trace = [job(0, 0.0, 1, 1000.0), job(1, 0.0, 1, 1000.0), job(2, 1.0, 2, 100.0)]
+    config = SimConfig(placement="pm-first", mode="slurm", requests="gres-per-node")
+    one_node = outcome(simulate(trace, gpus, config), "2")
+    assert one_node.max_nodes == 1 and one_node.start == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="valid: gpus, gres-per-node"):
+        SimConfig(requests="per-gpu")
+
+
 @pytest.mark.parametrize("mode", ["rounds", "slurm"])
 def test_pm_first_avoids_the_slow_gpu_that_packing_takes(mode: str) -> None:
     # GPU 0 is 2x slow, GPU 1 fast. Packed takes the lowest index (GPU 0): 100 s of work take

@@ -5,8 +5,10 @@ nothing of its health): the clock-event reasons active (``nvmlDeviceGetCurrentCl
 Reasons``, ``...ThrottleReasons`` on an older pynvml or driver; the bits named as the campaign
 runner names them) and the SM clock. At the job's end, once: the memory states that need a
 reset or a replacement (pending or failed row remapping on Ampere and newer, pending page
-retirement on older GPUs). The summary is small (a few reason shares, two clocks, a list of
-faults) because it rides in every Epilog record.
+retirement on older GPUs), and a PCIe link that ran narrower than the GPU and its slot allow
+while the GPU was busy (a link trained down: a fault no clock reason shows; width only, since
+the link's generation drops at low load by design). The summary is small (a few reason
+shares, two clocks, a list of faults) because it rides in every Epilog record.
 
 Every call may fail: a function the library or the GPU does not have (NotSupported,
 FunctionNotFound, NoPermission) is not called again for that GPU and its reading is left out;
@@ -58,6 +60,9 @@ class SignalReader:
         value = self._call("nvmlDeviceGetMaxClockInfo", self._clock_sm)
         if isinstance(value, int | float) and value > 0:
             self.max_mhz = float(value)
+        self.busy_width: int | None = None  # the narrowest PCIe link width seen while busy
+        max_width = self._call("nvmlDeviceGetMaxPcieLinkWidth")
+        self.max_width = int(max_width) if isinstance(max_width, int) and max_width > 0 else None
 
     def _call(self, name: str, *args: Any) -> Any:
         """``nvml.name(handle, *args)``; None when it fails (and never again if it never can)."""
@@ -97,6 +102,10 @@ class SignalReader:
         mhz = self._call("nvmlDeviceGetClockInfo", self._clock_sm)
         if isinstance(mhz, int | float) and mhz > 0:
             self.clocks[float(mhz)] += 1
+        if self.max_width is not None:
+            width = self._call("nvmlDeviceGetCurrPcieLinkWidth")
+            if isinstance(width, int) and width > 0:
+                self.busy_width = width if self.busy_width is None else min(self.busy_width, width)
 
     def finish(self) -> None:
         """The memory states at the job's end (they last until a reset)."""
@@ -122,4 +131,8 @@ class SignalReader:
                 out["sm_clock_max_mhz"] = self.max_mhz
         if self.memory_faults:
             out["memory_faults"] = list(self.memory_faults)
+        width, widest = self.busy_width, self.max_width
+        if width is not None and widest is not None and width < widest:
+            out["link_faults"] = ["pcie_width_degraded"]
+            out["pcie_width"] = [width, widest]
         return out or None

@@ -99,8 +99,9 @@ def gpu_signals_from(raw: Mapping[str, object]) -> GpuSignals:
     if not all(0.0 <= v <= 1.0 for v in clock_events.values()):
         raise ValueError("a clock-event share outside [0, 1]")
     faults = raw.get("memory_faults") or []
-    if not isinstance(faults, list):
-        raise TypeError("memory_faults is not a list")
+    links = raw.get("link_faults") or []
+    if not isinstance(faults, list) or not isinstance(links, list):
+        raise TypeError("memory_faults or link_faults is not a list")
     return GpuSignals(
         clock_events,
         _number(raw, "sm_clock_ratio"),
@@ -108,6 +109,7 @@ def gpu_signals_from(raw: Mapping[str, object]) -> GpuSignals:
         sm_clock_mhz=_number(raw, "sm_clock_mhz"),
         sm_clock_max_mhz=_number(raw, "sm_clock_max_mhz"),
         memory_faults=tuple(str(f) for f in faults),
+        link_faults=tuple(str(f) for f in links),
     )
 
 

@@ -49,6 +49,7 @@ from slurm_pal.core.drift import DEFAULT_MIN_BASELINE, JobRun, RunEvidence, bott
 
 __all__ = [
     "CAP_EXCUSES",
+    "LINK_FAULTS",
     "MEMORY_FAULTS",
     "POWER_CAP_EVENTS",
     "Change",
@@ -71,6 +72,11 @@ MEMORY_FAULTS: dict[str, str] = {
 """NVML memory states that are a fault, by the name the hooks send: the GPU keeps running
 jobs, but on memory that has failed or awaits a reset (Ampere+ remap rows, older GPUs retire
 pages)."""
+LINK_FAULTS: dict[str, str] = {
+    "pcie_width_degraded": "PCIe link narrower than the GPU and its slot allow while busy "
+    "(trained down: reseat or replace the card or riser)",
+}
+"""NVML link states that are a fault, by the name the hooks send: no clock reason shows them."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,8 @@ class GpuSignals:
     SM clock over the median of the same model's GPUs (None: not read or no peers yet; the
     service computes it from ``sm_clock_mhz``, see :mod:`slurm_pal.core.clocks`);
     ``memory_faults``: what the GPU's memory reported that needs a reset or the vendor
-    (:data:`MEMORY_FAULTS`). An empty record says nothing, so it neither accuses nor clears.
+    (:data:`MEMORY_FAULTS`); ``link_faults``: its links' (:data:`LINK_FAULTS`). An empty
+    record says nothing, so it neither accuses nor clears.
     """
 
     clock_events: Mapping[str, float] = field(default_factory=dict)
@@ -92,6 +99,7 @@ class GpuSignals:
     sm_clock_mhz: float | None = None
     sm_clock_max_mhz: float | None = None
     memory_faults: tuple[str, ...] = ()
+    link_faults: tuple[str, ...] = ()
 
     @property
     def read(self) -> bool:
@@ -100,6 +108,7 @@ class GpuSignals:
             or self.event_samples > 0
             or self.sm_clock_ratio is not None
             or bool(self.memory_faults)
+            or bool(self.link_faults)
         )
 
     @property
@@ -109,9 +118,10 @@ class GpuSignals:
 
     def fault(self, share: float, clock_ratio: float) -> str:
         """Why these readings mean a fault ('' when they do not)."""
-        memory = [name for name in self.memory_faults if name in MEMORY_FAULTS]
-        if memory:
-            return ", ".join(MEMORY_FAULTS[name] for name in memory)
+        memory = [MEMORY_FAULTS[name] for name in self.memory_faults if name in MEMORY_FAULTS]
+        links = [LINK_FAULTS[name] for name in self.link_faults if name in LINK_FAULTS]
+        if memory or links:
+            return ", ".join(memory + links)
         cooling = {
             name: value
             for name, value in self.clock_events.items()

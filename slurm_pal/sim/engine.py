@@ -95,6 +95,7 @@ __all__ = [
     "MODES",
     "PAPER_PLACEMENTS",
     "PLACEMENTS",
+    "REQUESTS",
     "SCHEDULERS",
     "JobEnd",
     "ProbeHooks",
@@ -139,6 +140,10 @@ not apply to them, ``scheduler`` only orders ``gimbal`` and ``pal-share``)."""
 
 SCHEDULERS = ("fifo", "las", "srtf")
 MODES = ("rounds", "slurm")
+REQUESTS = ("gpus", "gres-per-node")
+"""How users ask Slurm for a job that fits in a node (Slurm mode): ``--gpus=N`` (cons_tres may
+spread it over nodes) or ``--gres=gpu:N`` (sbatch's one node). Jobs of whole nodes ask
+``-N k --gres=gpu:<node's GPUs>`` either way."""
 DECISIONS = ("every-event", "at-submit")
 """When the advisor places a job in Slurm mode: at every arrival and job end (the Epilog's
 re-planning round, ``advisor.replan_on_epilog``), or only at the job's own submission; a job
@@ -188,6 +193,7 @@ class SimConfig:
     advisor_settings: tuple[tuple[str, float | bool], ...] = ()
     decisions: str = "every-event"
     advisor_pin: str = "steered"
+    requests: str = "gpus"
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -204,6 +210,8 @@ class SimConfig:
             raise ValueError(f"unknown decisions {self.decisions!r}; valid: {', '.join(DECISIONS)}")
         if self.advisor_pin not in PINS:
             raise ValueError(f"unknown pin {self.advisor_pin!r}; valid: {', '.join(PINS)}")
+        if self.requests not in REQUESTS:
+            raise ValueError(f"unknown requests {self.requests!r}; valid: {', '.join(REQUESTS)}")
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
         for penalty in (self.locality_penalty, self.site_locality_penalty):
@@ -265,6 +273,17 @@ class ProbeHooks(SimHooks, Protocol):
         """The probe started on ``gpu`` at ``start`` ended at ``end``."""
 
 
+def _per_node_request(gpus: int, node_gpus: int | None, one_node_gres: bool) -> int | None:
+    """GPUs per node of a job as submitted to Slurm (``-N k --gres=gpu:node_gpus`` for whole
+    nodes; ``--gres=gpu:N``, one node, for a job that fits when ``one_node_gres``), or None for
+    a per-job request (no node size known: the paper's rounds; ``--gpus=N``; an uneven split)."""
+    if node_gpus is None:
+        return None
+    if gpus <= node_gpus:
+        return gpus if one_node_gres else None
+    return node_gpus if not gpus % node_gpus else None
+
+
 class _Job:
     """Mutable run state of one job."""
 
@@ -288,21 +307,27 @@ class _Job:
     )
 
     def __init__(
-        self, spec: SimJob, order: int, advised_class: str, node_gpus: int | None = None
+        self,
+        spec: SimJob,
+        order: int,
+        advised_class: str,
+        node_gpus: int | None = None,
+        one_node_gres: bool = False,
     ) -> None:
         self.spec = spec
         self.order = order
         limit = spec.time_limit
-        # A job of whole nodes asks Slurm as users do (-N k --gres=gpu:node_gpus), so the
-        # simulated Slurm picks its nodes as cons_tres does for such a request.
-        whole_nodes = node_gpus is not None and spec.gpus > node_gpus and not spec.gpus % node_gpus
+        # Jobs ask Slurm as users do (-N k --gres=gpu:node_gpus for whole nodes, and with
+        # one_node_gres --gres=gpu:N on one node for a job that fits), so the simulated Slurm
+        # and the advisor place it within what such a request allows.
+        per_node = _per_node_request(spec.gpus, node_gpus, one_node_gres)
         # What the advisor knows of its length: its time limit; without one in the trace, its
         # run time (the scheduler's perfect knowledge).
         self.request = PlacementRequest(
             job_id=str(order),
             job_class=advised_class,
             gpus=spec.gpus,
-            gpus_per_node=node_gpus if whole_nodes else None,
+            gpus_per_node=per_node,
             runtime_s=spec.work if limit is None else None,
             time_limit_s=limit,
         )
@@ -386,7 +411,7 @@ class _Simulation:
         # Slurm mode only: the paper's rounds place a job's GPUs anywhere (PAL's own spans).
         node_gpus = self.cluster.max_gpus_per_node if config.mode == "slurm" else None
         self.jobs = [
-            _Job(job, order, advised_class(job), node_gpus)
+            _Job(job, order, advised_class(job), node_gpus, config.requests == "gres-per-node")
             for order, job in ordered
             if job.gpus <= n_gpus
         ]

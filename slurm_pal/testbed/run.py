@@ -1004,10 +1004,11 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     jobs pay the site's: here the emulation's). ``advisor_at_submit``: the same advisor deciding
     only at each job's submission (Slurm places a job that waited), what the advisor does
     without the Epilog's re-planning. ``control``: the control arm's service, simulated from its
-    own config the same way (when the testbed was prepared with one). All in Slurm mode without
-    backfill: the testbed runs strict FIFO."""
+    own config the same way (when the testbed was prepared with one). All in Slurm mode, with
+    backfill where the testbed runs it, jobs asked for as ``sbatch_args`` submits them."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
-    testbed = {"mode": "slurm", "backfill": prep.settings.site_like}
+    # the trace's jobs are submitted with --gres=gpu:N per node (sbatch_args)
+    testbed = {"mode": "slurm", "backfill": prep.settings.site_like, "requests": "gres-per-node"}
     site = {"site_locality_penalty": penalty}
     advisor = advisor_sim_options(prep.served_config()) | testbed | site
     configs = {

@@ -39,8 +39,9 @@ class FakeGpu:
 
     Signals (the suspicion rule's readings): ``clock_reasons[k]`` / ``sm_clocks[k]`` are the
     k-th reads of the clock-event bitmask / SM clock in MHz, ``max_sm_clock`` the max SM clock,
-    ``remapped_rows`` (corrected, uncorrected, pending, failure) and ``retired_pending``; an
-    empty list or None is NOT_SUPPORTED, as on a GPU without the feature."""
+    ``remapped_rows`` (corrected, uncorrected, pending, failure) and ``retired_pending``,
+    ``max_pcie_width`` and ``pcie_widths`` (the k-th read of the current PCIe link width; the
+    last repeats); an empty list or None is NOT_SUPPORTED, as on a GPU without the feature."""
 
     index: int
     uuid: str
@@ -57,6 +58,9 @@ class FakeGpu:
     max_sm_clock: int | None = None
     remapped_rows: tuple[int, int, int, int] | None = None
     retired_pending: int | None = None
+    max_pcie_width: int | None = None
+    pcie_widths: list[int] = field(default_factory=list)
+    width_reads: int = 0
     reason_reads: int = 0
     clock_reads: int = 0
 
@@ -194,6 +198,20 @@ class FakePynvml:
         if gpu.remapped_rows is None:
             raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
         return gpu.remapped_rows
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu.max_pcie_width is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_pcie_width
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        if not gpu.pcie_widths:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        width = gpu.pcie_widths[min(gpu.width_reads, len(gpu.pcie_widths) - 1)]
+        gpu.width_reads += 1
+        return width
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
         gpu = self._gpu(handle)
