@@ -62,6 +62,8 @@ versions() {
     "$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
     "$PY" -c 'import cupy; print("cupy", cupy.__version__)'
     "$PY" -c 'import pynvml; print("nvidia-ml-py", getattr(pynvml, "__version__", "?"))'
+    "$PY" -c 'import ClusterShell; print("ClusterShell", ClusterShell.__version__)' ||
+        echo "ClusterShell missing: install the project's dependencies (apps and campaign steps need it)"
     "$PY" -m pip show nvidia-ml-py 2>/dev/null | sed -n 's/^Version: /nvidia-ml-py /p'
     command -v ncu && ncu --version | tail -1
     uname -r

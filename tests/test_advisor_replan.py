@@ -433,6 +433,31 @@ def test_a_job_without_a_pin_whose_place_is_packings_own_is_left_to_slurm(tmp_pa
         env.close()
 
 
+def test_under_backfill_a_job_slurm_would_keep_behind_the_heads_reservation_is_not_routed() -> None:
+    """The head (4 GPUs) fits nowhere; Slurm reserves the cluster for it when n01's jobs end by
+    their limits (in 10 min). Behind it, a job whose limit (60 min) runs past that would delay
+    it, so Slurm does not start it now: the round leaves it; one whose limit (5 min) ends by
+    then starts in the hole, and the round routes it."""
+    policy = get_policy("packed-pm", avoid_above=1.5)
+    now = 10_000.0
+    head = JobDescription.from_wire({"user": "u", "tres_per_job": "gres:gpu:4", "time_limit": 60})
+    long = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:2", "time_limit": 60})
+    short = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:2", "time_limit": 5})
+    cluster, labels = site({"n01": [A0, A0], "n02": [A0, A0]}, busy=[("n01", 0), ("n01", 1)])
+    cluster.busy_until[[cluster.uuid_index["GPU-n01-0"], cluster.uuid_index["GPU-n01-1"]]] = (
+        now + 600.0
+    )
+    pending = [
+        PendingJob(7, "t7", head, "A", "test", None, tres_per_job="gres:gpu:4"),
+        PendingJob(8, "t8", long, "A", "test", None, tres_per_node="gres:gpu:2"),
+        PendingJob(9, "t9", short, "A", "test", None, tres_per_node="gres:gpu:2"),
+    ]
+    plan = {"labels": labels, "policy": policy, "version": "t", "now": now}
+    result = plan_replan(pending, cluster, backfill=True, **plan)
+    assert [u.job_id for u in result.updates] == [9]
+    assert 7 in result.not_placed and 8 not in result.in_place
+
+
 def test_under_backfill_the_round_goes_past_a_job_that_fits_nowhere_yet() -> None:
     """A 2-GPU job that fits nowhere heads the queue; behind it a 1-GPU job routed at its
     submit to a GPU that has since been taken. Under strict FIFO nothing behind the head starts,

@@ -218,6 +218,7 @@ def test_sbatch_args_ask_whole_nodes_above_one_node(tmp_path: Path) -> None:
     assert "--comment=pal:app=emu-b" in eight and "class=B" in eight
     two = sbatch_args(TraceJob("j2", 0.0, 2, "A", 3.0), Prep, tmp_path, 5.0)  # type: ignore[arg-type]
     assert "--gres=gpu:2" in two and "-N" not in two
+    assert not any(a.startswith("--cpus-per-task") for a in two)  # the older traces: as before
     with pytest.raises(EmulationError, match="valid: stock, control, advisor"):
         RunSettings(tmp_path, arms=("stock", "magic"))
 
@@ -499,14 +500,14 @@ def test_site_like_jobs_ask_slurm_for_their_limit(tmp_path: Path) -> None:
     from slurm_pal.testbed.run import BACKFILL, FIFO
 
     settings = RunSettings(root=tmp_path, trace="dl", nodes=8)
-    assert settings.scheduler[: len(BACKFILL)] == BACKFILL
-    assert settings.scheduler[-1] == "DefCpuPerGPU=2"  # free CPUs follow free GPUs
+    assert settings.scheduler == BACKFILL
     assert settings.time_scale == pytest.approx(1 / 60)
     assert RunSettings(root=tmp_path).scheduler == FIFO
     assert RunSettings(root=tmp_path).time_scale == 1.0
     prep = type("P", (), {"settings": settings, "job_script": tmp_path / "job", "table_path": "t"})
     args = sbatch_args(TraceJob("x1", 0.0, 8, "A", 30.0, 180.0), prep, tmp_path, 0.0)  # type: ignore[arg-type]
     assert "--time=3" in args and args[args.index("-N") + 1] == "2"
+    assert "--cpus-per-task=8" in args  # free CPUs follow free GPUs: 2 a GPU, 4 GPUs a node
 
 
 def test_few_slow_profile_draws_a_few_far_slower_gpus() -> None:

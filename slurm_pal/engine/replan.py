@@ -32,7 +32,7 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
 from slurm_pal.core.jobchange import JobChange, ReleaseRules, transition_problem
 from slurm_pal.core.placement import PlacementPolicy, PlacementResult
-from slurm_pal.core.queue import Outcome, StartRule, StopAtMisfit, queue_round
+from slurm_pal.core.queue import Outcome, SlurmBackfill, StartRule, StopAtMisfit, queue_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.engine.decide import (
     NO_FIT,
@@ -353,8 +353,10 @@ def plan_replan(
     against; a held job's wait counts from its ``since``.
 
     ``backfill``: the real Slurm backfills (``sched/backfill``), so a job that fits nowhere
-    yet does not end the round: Slurm starts the jobs behind it in the holes, and a job routed
-    at its submit to GPUs since taken is routed again rather than left waiting for them.
+    yet does not end the round: Slurm starts the jobs behind it in the holes its reservation
+    leaves (:class:`~slurm_pal.core.queue.SlurmBackfill`, from the running jobs' limits), and a
+    job routed at its submit to GPUs since taken is routed again rather than left waiting for
+    them; a job Slurm would not start before that reservation is left as it is.
 
     ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
     the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
@@ -456,13 +458,16 @@ def plan_replan(
         for request_id, p in jobs.items()
         if p.waiting is not None and (now is None or p.waiting[1] > now)
     }
+    planned = cluster if slurm is not None else cluster.copy()
+    start: StartRule
+    if slurm is not None:
+        start = slurm.start
+    elif backfill:
+        start = SlurmBackfill(planned, now if now is not None else planned.clock, held_now)
+    else:
+        start = StopAtMisfit(held=held_now)
     steps = queue_round(
-        requests,
-        cluster if slurm is not None else cluster.copy(),
-        place,
-        class_order=class_order,
-        start=slurm.start if slurm is not None else StopAtMisfit(go_on=backfill, held=held_now),
-        review=review,
+        requests, planned, place, class_order=class_order, start=start, review=review
     )
     for step in steps:
         p = jobs[step.request.job_id]

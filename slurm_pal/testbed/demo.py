@@ -316,7 +316,7 @@ def verdict(report: Mapping[str, object]) -> str:
         return f"advisor beat {base}: {figures} ({100 * (1 - avg):.1f} % lower average JCT)"
     return (
         f"advisor did not beat {base} on this run: {figures}. Single runs move by several per "
-        "cent with Slurm's scheduling ticks and this machine's load (README, 'The demo')"
+        "cent with Slurm's scheduling ticks and this machine's load (docs/testbed.md)"
     )
 
 

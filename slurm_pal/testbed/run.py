@@ -241,14 +241,19 @@ class RunSettings:
     @property
     def scheduler(self) -> tuple[str, ...]:
         """slurm.conf lines of the scheduler: backfill where jobs carry limits (as sites
-        run), strict FIFO for the older, UNLIMITED traces (backfill cannot plan them). With
-        backfill each GPU also brings its share of a node's CPUs (``DefCpuPerGPU``), as sites
-        set it: cons_tres fits jobs by free CPUs, so only then do its picks follow the free GPUs
-        (a 1-GPU job went to a node with 3 free GPUs rather than one with 2, since both had 7
-        free CPUs), which is what the packing model of the advisor and the simulator assumes."""
-        if not self.site_like:
-            return FIFO
-        return (*BACKFILL, f"DefCpuPerGPU={max(1, TESTBED_CPUS // self.gpus_per_node)}")
+        run), strict FIFO for the older, UNLIMITED traces (backfill cannot plan them)."""
+        return BACKFILL if self.site_like else FIFO
+
+    @property
+    def cpus_per_gpu(self) -> int | None:
+        """With the site-like traces each GPU brings its share of a node's CPUs: cons_tres
+        fits jobs by free CPUs, so only then do its picks follow the free GPUs (a 1-GPU job
+        went to a node with 3 free GPUs rather than one with 2, since both had 7 free CPUs),
+        which is what the packing model of the advisor and the simulator assumes. Asked per
+        task (``sbatch_args``), not as ``DefCpuPerGPU``: on Slurm 24.11 a per-node request
+        naming several GPU types under ``DefCpuPerGPU`` never starts (Reason=Resources on an
+        idle node), and the advisor routes jobs across labels so."""
+        return max(1, TESTBED_CPUS // self.gpus_per_node) if self.site_like else None
 
     @property
     def advisor_policy(self) -> str:
@@ -689,6 +694,9 @@ def sbatch_args(job: TraceJob, prep: Prepared, records: Path, submit: float) -> 
     ]
     if job.time_limit is not None:
         args.append(f"--time={round(job.time_limit / 60.0)}")
+    cpus_per_gpu = prep.settings.cpus_per_gpu
+    if cpus_per_gpu is not None:  # one task per node: the node's share for its GPUs
+        args.append(f"--cpus-per-task={cpus_per_gpu * job.per_node(gpn)}")
     if job.nodes(gpn) > 1:
         args += ["-N", str(job.nodes(gpn))]
     return [

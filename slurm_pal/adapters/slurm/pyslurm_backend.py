@@ -373,7 +373,7 @@ def choose_backend(
     if setting == "pyslurm":
         raise BackendError(
             f"advisor.slurm_backend = pyslurm, but {problem}; use auto or cli "
-            "(README 'Slurm backends')"
+            "(docs/admin.md, 'Slurm backends')"
         )
     return BackendChoice(
         "cli",
