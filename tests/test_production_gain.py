@@ -52,9 +52,7 @@ def test_the_tail_rule_holds_the_advisor_to_the_worse_control_plus_the_slack() -
     assert production_gain.tail_rule({"advisor": row(1.0, 1.0), "null": row(1.0, 1.0)}) is None
 
 
-def test_a_held_job_that_started_past_its_bound_is_listed_with_when_it_was_held_and_started() -> (
-    None
-):
+def test_a_job_started_past_its_bound_is_listed_with_its_hold_and_start() -> None:
     from slurm_pal.sim.metrics import JobOutcome
 
     # held at 8 h (it could have started then), bound 24 h later, started at 34.5 h
