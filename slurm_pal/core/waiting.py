@@ -24,7 +24,7 @@ does not reserve for a job whose begin time is later (its backfill skips jobs no
 eligible), nor does the simulated Slurm, so while a job is held the jobs around it may take the
 GPUs it could have started on, and one that does not fit when its bound comes waits as any
 pending job. In the production matrix a few per cent of held jobs start past their bound
-that way, all large ones (12-48 GPUs of 64), some by days; the rules that stopped it inside the
+that way, all large ones (8-48 GPUs of 64), some by days; the rules that stopped it inside the
 round either cost most of the gain or left some (benchmarks/README, "The held job's bound, job
 by job"). A start by the bound needs a reservation: the held job eligible and routed to the
 GPUs it waits for, so that Slurm's backfill plans it there.
