@@ -63,6 +63,7 @@ from slurm_pal.sim import SimConfig, SimGpus, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.experiments import PairedRatios
 from slurm_pal.sim.inputs import PAL_LONGHORN_PROFILES, load_gpus, per_gpu_from_records
+from slurm_pal.sim.metrics import JobOutcome
 from slurm_pal.sim.variability import few_slow_gpus, sampled_gpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,13 +206,30 @@ def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str]
     keys = ("avg_jct", "p99_jct", "makespan")
     figures = {k: float(summary[k]) for k in keys}
     bound = dict(options.get("advisor_settings", ())).get("max_wait_s")  # type: ignore[call-overload]
-    held = [job.held_s for job in result.jobs if job.held_s > 0]
+    held = [job for job in result.jobs if job.held_s > 0]
     figures["held"] = float(len(held))
     # started later than the bound after it could first have started (1 s for rounding)
-    figures["held_past_bound"] = float(
-        sum(1 for h in held if bound is not None and h > float(bound) + 1.0)
-    )
+    late = [job for job in held if bound is not None and job.held_s > float(bound) + 1.0]
+    figures["held_past_bound"] = float(len(late))
+    figures["past_bound_jobs"] = [past_bound_row(job, float(bound)) for job in late]  # type: ignore[assignment]
     return ((per_node, family, profile), run, name), figures
+
+
+def past_bound_row(job: JobOutcome, bound_s: float) -> dict[str, object]:
+    """A held job that started past its bound, as the report lists it (hours from the
+    trace's start): its size, when it was first held, its bound, when it started."""
+    assert job.start is not None
+    held_at = job.start - job.held_s
+    return {
+        "job": job.job_id,
+        "gpus": job.gpus,
+        "class": job.job_class,
+        "held_at_h": round(held_at / 3600, 2),
+        "bound_h": round((held_at + bound_s) / 3600, 2),
+        "start_h": round(job.start / 3600, 2),
+        "late_h": round((job.held_s - bound_s) / 3600, 2),
+        "nodes": job.max_nodes,
+    }
 
 
 def faster_gpus(gpus: SimGpus) -> SimGpus:
@@ -241,6 +259,11 @@ def summarize(results: dict, cell: Cell, runs: int, name: str) -> dict[str, obje
         "held_past_bound": int(
             sum(results[(cell, run, name)].get("held_past_bound", 0) for run in range(runs))
         ),
+        "past_bound_jobs": [
+            {"run": run, **row}
+            for run in range(runs)
+            for row in results[(cell, run, name)].get("past_bound_jobs", [])
+        ],
     }
 
 
@@ -419,6 +442,9 @@ def main() -> int:
                 f"\nheld jobs: {report['held_jobs']} over every advisor run; started later than "
                 f"max_wait_s after they could first have started: {report['held_past_bound']}"
             )
+            for cell in cells:
+                for row in rows[cell]["advisor"]["past_bound_jobs"]:
+                    print(f"  {cell[0]}x{cell[1]}x{cell[2]}: {row}")
         if report["tail_rule"]:
             tail_missed = report["cells_missing_tail_rule"]
             print(

@@ -50,3 +50,34 @@ def test_the_tail_rule_holds_the_advisor_to_the_worse_control_plus_the_slack() -
     assert missed is not None and missed["within"] is False
     # without both controls there is nothing to judge against
     assert production_gain.tail_rule({"advisor": row(1.0, 1.0), "null": row(1.0, 1.0)}) is None
+
+
+def test_a_job_started_past_its_bound_is_listed_with_its_hold_and_start() -> None:
+    from slurm_pal.sim.metrics import JobOutcome
+
+    # held at 8 h (it could have started then), bound 24 h later, started at 34.5 h
+    job = JobOutcome(
+        job_id="86",
+        job_class="A",
+        gpus=24,
+        submit=3.0 * 3600,
+        start=34.5 * 3600,
+        end=90.0 * 3600,
+        work=58.0 * 3600,
+        tracked=True,
+        preemptions=0,
+        migrations=0,
+        max_nodes=24,
+        held_s=26.5 * 3600,
+    )
+    row = production_gain.past_bound_row(job, 86400.0)
+    assert row == {
+        "job": "86",
+        "gpus": 24,
+        "class": "A",
+        "held_at_h": 8.0,
+        "bound_h": 32.0,
+        "start_h": 34.5,
+        "late_h": 2.5,
+        "nodes": 24,
+    }

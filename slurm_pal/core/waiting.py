@@ -15,6 +15,20 @@ neighbours while most GPUs sat idle. So a wait is weighed, not assumed:
 - **the bound**: no job is held longer than ``max_wait_s`` from when it could first have
   started (``waited_s``), whatever the estimates say; they are estimates.
 
+How the bound is kept, and what it does not promise. The hold is the job's begin time, set to
+``since + max_wait_s`` (``since``: when it could first have started, kept across re-plans in
+its admin comment; in the simulator ``_Job.first_wait``/``held_until``), and every round
+re-weighs the job with ``waited_s`` from ``since``, so no hold outlasts the bound, in Slurm
+also with the advisor gone. The bound is when the *hold* ends, not a promised start: Slurm
+does not reserve for a job whose begin time is later (its backfill skips jobs not yet
+eligible), nor does the simulated Slurm, so while a job is held the jobs around it may take the
+GPUs it could have started on, and one that does not fit when its bound comes waits as any
+pending job. In the production matrix a few per cent of held jobs start past their bound
+that way, all large ones (8-48 GPUs of 64), some by days; the rules that stopped it inside the
+round either cost most of the gain or left some (benchmarks/README, "The held job's bound, job
+by job"). A start by the bound needs a reservation: the held job eligible and routed to the
+GPUs it waits for, so that Slurm's backfill plans it there.
+
 Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
 neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
 the GPUs the held job takes first once they free. Idle GPUs it could use without an outlier are

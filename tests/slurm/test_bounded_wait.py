@@ -263,7 +263,9 @@ def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back
     outlier, so it fits nowhere even by count. A job behind it whose hour-long limit would
     delay a reservation for it (at n03's neighbour's limit) starts at once: Slurm considers no
     job before its begin time, so it reserves nothing for the held one. The simulator, which
-    reserved for such a job until 2026-11-27, now predicts the same."""
+    reserved for such a job until 2026-11-27, now predicts the same. The held job still starts
+    by its bound: once the two jobs that took its GPUs end, a round routes it (on the outlier
+    and n03's GPU, in the simulator at the bound itself)."""
     lab = clean
     good = lab.label("n01", slow=False)
     lab.sbatch(f"--gres=gpu:{good}:1", "-w", "n01", "-t", "10", "--wrap", "sleep 600")
@@ -291,6 +293,12 @@ def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back
     )
     lab.wait_state(behind, "RUNNING", timeout_s=30)
     assert lab.fields(held)["JobState"] == "PENDING"
+    until = float(_held(lab, held)["until"])
+    # Its bound holds: once the two jobs that took its GPUs end, a round routes it (the
+    # outlier and n03's GPU, before n03's neighbour ends: waiting longer would pass the bound).
+    lab.wait_state(held, "RUNNING", timeout_s=60)
+    started = lab.when(held, "StartTime")
+    assert started <= until, (started, until)
     measured = {
         name: lab.when(job_id, key) - t0
         for name, job_id, key in (
@@ -304,8 +312,9 @@ def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back
         lab.when(memory, "SubmitTime") - t0,
         lab.when(behind, "SubmitTime") - t0,
     )
-    print(f"measured {measured}; simulated {predicted}")
+    print(f"measured {measured}, held job started {started - t0:.0f} s; simulated {predicted}")
     assert predicted["held"] > predicted["behind"]  # held past the job behind it, as Slurm did
+    assert predicted["held"] <= until - t0  # and started by its bound there too
     # Within Slurm's and the advisor's latencies; a reservation for the held job would have
     # kept the job behind back until the memory-bound one ended, 20 s later.
     assert abs(measured["memory"] - predicted["memory"]) <= 6
