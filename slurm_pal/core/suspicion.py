@@ -209,6 +209,7 @@ class _Track:
     clean_records: int = 0
     normal_runs: int = 0
     last_s: float = -math.inf  # end of the last run that counted here
+    over_s: float | None = None  # when its sum reached the alarm while a partner held it
 
 
 @dataclass
@@ -315,6 +316,19 @@ class SuspicionDetector:
         found = [t.suspicion for t in self._tracks.values() if t.suspicion is not None]
         return sorted(found, key=lambda s: (s.gpu, s.job_class))
 
+    def candidates(self) -> list[Suspicion]:
+        """(GPU, class) pairs over the alarm that are no suspicion because a partner they
+        shared their slow runs with has about as much evidence (the runs cannot say which of
+        them is slow): not steered by, but what a re-measurement settles. Confirmed, the GPU's
+        score takes the slowdown (:meth:`rescore`); cleared (:meth:`clear`), its partner is
+        judged again at once."""
+        return [
+            _tied(gpu, job_class, track, self.n_examples)
+            for (gpu, job_class), track in sorted(self._tracks.items())
+            if track.suspicion is None and track.over_s is not None and track.entries
+            and track.score >= self.alarm and len(track.entries) >= self.min_runs
+        ]  # fmt: skip
+
     def suspect_classes(self) -> dict[str, tuple[str, ...]]:
         """GPU id -> the classes it is suspect for."""
         out: dict[str, list[str]] = {}
@@ -332,7 +346,55 @@ class SuspicionDetector:
         self._tracks[(gpu, job_class)] = _Track(last_s=at_s)
         self._suspect_keys.discard((gpu, job_class))
         changes = [Change(gpu, job_class, False, at_s, why)] if was else []
+        # Healthy, so the runs it shared were slow because of a partner: judge those now.
+        changes += self._partners_judged(track, job_class, at_s)
         self.changes_ += changes
+        return changes
+
+    def rescore(
+        self, gpu: str, job_class: str, score: float, at_s: float, why: str
+    ) -> list[Change]:
+        """A re-measurement found ``gpu`` slow for ``job_class``: ``score`` (its measured
+        slowdown) is its PM-score for the class from now on. Incremental, as :meth:`update`:
+        the runs it shared stop counting against its partners, its own evidence is spent
+        (the score explains it now) and later runs are judged against the new score; nothing
+        is replayed. Returns the suspicion lifted, if any (placement reads the score now)."""
+        if not (score > 0 and math.isfinite(score)):
+            raise ValueError(f"score must be > 0, got {score!r}")
+        if gpu not in self._scores or job_class not in self._scores[gpu]:
+            return []
+        self._scores[gpu][job_class] = float(score)
+        track = self._tracks.get((gpu, job_class))
+        if track is None:
+            return []
+        self._explain_away(gpu, job_class, track)
+        was = track.suspicion is not None
+        self._tracks[(gpu, job_class)] = _Track(last_s=at_s)
+        self._suspect_keys.discard((gpu, job_class))
+        changes = [Change(gpu, job_class, False, at_s, why)] if was else []
+        self.changes_ += changes
+        return changes
+
+    def _partners_judged(self, track: _Track, job_class: str, at_s: float) -> list[Change]:
+        """Partners of a GPU just cleared that its evidence held back: flagged if over now."""
+        partners = {g for e in track.entries if e.accused > 1 for g in e.gpus}
+        changes: list[Change] = []
+        for partner in sorted(partners):
+            other = self._tracks.get((partner, job_class))
+            if other is None or other.suspicion is not None or other.over_s is None:
+                continue
+            if self._alarmed(other, job_class):
+                changes += self._flag(partner, job_class, other, at_s)
+        return changes
+
+    def _flag(self, gpu: str, job_class: str, track: _Track, now: float) -> list[Change]:
+        """The runtime evidence makes ``gpu`` suspect; the runs it shared stop counting
+        against its partners (drift's greedy confirmation)."""
+        track.runtime = True
+        track.clear_score = 0.0
+        track.normal_runs = 0
+        changes = self._suspect(gpu, job_class, track, now, track.entries[0].start_s, "runtime")
+        self._explain_away(gpu, job_class, track)
         return changes
 
     def _recheck(self, now: float) -> list[Change]:
@@ -353,6 +415,7 @@ class SuspicionDetector:
             self._suspect_keys.discard(key)
             # Kept just under the alarm: one clearly slow run of the class makes it suspect.
             track.score = self.alarm - self.alarm / self.min_runs / 2
+            track.over_s = None
             why = f"no run of its class for {quiet / 3600:.0f} h: on probation"
             changes.append(Change(key[0], key[1], False, now, why))
         return changes
@@ -423,13 +486,13 @@ class SuspicionDetector:
         changes: list[Change] = []
         candidates: list[tuple[str, _Track]] = []
         judged = [g for g in necks if not suspect_here - {g}]  # else a suspect explains it
-        # A slow run says that one of its bottleneck GPUs is slow, not each of them: its
-        # evidence is shared in proportion to what each already has (equally when none has
-        # any), so the GPU that is slow in its own runs takes it from its partners.
-        prior = [1.0 + self._track(g, run.job_class).score for g in judged]
-        for gpu, weight in zip(judged, prior, strict=True):
+        # One slow GPU slows the whole gang, so a slow run is as likely under "GPU g is slow"
+        # for each of its bottleneck GPUs: each gets the run's whole evidence (split, a 2x GPU
+        # in 8-GPU jobs would need eight times the runs). What tells the slow one from its
+        # partners is every other run: their normal runs apart, and the other gangs it was in.
+        for gpu in judged:
             track = self._track(gpu, run.job_class)
-            llr = entry.llr if entry.llr <= 0 else min(cap, entry.llr * weight / sum(prior))
+            llr = min(cap, entry.llr)
             track.last_s = record.end_s
             if track.suspicion is not None and track.runtime:
                 track.clear_score = max(0.0, track.clear_score - llr)
@@ -445,9 +508,14 @@ class SuspicionDetector:
             track.score = max(0.0, track.score + llr)
             if track.score == 0.0:
                 track.entries = []
+                track.over_s = None
                 continue
             track.entries.append(replace(entry, llr=llr, accused=len(judged)))
             candidates.append((gpu, track))
+            if track.score < self.alarm:
+                track.over_s = None
+            elif track.over_s is None:
+                track.over_s = record.end_s
         # Alarms only once every accused GPU's sum has this run: a partner must be compared
         # with its own sum after the run, not before it.
         candidates = [(g, t) for g, t in candidates if self._alarmed(t, run.job_class)]
@@ -456,13 +524,7 @@ class SuspicionDetector:
         while candidates:
             candidates.sort(key=lambda pair: (-_own_runs(pair[1]), -pair[1].score, pair[0]))
             gpu, track = candidates.pop(0)
-            track.runtime = True
-            track.clear_score = 0.0
-            track.normal_runs = 0
-            changes += self._suspect(
-                gpu, run.job_class, track, record.end_s, track.entries[0].start_s, "runtime"
-            )
-            self._explain_away(gpu, run.job_class, track)
+            changes += self._flag(gpu, run.job_class, track, record.end_s)
             candidates = [(o, t) for o, t in candidates if self._alarmed(t, run.job_class)]
         return changes
 
@@ -491,6 +553,8 @@ class SuspicionDetector:
             if len(kept) != len(other.entries):
                 other.entries = kept
                 other.score = _cusum(kept)
+                if other.score < self.alarm:
+                    other.over_s = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -513,9 +577,7 @@ class SuspicionDetector:
         self, gpu: str, job_class: str, track: _Track, now: float, onset: float, cause: str
     ) -> list[Change]:
         entries = track.entries
-        slowdown = (
-            math.exp(float(np.median([e.log_residual for e in entries]))) if entries else math.nan
-        )
+        slowdown = _median_slowdown(entries)
         if track.suspicion is not None:  # already suspect for the other reason: add to it
             old = track.suspicion
             track.suspicion = Suspicion(
@@ -540,8 +602,24 @@ class SuspicionDetector:
         track.suspicion = None
         track.score = 0.0
         track.entries = []
+        track.over_s = None
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
+
+
+def _tied(gpu: str, job_class: str, track: _Track, n_examples: int) -> Suspicion:
+    """A candidate (:meth:`SuspicionDetector.candidates`) as a suspicion would read."""
+    assert track.over_s is not None
+    return Suspicion(
+        gpu, job_class, track.over_s, track.entries[0].start_s,
+        "runtime, as slow as a partner it ran with", _median_slowdown(track.entries),
+        len(track.entries), tuple(e.evidence for e in track.entries[-n_examples:]),
+    )  # fmt: skip
+
+
+def _median_slowdown(entries: list[_Entry]) -> float:
+    """observed / expected of the median run (nan without runs)."""
+    return math.exp(float(np.median([e.log_residual for e in entries]))) if entries else math.nan
 
 
 def _own_runs(track: _Track) -> int:
