@@ -54,7 +54,7 @@ def test_the_hooks_hear_every_ended_job_with_its_gpus_and_times() -> None:
     plain = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
     assert ends(result) == ends(plain)  # hooks that change nothing change nothing
     by_id = {e.job_id: e for e in recorder.ended}
-    assert by_id["0"] == JobEnd("0", "A-app", "A", ("sim-gpu-00000",), 0.0, 100.0, 1.0)
+    assert by_id["0"] == JobEnd("0", "A-app", "A", ("sim-gpu-00000",), 0.0, 100.0, 1.0, "A")
     assert len(by_id["1"].gpus) == 4 and by_id["1"].penalty > 1.0  # across the two nodes
     assert recorder.times == sorted(recorder.times)
 
