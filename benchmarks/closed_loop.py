@@ -328,7 +328,7 @@ def per_kind(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
             total[arm] = total.get(arm, 0.0) + value
     out["all"] = {"faults": sum(int(row["faults"]) for row in out.values()),  # type: ignore[call-overload]
                   "flagged": {arm: sum(int(row["flagged"].get(arm, 0)) for row in out.values())  # type: ignore[union-attr]
-                              for arm in LOOPS},
+                              for arm in LOOPS if arm in total},
                   "added_gpu_h": total}  # fmt: skip
     for row in out.values():
         added = row["added_gpu_h"]

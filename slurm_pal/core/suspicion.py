@@ -209,7 +209,7 @@ class _Track:
     clean_records: int = 0
     normal_runs: int = 0
     last_s: float = -math.inf  # end of the last run that counted here
-    over_s: float | None = None  # when its sum reached the alarm while a partner held it
+    over_s: float | None = None  # when its sum reached remeasure_at of the alarm
 
 
 @dataclass
@@ -239,6 +239,9 @@ class SuspicionDetector:
       lifted on probation (None: never). Placement keeps the class off a suspect GPU, so
       without it a repaired GPU would rarely get the runs that clear it; its evidence is
       kept, so one more slow run makes it suspect again.
+    * ``remeasure_at``: the share of ``alarm`` from which a (GPU, class) is a candidate for a
+      re-measurement (:meth:`candidates`): a benchmark settles what more runs would take
+      days to, and a candidate is never steered by, so it costs a probe, not a false alarm.
     """
 
     min_slowdown: float = 1.3
@@ -257,6 +260,7 @@ class SuspicionDetector:
     clear_alarm: float = 6.0
     clear_records: int = 2
     recheck_s: float | None = 72 * 3600.0
+    remeasure_at: float = 0.5
     n_examples: int = 5
     skipped_: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     changes_: list[Change] = field(default_factory=list, init=False, repr=False)
@@ -275,6 +279,9 @@ class SuspicionDetector:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if self.window < self.min_baseline:
             raise ValueError("window must hold at least min_baseline runs")
+        if not 0 < self.remeasure_at <= 1:
+            raise ValueError(f"remeasure_at must be in (0, 1], got {self.remeasure_at!r}")
+        self._look = self.alarm * self.remeasure_at
         self._scores: dict[str, dict[str, float]] = {}
         self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
         self._tracks: dict[tuple[str, str], _Track] = {}
@@ -317,16 +324,16 @@ class SuspicionDetector:
         return sorted(found, key=lambda s: (s.gpu, s.job_class))
 
     def candidates(self) -> list[Suspicion]:
-        """(GPU, class) pairs over the alarm that are no suspicion because a partner they
-        shared their slow runs with has about as much evidence (the runs cannot say which of
-        them is slow): not steered by, but what a re-measurement settles. Confirmed, the GPU's
-        score takes the slowdown (:meth:`rescore`); cleared (:meth:`clear`), its partner is
-        judged again at once."""
+        """(GPU, class) pairs worth a re-measurement that are no suspicion: their sum is over
+        ``remeasure_at`` of the alarm (or over it, but a partner they shared their slow runs
+        with has about as much: the runs cannot say which is slow). Not steered by; a
+        re-measurement settles them: confirmed, the GPU's score takes the slowdown
+        (:meth:`rescore`); cleared (:meth:`clear`), its partners are judged again at once."""
         return [
             _tied(gpu, job_class, track, self.n_examples)
             for (gpu, job_class), track in sorted(self._tracks.items())
             if track.suspicion is None and track.over_s is not None and track.entries
-            and track.score >= self.alarm and len(track.entries) >= self.min_runs
+            and track.score >= self._look and len(track.entries) >= self.min_runs
         ]  # fmt: skip
 
     def suspect_classes(self) -> dict[str, tuple[str, ...]]:
@@ -512,7 +519,7 @@ class SuspicionDetector:
                 continue
             track.entries.append(replace(entry, llr=llr, accused=len(judged)))
             candidates.append((gpu, track))
-            if track.score < self.alarm:
+            if track.score < self._look:
                 track.over_s = None
             elif track.over_s is None:
                 track.over_s = record.end_s
@@ -553,7 +560,7 @@ class SuspicionDetector:
             if len(kept) != len(other.entries):
                 other.entries = kept
                 other.score = _cusum(kept)
-                if other.score < self.alarm:
+                if other.score < self._look:
                     other.over_s = None
 
     # -- bookkeeping -------------------------------------------------------------------------
