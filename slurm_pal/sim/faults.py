@@ -23,12 +23,14 @@ from slurm_pal.adapters.config import AdvisorConfig
 from slurm_pal.core.remeasure import RemeasureLimits
 from slurm_pal.core.suspicion import SuspicionDetector
 from slurm_pal.core.workload import SimJob
+from slurm_pal.errors import SlurmPalError
 from slurm_pal.sim.loop import Fault, FaultLoop, fault_model
 from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
     "LOOPS",
     "FaultPlan",
+    "FaultPlanError",
     "fault_kind",
     "loop_summary",
     "parse_plan",
@@ -40,6 +42,10 @@ LOOPS = ("none", "detector", "remeasure", "oracle")
 """``none``: faults, nothing finds them; ``detector``: suspicion from job records steers;
 ``remeasure``: that plus the service's re-measurements; ``oracle``: told each fault at once."""
 _FLOOR_ABOVE = 0.01  # as the service: a suspect scores above avoid_above (an outlier)
+
+
+class FaultPlanError(SlurmPalError, ValueError):
+    """A ``--faults`` option that cannot be run (one line for the user)."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +62,17 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         if not (self.rate >= 0 and math.isfinite(self.rate)):
-            raise ValueError(f"fault rate must be >= 0 per 1,000 GPU-days, got {self.rate!r}")
+            raise FaultPlanError(f"fault rate must be >= 0 per 1,000 GPU-days, got {self.rate!r}")
         if not self.factors or any(not (f > 1 and math.isfinite(f)) for f in self.factors):
-            raise ValueError(f"fault factors must be > 1 (2: twice as slow), got {self.factors}")
+            raise FaultPlanError(
+                f"fault factors must be > 1 (2: twice as slow), got {self.factors}"
+            )
         if not 0 <= self.visible <= 1:
-            raise ValueError(f"visible must be a share in [0, 1], got {self.visible!r}")
+            raise FaultPlanError(f"visible must be a share in [0, 1], got {self.visible!r}")
         if not self.repair_days > 0 or not self.from_days >= 0:
-            raise ValueError("repair-days must be > 0 (inf: never) and from-days >= 0")
+            raise FaultPlanError("repair-days must be > 0 (inf: never) and from-days >= 0")
         if self.loop not in LOOPS:
-            raise ValueError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
+            raise FaultPlanError(f"unknown loop {self.loop!r}; valid: {', '.join(LOOPS)}")
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
@@ -74,15 +82,15 @@ class FaultPlan:
             key, sep, value = part.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or key not in _FIELDS:
-                raise ValueError(
+                raise FaultPlanError(
                     f"--faults: {part!r} is not one of {', '.join(k + '=' for k in _KEYS)}"
                 )
             try:
                 fields[key] = _FIELDS[key](value.strip())
             except ValueError as exc:
-                raise ValueError(f"--faults {key.replace('_', '-')}: {exc}") from None
+                raise FaultPlanError(f"--faults {key.replace('_', '-')}: {exc}") from None
         if "rate" not in fields:
-            raise ValueError("--faults needs rate= (faults per 1,000 GPU-days)")
+            raise FaultPlanError("--faults needs rate= (faults per 1,000 GPU-days)")
         return cls(**fields)  # type: ignore[arg-type]
 
     def draw(self, gpus: SimGpus, jobs: Sequence[SimJob], seed: int) -> list[Fault]:
@@ -93,13 +101,13 @@ class FaultPlan:
         last = max(job.submit_time for job in jobs) / 86400.0
         start = first + self.from_days
         if last <= start:
-            raise ValueError(
+            raise FaultPlanError(
                 f"the trace spans {last - first:.1f} day(s): no time for faults after "
                 f"from-days={self.from_days:g}"
             )
         unknown = sorted(set(self.classes) - set(gpus.classes))
         if unknown:
-            raise ValueError(f"fault classes {unknown}: the GPUs have {list(gpus.classes)}")
+            raise FaultPlanError(f"fault classes {unknown}: the GPUs have {list(gpus.classes)}")
         return fault_model(
             len(gpus.specs()),
             last - start,
@@ -124,7 +132,7 @@ class FaultPlan:
         plan's, for a reference arm)."""
         mode = loop or self.loop
         if mode not in LOOPS:
-            raise ValueError(f"unknown loop {mode!r}; valid: {', '.join(LOOPS)}")
+            raise FaultPlanError(f"unknown loop {mode!r}; valid: {', '.join(LOOPS)}")
         found = mode in ("detector", "remeasure")
         return FaultLoop(
             gpus,
@@ -222,5 +230,5 @@ def parse_plan(text: str, mode: str) -> FaultPlan | None:
     if not text:
         return None
     if mode != "slurm":
-        raise ValueError("--faults needs --mode slurm (the loop hears Slurm's job ends)")
+        raise FaultPlanError("--faults needs --mode slurm (the loop hears Slurm's job ends)")
     return FaultPlan.parse(text)
