@@ -5,6 +5,7 @@ around them is worth. Simulated.
     python benchmarks/closed_loop.py --seeds 3 --json     # one JSON object
     python benchmarks/closed_loop.py --cv 0.1 --rate 4 --visible 0
     python benchmarks/closed_loop.py --arms no-loop remeasure oracle
+    python benchmarks/closed_loop.py --fault-classes A D --jct
 
 Every run is the simulator's Slurm mode on a site-like history (Poisson arrivals at 80 % load,
 85 % single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 70 % of jobs of
@@ -12,9 +13,15 @@ unknown class placed as the default class A) made of repeated runs of applicatio
 run-to-run noise (``--cv``). The site's GPUs have their campaign (3 % of them known outliers at
 2-3x for class A, ``few_slow_gpus``); after a warm-up week (the history a site's store already
 holds; its jobs are not counted) GPUs fault at ``--rate`` per 1,000 GPU-days for a month,
-``--factors`` slower for class A (half as much for B, a tenth for C, nothing for D), repaired
-after ``--repair-days`` on average, ``--visible`` of them showing thermal/hardware clock
-slowdowns to NVML. A job keeps the pace it started with.
+``--factors`` slower for class A (half as much for B, a tenth for C, nothing for D; with
+``--fault-classes`` each fault hits a class drawn from those, its neighbours in the class order
+less), repaired after ``--repair-days`` on average, ``--visible`` of them showing
+thermal/hardware clock slowdowns to NVML. A job keeps the pace it started with.
+
+The loop is the service's, built as ``slurm-pal sim run --faults`` builds it
+(``sim/faults.py``): its detector hears each job with the class the advisor placed it as (an
+unknown job's default class A, not its true class) and takes NVML's signals as evidence for
+every class; a re-measure confirmed is taken incrementally (``SuspicionDetector.rescore``).
 
 Five placements on the same trace, GPUs and faults per seed (``--arms`` picks some):
 
@@ -26,17 +33,21 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
   by ``core/remeasure.py`` with the site's default limits): a suspect GPU's class benchmark,
   run when a round leaves it and its gres label-mates on its node idle (GPUs of one PM
   signature there; the job holds them, other jobs keep the node's other GPUs), confirms (the
-  measured time becomes its score) or clears the suspicion; a GPU found slow is measured
-  again to see it recover;
+  measured time becomes its score) or clears the suspicion; the detector's candidates (half
+  the alarm, or tied with a partner) are measured too; a GPU found slow is measured again to
+  see it recover;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
-Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
-fault to suspicion; a fault repaired or still unseen at the end is censored, so median and p90
-are Kaplan-Meier estimates), false suspicions of GPUs no fault touched over all records, and
-average JCT: per-run ratios against ``no-loop`` (geomean, bootstrap 95 % interval over the
-paired runs) and the share of the no-loop -> oracle gap each loop recovers; the same share of
-the run time the faults added to the jobs they slowed >= 1.3x (what steering is for, without
-the schedule's own noise); for ``remeasure``, the re-measure jobs run and what they found.
+Printed, first: per kind of fault (factor, class hit, whether NVML sees it) the faults each
+loop flagged before their repair, the GPU-hours the faults added to the jobs they slowed
+>= 1.3x in each arm, and each loop's saving of them as a share of the oracle's (what steering
+is for); false suspicions of GPUs no fault touched per 10k records. Then the detection delay
+per fault factor (the faulty GPU's jobs of the class it hits, all its jobs and hours from the
+fault to suspicion; a fault repaired or still unseen at the end is censored, so median and
+p90 are Kaplan-Meier estimates), the re-measure jobs and what they found, and the run time
+(not GPU time) the faults added. Average JCT only with ``--jct``: it is no measure of
+steering (with 10x the faults a loop "beat" the oracle, which knows more, while saving half
+its fault time: JCT also moves with what the schedule does around GPUs marked slow).
 """
 
 from __future__ import annotations
@@ -432,7 +443,9 @@ def print_report(report: dict[str, object], jct: bool = False) -> None:
     print(f"closed loop, simulated: {setup}")
     print_kinds(report)
     for arm, rows in report["detection"].items():  # type: ignore[union-attr]
-        print(f"\n{arm}: detection (the GPU's class-A jobs / all its jobs / hours, fault ->")
+        print(
+            f"\n{arm}: detection (the GPU's jobs of the class hit / all its jobs / hours, fault ->"
+        )
         print(
             "suspect; Kaplan-Meier median and p90, faults repaired or unseen at the end censored)"
         )

@@ -351,3 +351,25 @@ def test_a_confirmed_score_is_taken_without_a_refit() -> None:
     assert ("g0", "A") not in {(c.gpu, c.job_class) for c in detector.candidates()}
     with pytest.raises(ValueError, match="score"):
         detector.rescore("g0", "A", 0.0, end, "bad")
+
+
+def test_runs_of_an_edited_script_are_judged_against_their_user_and_job_name() -> None:
+    # Every submission's script differs (a new application key each time); the user and job
+    # name stay: the family is the baseline, and a slow GPU is found from it.
+    def records(family: str) -> Iterator[JobRecord]:
+        rng = np.random.default_rng(7)
+        for j in range(300):
+            gpu = f"g{j % 8}"
+            slow = 2.0 if gpu == "g0" and j >= 150 else 1.0
+            runtime = 1000.0 * slow * float(rng.lognormal(0, 0.1))
+            run = JobRun(str(j), f"alice|train|sha{j}", "A", (gpu,), runtime, family)
+            yield JobRecord(run, 300.0 * (j + 1))
+
+    with_family = SuspicionDetector().fit(_scores(8))
+    for record in records("alice|train"):
+        with_family.update(record)
+    assert [(s.gpu, s.job_class) for s in with_family.suspects()] == [("g0", "A")]
+    without = SuspicionDetector().fit(_scores(8))
+    for record in records(""):
+        without.update(record)
+    assert without.suspects() == []  # no key ever had a baseline

@@ -283,7 +283,7 @@ class SuspicionDetector:
             raise ValueError(f"remeasure_at must be in (0, 1], got {self.remeasure_at!r}")
         self._look = self.alarm * self.remeasure_at
         self._scores: dict[str, dict[str, float]] = {}
-        self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
+        self._apps = _Baselines(self.window)
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._residuals: deque[float] = deque(maxlen=self.noise_runs)
         self._suspect_keys: set[tuple[str, str]] = set()
@@ -295,7 +295,7 @@ class SuspicionDetector:
     ) -> SuspicionDetector:
         """Start over with the active campaign's ``scores`` (GPU id -> class -> PM-score)."""
         self._scores = {gpu: {c: float(v) for c, v in per.items()} for gpu, per in scores.items()}
-        self._apps = {}
+        self._apps = _Baselines(self.window)
         self._tracks = {}
         self._residuals = deque(maxlen=self.noise_runs)
         self._suspect_keys = set()
@@ -469,12 +469,11 @@ class SuspicionDetector:
         worst, necks = bottleneck(run, self._scores, within=self.min_slowdown)
         used = frozenset(run.gpus)
         suspect_here = {g for g in used if self._is_suspect(g, run.job_class)}
-        history = self._apps.setdefault(run.app, deque(maxlen=self.window))
-        others = np.array([norm for norm, gpus in history if not gpus & used], dtype=float)
+        others = self._apps.others(run, used, self.min_baseline)
         worst *= record.penalty if record.penalty > 0 else 1.0
         norm = run.runtime_s / worst
-        if not suspect_here:
-            history.append((norm, used))  # only runs no suspect GPU explains are a baseline
+        if not suspect_here:  # only runs no suspect GPU explains are a baseline
+            self._apps.add(run, norm, used)
         if len(others) < self.min_baseline:
             return []
         center = float(np.median(np.log(others)))
@@ -612,6 +611,33 @@ class SuspicionDetector:
         track.over_s = None
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
+
+
+class _Baselines:
+    """Each application's recent runs on their GPUs (runtime over the run's worst score and
+    spread), by its key and by its family: a run is judged against its application's runs on
+    other GPUs, or its family's while the application has too few (a script edited between
+    submissions is a new key each time; its user and job name stay)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.runs: dict[tuple[str, str], deque[tuple[float, frozenset[str]]]] = {}
+
+    def others(self, run: JobRun, used: frozenset[str], enough: int) -> np.ndarray:
+        """The normalized runs of ``run``'s application (else family) on GPUs it did not use."""
+        found = np.array([], dtype=float)
+        for key in (("app", run.app), ("family", run.family)):
+            if not key[1] or key not in self.runs:
+                continue
+            found = np.array([n for n, gpus in self.runs[key] if not gpus & used], dtype=float)
+            if len(found) >= enough:
+                break
+        return found
+
+    def add(self, run: JobRun, norm: float, used: frozenset[str]) -> None:
+        for key in (("app", run.app), ("family", run.family)):
+            if key[1]:
+                self.runs.setdefault(key, deque(maxlen=self.window)).append((norm, used))
 
 
 def _tied(gpu: str, job_class: str, track: _Track, n_examples: int) -> Suspicion:
