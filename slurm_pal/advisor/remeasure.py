@@ -326,7 +326,21 @@ class Remeasurer:
                 why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
             else:
                 why = f"cleared by re-measurement ({done})"
-            store.close_suspicion(active, a.gpu, a.job_class, now, why)
+            if not store.close_suspicion(active, a.gpu, a.job_class, now, why) and v.confirmed:
+                # A candidate (never a suspicion): its row, so it is measured again to recover.
+                store.open_suspicion(
+                    active,
+                    {
+                        "gpu": a.gpu,
+                        "job_class": a.job_class,
+                        "since_s": now,
+                        "onset_s": now,
+                        "cause": "re-measure candidate",
+                        "slowdown": v.ratio,
+                        "runs": 0,
+                    },
+                )
+                store.close_suspicion(active, a.gpu, a.job_class, now, why)
         self.state.suspects.settle(a.gpu, a.job_class, now, why, confirmed=v.confirmed)
         if v.confirmed:  # the increment is active: its scores, the detector refitted, and
             self.state.reload()  # the view on them (not the old scores without the suspicion
