@@ -5,6 +5,7 @@ around them is worth. Simulated.
     python benchmarks/closed_loop.py --seeds 3 --json     # one JSON object
     python benchmarks/closed_loop.py --cv 0.1 --rate 4 --visible 0
     python benchmarks/closed_loop.py --arms no-loop remeasure oracle
+    python benchmarks/closed_loop.py --fault-classes A D --jct
 
 Every run is the simulator's Slurm mode on a site-like history (Poisson arrivals at 80 % load,
 85 % single-GPU jobs of minutes to days, limits from tight to UNLIMITED, 70 % of jobs of
@@ -12,9 +13,15 @@ unknown class placed as the default class A) made of repeated runs of applicatio
 run-to-run noise (``--cv``). The site's GPUs have their campaign (3 % of them known outliers at
 2-3x for class A, ``few_slow_gpus``); after a warm-up week (the history a site's store already
 holds; its jobs are not counted) GPUs fault at ``--rate`` per 1,000 GPU-days for a month,
-``--factors`` slower for class A (half as much for B, a tenth for C, nothing for D), repaired
-after ``--repair-days`` on average, ``--visible`` of them showing thermal/hardware clock
-slowdowns to NVML. A job keeps the pace it started with.
+``--factors`` slower for class A (half as much for B, a tenth for C, nothing for D; with
+``--fault-classes`` each fault hits a class drawn from those, its neighbours in the class order
+less), repaired after ``--repair-days`` on average, ``--visible`` of them showing
+thermal/hardware clock slowdowns to NVML. A job keeps the pace it started with.
+
+The loop is the service's, built as ``slurm-pal sim run --faults`` builds it
+(``sim/faults.py``): its detector hears each job with the class the advisor placed it as (an
+unknown job's default class A, not its true class) and takes NVML's signals as evidence for
+every class; a re-measure confirmed is taken incrementally (``SuspicionDetector.rescore``).
 
 Five placements on the same trace, GPUs and faults per seed (``--arms`` picks some):
 
@@ -26,17 +33,21 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
   by ``core/remeasure.py`` with the site's default limits): a suspect GPU's class benchmark,
   run when a round leaves it and its gres label-mates on its node idle (GPUs of one PM
   signature there; the job holds them, other jobs keep the node's other GPUs), confirms (the
-  measured time becomes its score) or clears the suspicion; a GPU found slow is measured
-  again to see it recover;
+  measured time becomes its score) or clears the suspicion; the detector's candidates (half
+  the alarm, or tied with a partner) are measured too; a GPU found slow is measured again to
+  see it recover;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
-Printed: detection delay per fault factor (the faulty GPU's class-A jobs and hours from the
-fault to suspicion; a fault repaired or still unseen at the end is censored, so median and p90
-are Kaplan-Meier estimates), false suspicions of GPUs no fault touched over all records, and
-average JCT: per-run ratios against ``no-loop`` (geomean, bootstrap 95 % interval over the
-paired runs) and the share of the no-loop -> oracle gap each loop recovers; the same share of
-the run time the faults added to the jobs they slowed >= 1.3x (what steering is for, without
-the schedule's own noise); for ``remeasure``, the re-measure jobs run and what they found.
+Printed, first: per kind of fault (factor, class hit, whether NVML sees it) the faults each
+loop flagged before their repair, the GPU-hours the faults added to the jobs they slowed
+>= 1.3x in each arm, and each loop's saving of them as a share of the oracle's (what steering
+is for); false suspicions of GPUs no fault touched per 10k records. Then the detection delay
+per fault factor (the faulty GPU's jobs of the class it hits, all its jobs and hours from the
+fault to suspicion; a fault repaired or still unseen at the end is censored, so median and
+p90 are Kaplan-Meier estimates), the re-measure jobs and what they found, and the run time
+(not GPU time) the faults added. Average JCT only with ``--jct``: it is no measure of
+steering (with 10x the faults a loop "beat" the oracle, which knows more, while saving half
+its fault time: JCT also moves with what the schedule does around GPUs marked slow).
 """
 
 from __future__ import annotations
@@ -52,17 +63,23 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from slurm_pal.adapters.config import SiteConfig
-from slurm_pal.core.remeasure import RemeasureLimits
-from slurm_pal.core.suspicion import SuspicionDetector
 from slurm_pal.core.workload import SimJob, site_like_workload
 from slurm_pal.sim import SimConfig, simulate
 from slurm_pal.sim.advisor import advisor_sim_options
 from slurm_pal.sim.experiments import PairedRatios
-from slurm_pal.sim.loop import FaultLoop, application_workload, fault_model
+from slurm_pal.sim.faults import FaultPlan, fault_kind
+from slurm_pal.sim.loop import application_workload, fault_model
 from slurm_pal.sim.variability import few_slow_gpus
 
 CLASSES = ("A", "B", "C", "D")
 ARMS = ("packing", "no-loop", "loop", "remeasure", "oracle")
+LOOP_OF = {
+    "packing": "none",
+    "no-loop": "none",
+    "loop": "detector",
+    "remeasure": "remeasure",
+    "oracle": "oracle",
+}
 LOOPS = ("loop", "remeasure")
 """The arms with a detector: runtime and signal evidence from job ends, and that plus the
 service's re-measure jobs on idle GPUs (with their label-mates)."""
@@ -82,6 +99,7 @@ class Setup:
     repair_days: float
     visible: float
     load: float
+    classes: tuple[str, ...] = ()
 
 
 def workload(setup: Setup, seed: int) -> list[SimJob]:
@@ -100,6 +118,10 @@ def workload(setup: Setup, seed: int) -> list[SimJob]:
 def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
     jobs = workload(setup, seed)
     gpus = few_slow_gpus(CLASSES, setup.gpus // 4, 4, seed=seed)
+    plan = FaultPlan(
+        setup.rate, setup.factors, setup.visible, setup.classes, setup.repair_days,
+        setup.warmup_days,
+    )  # fmt: skip
     faults = fault_model(
         setup.gpus,
         setup.days,
@@ -109,21 +131,16 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         visible_share=setup.visible,
         start_days=setup.warmup_days,
         seed=seed,
+        classes=setup.classes,
     )
     site = SiteConfig()
-    floor = site.advisor.avoid_above + 0.01  # an outlier for the policy
     if arm == "packing":
         config = SimConfig(placement="packed-sticky", mode="slurm", seed=seed)
     else:
         config = SimConfig(mode="slurm", seed=seed, **advisor_sim_options(site))  # type: ignore[arg-type]
-    mode = "oracle" if arm == "oracle" else "detector" if arm in LOOPS else "none"
-    # Clock faults slow the compute-bound classes: A and B feel 1 and 0.5 of a fault here.
-    detector = SuspicionDetector(signal_classes=("A", "B")) if mode == "detector" else None
-    limits = RemeasureLimits.of(site.advisor) if arm == "remeasure" else None
-    loop = FaultLoop(
-        gpus, faults, mode=mode, detector=detector, floor=floor, seed=seed, remeasure=limits,
-        suspicion_days=site.advisor.suspicion_days,
-    )  # fmt: skip
+    # The service's loop (sim/faults.py, as `sim run --faults` builds it): its detector (the
+    # advised class, signals accusing every class), re-measures, steering.
+    loop = plan.hooks(gpus, faults, site.advisor, seed, loop=LOOP_OF[arm])
     faulty = {loop.uuids[f.gpu] for f in faults}
     started = time.perf_counter()
     result = simulate(jobs, gpus, config, hooks=loop)
@@ -137,6 +154,9 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
         "seconds": time.perf_counter() - started,
         "faults": [
             {
+                "kind": fault_kind(o.fault, hit),
+                "flagged": o.suspected_s is not None and o.suspected_s < o.fault.repair_s,
+                "added_gpu_h": o.slowed_gpu_s / 3600.0,
                 "factor": o.fault.factor,
                 "visible": o.fault.visible,
                 "at_h": o.fault.at_s / 3600.0,
@@ -153,7 +173,7 @@ def one_run(setup: Setup, seed: int, arm: str) -> dict[str, object]:
                 "mild_h": o.mild_s / 3600.0,
                 "hours": (o.delay_s if o.delay_s is not None else _censored_s(o, result)) / 3600.0,
             }
-            for o in loop.outcomes
+            for o, hit in zip(loop.outcomes, loop.hits, strict=True)
         ],
         "false_suspicions": len(loop.false_suspicions),
         "late_suspicions": len(loop.late_suspicions),
@@ -296,6 +316,42 @@ def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
     return out
 
 
+def per_kind(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """Per kind of fault (factor, class hit, what NVML sees), over the seeds: for each loop
+    the faults flagged before their repair, and for each arm the GPU-hours the faults added to
+    the jobs they slowed >= 1.3x; each loop's saving against the oracle's (no-loop minus loop
+    over no-loop minus oracle; the same faults in every arm of a seed)."""
+    out: dict[str, dict[str, object]] = {}
+    for r in runs:
+        for f in r["faults"]:  # type: ignore[union-attr]
+            row = out.setdefault(f["kind"], {"faults": 0, "flagged": {}, "added_gpu_h": {}})
+            arm = str(r["arm"])
+            if arm == "no-loop":
+                row["faults"] += 1  # type: ignore[operator]
+            if arm in LOOPS:
+                flagged = row["flagged"]
+                flagged[arm] = flagged.get(arm, 0) + int(f["flagged"])  # type: ignore[union-attr, attr-defined]
+            added = row["added_gpu_h"]
+            added[arm] = added.get(arm, 0.0) + float(f["added_gpu_h"])  # type: ignore[union-attr, attr-defined]
+    total: dict[str, float] = {}
+    for row in out.values():
+        for arm, value in row["added_gpu_h"].items():  # type: ignore[union-attr]
+            total[arm] = total.get(arm, 0.0) + value
+    out["all"] = {"faults": sum(int(row["faults"]) for row in out.values()),  # type: ignore[call-overload]
+                  "flagged": {arm: sum(int(row["flagged"].get(arm, 0)) for row in out.values())  # type: ignore[union-attr]
+                              for arm in LOOPS if arm in total},
+                  "added_gpu_h": total}  # fmt: skip
+    for row in out.values():
+        added = row["added_gpu_h"]
+        base, best = added.get("no-loop"), added.get("oracle")  # type: ignore[union-attr]
+        row["saved_of_oracle"] = {
+            arm: (base - added[arm]) / (base - best)  # type: ignore[index, operator]
+            for arm in LOOPS
+            if base is not None and best is not None and arm in added and base - best > 0  # type: ignore[operator]
+        }
+    return dict(sorted(out.items()))
+
+
 def loop_counts(runs: list[dict[str, object]], arm: str) -> dict[str, float]:
     keys = ("false_suspicions", "late_suspicions", "weak_suspicions", "records", "probes",
             "probe_h", "confirmed", "cleared", "cleared_healthy", "recovered")  # fmt: skip
@@ -318,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--fault-classes", nargs="+", default=[], choices=CLASSES,
+        help="the class each fault slows most, drawn per fault (default: A)",
+    )  # fmt: skip
+    parser.add_argument("--jct", action="store_true", help="also print average JCT")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     setup = Setup(
@@ -330,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repair_days,
         args.visible,
         args.load,
+        tuple(args.fault_classes),
     )
     arms = [arm for arm in ARMS if arm in args.arms]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -342,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     loops = [arm for arm in LOOPS if arm in arms]
     report = {
         "setup": setup.__dict__,
+        "per_kind": per_kind(runs),
         "detection": {arm: detection(runs, arm) for arm in loops},
         "counts": {arm: loop_counts(runs, arm) for arm in loops},
         "jct": jct_figures(runs),
@@ -352,15 +415,37 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, sys.stdout, indent=1, default=float)
         print()
         return 0
-    print_report(report)
+    print_report(report, jct=args.jct)
     return 0
 
 
-def print_report(report: dict[str, object]) -> None:
+def print_kinds(report: dict[str, object]) -> None:
+    """First: per kind of fault, flagged before repair and the fault GPU-hours saved."""
+    kinds = report["per_kind"]
+    print("\nper kind of fault (all seeds): flagged before repair; fault GPU-hours (added to")
+    print("jobs slowed >= 1.3x) per arm; each loop's saving as a share of the oracle's")
+    for kind, row in kinds.items():  # type: ignore[union-attr]
+        flagged = "  ".join(f"{arm} {n}/{row['faults']}" for arm, n in row["flagged"].items())
+        added = "  ".join(f"{arm} {h:.0f}" for arm, h in row["added_gpu_h"].items())
+        saved = "  ".join(f"{arm} {v:.0%}" for arm, v in row["saved_of_oracle"].items())
+        print(f"  {kind:<28} flagged: {flagged}")
+        print(f"  {'':<28} GPU-h: {added}")
+        if saved:
+            print(f"  {'':<28} saved of the oracle's: {saved}")
+    for arm, n in report["counts"].items():  # type: ignore[union-attr]
+        per_10k = 1e4 * n["false_suspicions"] / max(n["records"], 1)
+        print(f"  {arm}: false suspicions {n['false_suspicions']:.0f} over {n['records']:.0f} "
+              f"records ({per_10k:.2f} per 10k)")  # fmt: skip
+
+
+def print_report(report: dict[str, object], jct: bool = False) -> None:
     setup = report["setup"]
     print(f"closed loop, simulated: {setup}")
+    print_kinds(report)
     for arm, rows in report["detection"].items():  # type: ignore[union-attr]
-        print(f"\n{arm}: detection (the GPU's class-A jobs / all its jobs / hours, fault ->")
+        print(
+            f"\n{arm}: detection (the GPU's jobs of the class hit / all its jobs / hours, fault ->"
+        )
         print(
             "suspect; Kaplan-Meier median and p90, faults repaired or unseen at the end censored)"
         )
@@ -382,6 +467,14 @@ def print_report(report: dict[str, object]) -> None:
                 f"confirmed {n['confirmed']:.0f}, cleared {n['cleared']:.0f} (of GPUs no fault "
                 f"touched: {n['cleared_healthy']:.0f}), recovered {n['recovered']:.0f}"
             )
+    print_cost(report)
+    if jct:
+        print_jct(report)
+    print(f"\n{report['wall_s']:.0f} s")
+
+
+def print_jct(report: dict[str, object]) -> None:
+    """Average JCT: not a measure of steering (see the module docstring)."""
     jct = report["jct"]
     print("\naverage JCT (h) per seed", jct["seeds"])  # type: ignore[index]
     for arm, values in jct["avg_jct_h"].items():  # type: ignore[index]
@@ -402,6 +495,9 @@ def print_report(report: dict[str, object]) -> None:
             f"{jct[f'{arm} gap_recovered']:.0%} [{low:.0%}, {high:.0%}] "  # type: ignore[index]
             f"(target >= {GAP_TARGET:.0%})"
         )
+
+
+def print_cost(report: dict[str, object]) -> None:
     cost = report["fault_cost"]
     print("\nrun time the faults added to jobs they slowed >= 1.3x (h, per seed)")
     for arm, values in cost["added_h"].items():  # type: ignore[index]
@@ -415,7 +511,6 @@ def print_report(report: dict[str, object]) -> None:
             f"no-loop -> oracle difference; {cost[f'{arm} after_suspicion_h']:.0f} h of it "  # type: ignore[index]
             "from jobs started after the GPU was suspect"
         )
-    print(f"\n{report['wall_s']:.0f} s")
 
 
 def _num(value: float) -> str:

@@ -218,3 +218,30 @@ def test_a_gpu_found_slow_is_measured_again_and_recovers_as_another_increment(
     now[0] += 86400 * 2
     rm.tick()
     assert len(slurm.submitted) == 3
+
+
+def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
+    env: Env,
+) -> None:
+    st = env.state()
+    target = first_pick(st, "resnet")
+    jobs = Jobs(env)
+    for uuid in [u for u in jobs.place if u != target][:4]:
+        jobs.run(st, uuid, "resnet", "A")
+    for _ in range(3):  # a little slow: over half the alarm, not over it
+        jobs.run(st, target, "resnet", "A", slow=1.25)
+    assert st.suspects.suspects() == []  # never steered by...
+    assert [(c.gpu, c.job_class) for c in st.suspects.candidates()] == [(target, "A")]
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
+    slurm = FakeSlurm(float(mine["duration"].median()), str(mine["benchmark"].iloc[0]), 2.0)
+    rm = remeasurer(env, st, slurm)
+    rm.tick()  # ... but measured
+    rm.tick()  # and found 2x slow
+    assert len(slurm.submitted) == 1
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example-r1"
+        (closed,) = store.suspicions("example", cleared=True)
+    assert str(closed["cleared_why"]).startswith("confirmed by re-measurement")
+    assert st.suspects.candidates() == [] and st.suspects.suspects() == []

@@ -331,3 +331,38 @@ def test_a_warm_up_that_fails_starts_cold(
         again = env.state()
     assert "suspicion warm-up failed" in caplog.text
     assert again.suspects.suspects() == [] and first_pick(again, "resnet") == target
+
+
+def test_a_re_measure_increment_is_taken_without_replaying_the_store(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = with_mode(env, "steer").state()
+    target = first_pick(st, "resnet")
+    make_suspect(st, Jobs(env), target, "resnet", "A")
+    book = st.suspects
+    assert [(s.gpu, s.job_class) for s in book.suspects()] == [(target, "A")]
+    static = st.view.static  # type: ignore[union-attr]
+    # The increment a confirmed re-measurement makes: the GPU's class-A score is the 2x
+    # measured; every other score as it was.
+    specs = [
+        replace(s, scores={**s.scores, "A": s.scores["A"] * 2.0}) if s.uuid == target else s
+        for s in static.specs
+    ]
+
+    read = []
+    original = Store.job_records
+
+    def counted(self: Store, *args: object, **kwargs: object) -> list[dict[str, object]]:
+        read.append(args)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "job_records", counted)
+    campaign = book._campaign
+    assert campaign is not None
+    book.fit(env.db, f"{campaign}-r1", specs, env.table)
+    assert book.suspects() == []  # its score explains the slow runs now
+    assert book._campaign == f"{campaign}-r1"
+    assert (
+        book._base[target]["A"]
+        == 2.0 * static.specs[[s.uuid for s in static.specs].index(target)].scores["A"]
+    )

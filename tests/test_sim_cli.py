@@ -190,3 +190,23 @@ def test_config_advisor_is_the_engine_as_configured(
     broken.write_text('[advisor]\npolicy = "best"\n')
     bad = run_cli("sim", "run", "--trace", trace, "--config", broken, ok=False)
     assert bad.exit_code == 2 and "valid values: packed-pm, pal" in bad.output
+
+
+def test_faults_meet_the_served_loop_and_each_run_reports_them(
+    run_cli: Callable[..., object],
+) -> None:
+    args = ["sim", "run", "--poisson", "300", "--load", "40", "--mode", "slurm",
+            "--placement", "packed-sticky,advisor"]  # fmt: skip
+    result = run_cli(*args, "--faults", "rate=200,factors=2,classes=A/B,loop=oracle", "--json")
+    rows = json.loads(result.output)  # type: ignore[attr-defined]
+    faults = [row["faults"] for row in rows]
+    assert faults[0] == faults[1] or faults[0]["faults"].keys() == faults[1]["faults"].keys()
+    assert all(f["loop"] == "oracle" and f["records"] == 300 for f in faults)
+    kinds = faults[0]["faults"]
+    assert kinds and all(k.startswith("2x ") and k.split()[1] in ("A", "B") for k in kinds)
+    table = run_cli(*args, "--faults", "rate=200,factors=2,loop=none")
+    assert "advisor/fifo (none loop): 2x A " in table.output  # type: ignore[attr-defined]
+    rounds = run_cli("sim", "run", "--poisson", "20", "--faults", "rate=1", ok=False)
+    assert rounds.exit_code == 2 and "--faults needs --mode slurm" in rounds.output  # type: ignore[attr-defined]
+    bad = run_cli(*args, "--faults", "rate=1,speed=3", ok=False)
+    assert bad.exit_code == 2 and "not one of" in bad.output  # type: ignore[attr-defined]

@@ -8,12 +8,14 @@ import math
 import numpy as np
 import pytest
 
+from slurm_pal.adapters.config import AdvisorConfig
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.remeasure import RemeasureLimits
 from slurm_pal.core.suspicion import SuspicionDetector
 from slurm_pal.core.workload import SimJob, site_like_workload
 from slurm_pal.sim import SimConfig, SimGpus, simulate, uniform_gpus
 from slurm_pal.sim.engine import JobEnd
+from slurm_pal.sim.faults import FaultPlan
 from slurm_pal.sim.loop import Fault, FaultLoop, application_workload, fault_model
 
 CLASSES = ("A", "B", "C", "D")
@@ -54,7 +56,7 @@ def test_the_hooks_hear_every_ended_job_with_its_gpus_and_times() -> None:
     plain = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
     assert ends(result) == ends(plain)  # hooks that change nothing change nothing
     by_id = {e.job_id: e for e in recorder.ended}
-    assert by_id["0"] == JobEnd("0", "A-app", "A", ("sim-gpu-00000",), 0.0, 100.0, 1.0)
+    assert by_id["0"] == JobEnd("0", "A-app", "A", ("sim-gpu-00000",), 0.0, 100.0, 1.0, "A")
     assert len(by_id["1"].gpus) == 4 and by_id["1"].penalty > 1.0  # across the two nodes
     assert recorder.times == sorted(recorder.times)
 
@@ -224,3 +226,70 @@ def test_remeasures_confirm_a_slow_gpu_and_its_score_becomes_the_measured_time()
     assert len(mates) == 4
     assert loop.probe_s_spent >= loop.probes_run * len(mates) * loop.probe_s
     assert loop.false_suspicions == []
+
+
+def test_a_fault_slows_the_class_it_hits_most_and_its_neighbours_less() -> None:
+    default = Fault(gpu=0, at_s=0.0, factor=2.0)
+    assert default.factors(CLASSES, (1.0, 0.5, 0.1, 0.0)) == {
+        "A": 2.0, "B": 1.5, "C": 1.1, "D": 1.0
+    }  # fmt: skip
+    memory = Fault(gpu=0, at_s=0.0, factor=2.0, job_class="D")
+    assert memory.factors(CLASSES, (1.0, 0.5, 0.1, 0.0)) == {
+        "A": 1.0, "B": 1.1, "C": 1.5, "D": 2.0
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="class 'Z'"):
+        Fault(gpu=0, at_s=0.0, factor=2.0, job_class="Z").factors(CLASSES, (1.0,))
+    drawn = fault_model(1000, 30.0, per_1000_gpu_days=2.0, seed=3, classes=("A", "D"))
+    plain = fault_model(1000, 30.0, per_1000_gpu_days=2.0, seed=3)
+    assert [f.gpu for f in drawn] == [f.gpu for f in plain]  # the same faults, now classed
+    assert {f.job_class for f in drawn} == {"A", "D"} and {f.job_class for f in plain} == {None}
+    with pytest.raises(ValueError, match="factors must be > 1"):
+        fault_model(10, 1.0, factors=(0.5,))
+
+
+class Heard(SuspicionDetector):
+    """A detector that keeps the records it was given."""
+
+    def update(self, record):  # type: ignore[no-untyped-def]
+        self.heard = [*getattr(self, "heard", []), record]
+        return super().update(record)
+
+
+def test_the_detector_hears_the_class_the_advisor_placed_the_job_as() -> None:
+    # A class-D job the advisor could not identify runs as its default class A: the
+    # service's records say A, so the simulated detector must hear A too.
+    gpus = uniform_gpus(CLASSES, 1, 1)
+    trace = [SimJob("0", 0, 1, 100, "D", model="D-app", known=False)]
+    detector = Heard()
+    loop = FaultLoop(gpus, [], mode="detector", detector=detector)
+    config = SimConfig(placement="advisor", mode="slurm", default_class="A")
+    simulate(trace, gpus, config, hooks=loop)
+    assert [(r.run.job_id, r.run.app, r.run.job_class) for r in detector.heard] == [
+        ("0", "D-app", "A")
+    ]
+
+
+def test_a_fault_plan_parses_and_builds_the_served_loop() -> None:
+    plan = FaultPlan.parse("rate=3, factors=1.5/2, visible=0, classes=A/D, repair-days=inf")
+    assert plan == FaultPlan(3.0, (1.5, 2.0), 0.0, ("A", "D"), math.inf, 0.0, "remeasure")
+    for bad, why in (
+        ("factors=2", "needs rate="),
+        ("rate=3,speed=2", "not one of"),
+        ("rate=x", "rate"),
+        ("rate=3,factors=0.9", "factors must be > 1"),
+        ("rate=3,loop=magic", "unknown loop"),
+        ("rate=3,visible=2", "visible"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            FaultPlan.parse(bad)
+    gpus = uniform_gpus(CLASSES, 4, 4)
+    jobs = [job(n, 3600.0 * n, 100) for n in range(24 * 20)]
+    faults = plan.draw(gpus, jobs, seed=1)
+    assert faults == plan.draw(gpus, jobs, seed=1)
+    assert all(f.job_class in ("A", "D") and 0 <= f.at_s <= jobs[-1].submit_time for f in faults)
+    loop = plan.hooks(gpus, faults, AdvisorConfig(), seed=1)
+    assert loop.mode == "detector" and loop.remeasure is not None
+    assert loop.detector is not None and loop.detector.signal_classes is None  # every class
+    assert plan.hooks(gpus, faults, AdvisorConfig(), seed=1, loop="oracle").mode == "oracle"
+    with pytest.raises(ValueError, match="fault classes"):
+        FaultPlan(3.0, classes=("Z",)).draw(gpus, jobs, seed=1)

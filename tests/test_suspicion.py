@@ -278,3 +278,98 @@ def test_a_cleared_suspicion_drops_its_evidence_and_a_new_one_can_follow() -> No
         detector.update(JobRecord(record.run, cleared_s + record.end_s))
     (again,) = [s for s in detector.suspects() if (s.gpu, s.job_class) == ("g0", "A")]
     assert again.since_s > cleared_s and again.onset_s > cleared_s
+
+
+def _gang_history(slow_gpu: str, gangs: list[tuple[str, ...]], seed: int = 3):
+    """Class-A records on 16 GPUs: single runs everywhere, then 4-GPU gangs (``gangs``, in
+    turn) with ``slow_gpu`` 2x slow from job 200; every GPU but ``slow_gpu`` also runs alone
+    at normal speed. Yields records."""
+    rng = np.random.default_rng(seed)
+    t = 0.0
+    for j in range(400):
+        t += 300.0
+        app = f"A{j % 4}"
+        base = 1000.0 * (1 + j % 4)
+        if j >= 200 and j % 4 == 0:
+            gpus = gangs[(j // 4) % len(gangs)]
+        else:
+            gpus = (f"g{(j * 7) % 16}",)
+            if gpus == (slow_gpu,):
+                gpus = ("g15",)
+        factor = 2.0 if j >= 200 and slow_gpu in gpus else 1.0
+        runtime = base * factor * float(rng.lognormal(0, 0.1))
+        yield JobRecord(JobRun(str(j), app, "A", gpus, runtime), t)
+
+
+def test_gangs_that_share_one_gpu_name_it() -> None:
+    # g0 is 2x slow and only ever runs in 8-GPU gangs, each with other partners: each slow
+    # gang is whole evidence against every member, so three gangs name g0 (shared among
+    # eight, it took 5-12).
+    members = ((0, 1, 2, 3, 4, 5, 6, 7), (0, 8, 9, 10, 11, 12, 13, 14), (0, 1, 3, 5, 9, 11, 13, 15))
+    gangs = [tuple(f"g{i}" for i in gang) for gang in members]
+    detector = SuspicionDetector().fit(_scores(16))
+    slow_gangs, found_after = 0, None
+    for record in _gang_history("g0", gangs):
+        slow_gangs += "g0" in record.run.gpus and int(record.run.job_id) >= 200
+        if any(c.suspect for c in detector.update(record)) and found_after is None:
+            found_after = slow_gangs
+    assert found_after is not None and found_after <= 3
+    assert [(s.gpu, s.job_class) for s in detector.suspects()] == [("g0", "A")]
+    assert not [c for c in detector.changes_ if c.gpu != "g0"]
+
+
+def test_partners_over_the_alarm_are_candidates_and_a_clear_names_the_other() -> None:
+    detector = SuspicionDetector().fit(_scores(8))
+    rng = np.random.default_rng(2)
+    for j in range(200):
+        app = f"A{j % 3}"
+        together = j >= 100 and j % 5 == 0  # g0 and g1, slow, never one without the other
+        gpus = ("g0", "g1") if together else (f"g{2 + j % 6}",)
+        runtime = 1000.0 * (1 + j % 3) * (2.0 if together else 1.0) * float(rng.lognormal(0, 0.07))
+        detector.update(JobRecord(JobRun(str(j), app, "A", gpus, runtime), 300.0 * (j + 1)))
+    assert detector.suspects() == []  # the runs cannot tell them apart...
+    assert {(c.gpu, c.job_class) for c in detector.candidates()} == {("g0", "A"), ("g1", "A")}
+    # ... a re-measurement can: g1 measures as its campaign says, so g0 is the slow one.
+    changes = detector.clear("g1", "A", 300.0 * 201, "re-measured normal")
+    assert [(c.gpu, c.job_class, c.suspect) for c in changes] == [("g0", "A", True)]
+    assert detector.candidates() == []
+
+
+def test_a_confirmed_score_is_taken_without_a_refit() -> None:
+    detector = SuspicionDetector().fit(_scores(64))
+    for record, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=2000):
+        detector.update(record)
+    assert ("g0", "A") in {(s.gpu, s.job_class) for s in detector.suspects()}
+    end = 300.0 * 6000
+    changes = detector.rescore("g0", "A", 2.0, end, "re-measured 2x")
+    assert [(c.gpu, c.suspect) for c in changes] == [("g0", False)]
+    # Judged against its new score, later 2x runs are what it is expected to do now.
+    for record, _ in _stream(3000, seed=5, slow={0: 2.0}):
+        shifted = JobRecord(record.run, end + record.end_s)
+        detector.update(shifted)
+    assert ("g0", "A") not in {(s.gpu, s.job_class) for s in detector.suspects()}
+    assert ("g0", "A") not in {(c.gpu, c.job_class) for c in detector.candidates()}
+    with pytest.raises(ValueError, match="score"):
+        detector.rescore("g0", "A", 0.0, end, "bad")
+
+
+def test_runs_of_an_edited_script_are_judged_against_their_user_and_job_name() -> None:
+    # Every submission's script differs (a new application key each time); the user and job
+    # name stay: the family is the baseline, and a slow GPU is found from it.
+    def records(family: str) -> Iterator[JobRecord]:
+        rng = np.random.default_rng(7)
+        for j in range(300):
+            gpu = f"g{j % 8}"
+            slow = 2.0 if gpu == "g0" and j >= 150 else 1.0
+            runtime = 1000.0 * slow * float(rng.lognormal(0, 0.1))
+            run = JobRun(str(j), f"alice|train|sha{j}", "A", (gpu,), runtime, family)
+            yield JobRecord(run, 300.0 * (j + 1))
+
+    with_family = SuspicionDetector().fit(_scores(8))
+    for record in records("alice|train"):
+        with_family.update(record)
+    assert [(s.gpu, s.job_class) for s in with_family.suspects()] == [("g0", "A")]
+    without = SuspicionDetector().fit(_scores(8))
+    for record in records(""):
+        without.update(record)
+    assert without.suspects() == []  # no key ever had a baseline

@@ -191,7 +191,8 @@ class Remeasurer:
         keep_s = max(3600.0, limits.retry_s)  # what the budget and the retry delay read
         self.attempts = [t for t in self.attempts if not t.done or now - t.submitted_s < keep_s]
         scores = {spec.uuid: spec.scores for spec in view.static.specs}
-        candidates = wanted(self.state.suspects.suspects(), self._confirmed_at(now), scores,
+        book = self.state.suspects
+        candidates = wanted(book.suspects() + book.candidates(), self._confirmed_at(now), scores,
                             now, limits)  # fmt: skip
         picks = to_remeasure(candidates, {g: p for g, (p, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
@@ -325,8 +326,22 @@ class Remeasurer:
                 why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
             else:
                 why = f"cleared by re-measurement ({done})"
-            store.close_suspicion(active, a.gpu, a.job_class, now, why)
-        self.state.suspects.settle(a.gpu, a.job_class, now, why)
+            if not store.close_suspicion(active, a.gpu, a.job_class, now, why) and v.confirmed:
+                # A candidate (never a suspicion): its row, so it is measured again to recover.
+                store.open_suspicion(
+                    active,
+                    {
+                        "gpu": a.gpu,
+                        "job_class": a.job_class,
+                        "since_s": now,
+                        "onset_s": now,
+                        "cause": "re-measure candidate",
+                        "slowdown": v.ratio,
+                        "runs": 0,
+                    },
+                )
+                store.close_suspicion(active, a.gpu, a.job_class, now, why)
+        self.state.suspects.settle(a.gpu, a.job_class, now, why, confirmed=v.confirmed)
         if v.confirmed:  # the increment is active: its scores, the detector refitted, and
             self.state.reload()  # the view on them (not the old scores without the suspicion
             self.state.refresh()  # between: the GPU stays avoided throughout)

@@ -33,7 +33,7 @@ from slurm_pal.advisor.logtext import quoted
 from slurm_pal.core.clocks import ModelClocks, with_clock_ratios
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.drift import runs_from_records
-from slurm_pal.core.remeasure import unsettled
+from slurm_pal.core.remeasure import same_campaign, unsettled
 from slurm_pal.core.suspicion import (
     Change,
     GpuSignals,
@@ -202,7 +202,12 @@ class SuspectBook:
     ) -> None:
         """Start over for ``campaign``: the detector on its scores, warmed from the finished
         jobs the store kept over ``suspicion_days``; the store's open suspicions made these.
-        A warm-up that fails (an unreadable store) is logged and the detector starts cold."""
+        A warm-up that fails (an unreadable store) is logged and the detector starts cold.
+        A re-measure increment of the campaign in use (same GPUs and labels) is taken
+        incrementally instead: the detector rescores the (GPU, class) pairs it changed and
+        keeps everything else, nothing is replayed from the store."""
+        if self._rescored(campaign, specs, labels):
+            return
         try:
             self._fit(store_path, campaign, specs, labels, warm=True)
         except Exception:
@@ -254,6 +259,31 @@ class SuspectBook:
             )  # fmt: skip
             for s in found:
                 log.warning("%s", self._line(s.gpu, s.job_class, True, s.cause, s))
+
+    def _rescored(self, campaign: str, specs: Sequence[GpuSpec], labels: LabelTable) -> bool:
+        """Take ``campaign``, an increment of the one in use, incrementally (False: not one)."""
+        base = {s.uuid: dict(s.scores) for s in specs}
+        gpu_ids = {(e.node, e.slurm_index): e.uuid for e in labels.entries}
+        now = self.wall_clock()
+        with self._lock:
+            detector, current = self._detector, self._campaign
+            if detector is None or current is None or not same_campaign(campaign, current):
+                return False
+            if gpu_ids != self._gpu_ids or base.keys() != self._base.keys():
+                return False
+            changed = [
+                (gpu, job_class, score)
+                for gpu, per in base.items()
+                for job_class, score in per.items()
+                if self._base[gpu].get(job_class) != score
+            ]
+            for gpu, job_class, score in changed:
+                detector.rescore(gpu, job_class, score, now, f"campaign {campaign}'s score")
+            self._base, self._campaign = base, campaign
+            self.version += 1
+        log.info("suspicion: campaign %s taken incrementally (%d score(s) changed, no refit)",
+                 campaign, len(changed))  # fmt: skip
+        return True
 
     def feed(
         self, store: Store, record: Mapping[str, object], hint: Mapping[str, object] | None
@@ -358,18 +388,28 @@ class SuspectBook:
         with self._lock:
             return [] if self._detector is None else self._unsettled(self._detector.suspects())
 
+    def candidates(self) -> list[Suspicion]:
+        """(GPU, class) pairs worth a re-measurement that are no suspicion (never steered by;
+        :meth:`~slurm_pal.core.suspicion.SuspicionDetector.candidates`)."""
+        with self._lock:
+            return [] if self._detector is None else self._unsettled(self._detector.candidates())
+
     def _unsettled(self, found: list[Suspicion]) -> list[Suspicion]:
         """``found`` less the suspicions a re-measurement settled (made before it)."""
         return unsettled(found, self._settled)
 
-    def settle(self, gpu: str, job_class: str, at_s: float, why: str) -> None:
+    def settle(
+        self, gpu: str, job_class: str, at_s: float, why: str, confirmed: bool = False
+    ) -> None:
         """A re-measurement settled (GPU, class) at ``at_s`` (advisor/remeasure.py): the
         suspicion found before is no longer shown nor steered by, here or after a refit; the
-        detector drops it and its evidence, and a new one (raised later) is. Logged; the
-        caller closes the store's row."""
+        detector drops it and its evidence, and a new one (raised later) is. ``confirmed``:
+        found slow, so the increment's score (the reload that follows, :meth:`fit`) takes
+        its evidence; else found healthy, and the detector clears it (its partners are then
+        judged without it). Logged; the caller closes the store's row."""
         with self._lock:
             self._settled[(gpu, job_class)] = at_s
-            if self._detector is not None:  # its evidence goes too: later runs judge afresh
+            if self._detector is not None and not confirmed:  # later runs judge afresh
                 self._detector.clear(gpu, job_class, at_s, why)
             self.version += 1
         where = self._where.get(gpu, "?")

@@ -49,11 +49,13 @@ from slurm_pal.sim.engine import (
     SimConfig,
 )
 from slurm_pal.sim.experiments import (
+    FaultRun,
     grid_configs,
     run_grid,
     run_notes,
     with_gains,
 )
+from slurm_pal.sim.faults import FaultPlan, parse_plan, plan_note, summary_line
 from slurm_pal.sim.inputs import load_gpus, parse_cluster
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus, uniform_gpus
@@ -258,12 +260,19 @@ def results_table(summaries: list[dict], title: str) -> Table:
 
 
 def run_with_progress(
-    jobs: list[SimJob], gpus: SimGpus, configs: list[SimConfig], workers: int, quiet: bool
+    jobs: list[SimJob],
+    gpus: SimGpus,
+    configs: list[SimConfig],
+    workers: int,
+    quiet: bool,
+    faults: FaultRun | None = None,
 ) -> list[SimResult]:
     """Every config on the trace, with a progress bar on stderr (in a log: a count line once
     it has run a few seconds)."""
     with progress_bar("simulating", len(configs), quiet=quiet) as advance:
-        return run_grid(jobs, gpus, configs, workers=workers, on_done=lambda _: advance())
+        return run_grid(
+            jobs, gpus, configs, workers=workers, on_done=lambda _: advance(), faults=faults
+        )
 
 
 def check_run_options(
@@ -406,6 +415,19 @@ PlotOption = Annotated[
     Path | None,
     typer.Option("--plot", help="Write PNG plots into this directory.", show_default=False),
 ]
+FaultsOption = Annotated[
+    str,
+    typer.Option(
+        "--faults",
+        help="Slurm mode: GPUs turn slow and the advisor's closed loop meets them, as served "
+        "(the config's advisor.remeasure_* and avoid_above): rate=FAULTS_PER_1000_GPU_DAYS"
+        "[,factors=1.5/2][,visible=0.5 (share NVML sees)][,classes=A/D (the class each "
+        "slows most; default the first)][,repair-days=14][,from-days=0][,loop=remeasure, "
+        "detector, oracle or none]. Each run reports faults flagged and the GPU-hours they "
+        "added.",
+        show_default=False,
+    ),
+]
 
 
 @app.command("run")
@@ -435,6 +457,7 @@ def run(
     as_json: JsonOption = False,
     timeline: TimelineOption = False,
     plot: PlotOption = None,
+    faults: FaultsOption = "",
 ) -> None:
     """Simulate a trace under each placement x scheduler and compare them."""
     with reported_errors():
@@ -455,6 +478,7 @@ def run(
     if plot is not None:
         plot_directory(plot)
     with reported_errors():
+        plan = parse_plan(faults, mode)
         with step("reading the variability profiles", quiet=not profiles):
             gpus = simulated_gpus(profiles, n_nodes, per_node, pal_artifact, seed, default_class)
         jobs = load_jobs(
@@ -476,19 +500,34 @@ def run(
         try:
             configs = grid_configs(placements, schedulers, common, advisor_sim_options(site))
             with stdout_kept_clean(as_json):
-                results = run_with_progress(jobs, gpus, configs, workers, quiet=False)
+                results = run_with_progress(
+                    jobs, gpus, configs, workers, False, (plan, site.advisor) if plan else None
+                )
         except ValueError as exc:
             fail(str(exc))
-    title = (
-        f"{len(jobs)} jobs, {n_nodes}x{per_node} GPUs, {mode} mode"
-        + (f" ({round_seconds:g} s rounds)" if mode == "rounds" else "")
-        + f", L={locality_penalty:g}, "
-        + ("no variability (uniform GPUs)" if not profiles else gpus.source)
-    )
+    title = run_title(len(jobs), (n_nodes, per_node), common, gpus.source if profiles else "", plan)
     advisor_note = (
         advisor_changes_no_job(site, [gpus.placement_scores]) if "advisor" in placements else None
     )
     print_run(jobs, results, RunOutput(title, advisor_note, plot, as_json, timeline))
+
+
+def run_title(
+    n_jobs: int,
+    cluster: tuple[int, int],
+    common: dict[str, object],
+    source: str,
+    plan: FaultPlan | None,
+) -> str:
+    """The results table's title: the trace, cluster, mode and what varies."""
+    mode = common["mode"]
+    return (
+        f"{n_jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {mode} mode"
+        + (f" ({common['round_seconds']:g} s rounds)" if mode == "rounds" else "")
+        + f", L={common['locality_penalty']:g}, "
+        + (source or "no variability (uniform GPUs)")
+        + (f"; {plan_note(plan)}" if plan else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -527,5 +566,8 @@ def print_run(jobs: list[SimJob], results: list[SimResult], output: RunOutput) -
         )
     for note in run_notes(jobs, summaries):
         console.print(f"note: {note}", markup=False, highlight=False)
+    for summary in summaries:
+        if "faults" in summary:
+            console.print(summary_line(summary), markup=False, highlight=False)
     for path in written:
         console.print(f"wrote {path}", markup=False, highlight=False)

@@ -30,6 +30,7 @@ from slurm_pal.cli.common import (
 )
 from slurm_pal.cli.plots import plot_directory, tune_plot
 from slurm_pal.cli.sim import (
+    FaultsOption,
     TraceChoice,
     check_run_options,
     checked_cluster,
@@ -40,7 +41,8 @@ from slurm_pal.cli.sim import (
 )
 from slurm_pal.core.workload import PAL_DEFAULT_CLASS
 from slurm_pal.sim.engine import MODES, SCHEDULERS
-from slurm_pal.sim.experiments import BASELINE
+from slurm_pal.sim.experiments import BASELINE, FaultRun
+from slurm_pal.sim.faults import parse_plan
 from slurm_pal.sim.tune import (
     TUNABLE,
     Draw,
@@ -175,6 +177,7 @@ def run_from_options(
     seeds: int,
     pal_artifact: bool,
     site_penalty: float,
+    faults: FaultRun | None = None,
 ) -> TuneRun:
     """How every candidate runs; one scheduler, since candidates are compared under one."""
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
@@ -185,7 +188,7 @@ def run_from_options(
         fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     if seeds < 2:
         fail("--seeds must be >= 2: one run says nothing about the noise")
-    return TuneRun(schedulers[0], mode, round_seconds, pal_artifact, site_penalty)
+    return TuneRun(schedulers[0], mode, round_seconds, pal_artifact, site_penalty, faults)
 
 
 def sweep_from_options(
@@ -261,14 +264,19 @@ def tune(
     workers: WorkersOption = 2,
     as_json: JsonOption = False,
     plot: PlotOption = None,
+    faults: FaultsOption = "",
 ) -> None:
     """Compare the advisor's settings with Slurm's packing over paired runs; recommend one
-    only when its gain is clear of the noise."""
+    only when its gain is clear of the noise (with --faults: every run meets the same faults)."""
     with reported_errors():
         site = load_config(config) if config is not None else state(ctx).config
+        plan = parse_plan(faults, mode)
     policies = split_names(placement, list(TUNABLE), "placement")
     penalty = site.locality.across_switches if site_penalty is None else site_penalty
-    run = run_from_options(scheduler, mode, round_seconds, workers, seeds, pal_artifact, penalty)
+    run = run_from_options(
+        scheduler, mode, round_seconds, workers, seeds, pal_artifact, penalty,
+        (plan, site.advisor) if plan else None,
+    )  # fmt: skip
     n_nodes, per_node = checked_cluster(cluster)
     sweep = sweep_from_options(
         policies, penalties, avoid_above, unknown_share, class_counts, default_classes

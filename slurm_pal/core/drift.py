@@ -51,6 +51,9 @@ class JobRun:
     job_class: str
     gpus: tuple[str, ...]
     runtime_s: float
+    family: str = ""
+    """A coarser key of the same work (the user and job name: a script edited between
+    submissions changes ``app`` but not this); '' when there is none."""
 
 
 @dataclass(frozen=True)
@@ -301,10 +304,12 @@ def run_problem(run: JobRun, scores: Mapping[str, Mapping[str, float]]) -> str:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """What the advisor knew of a job: its application key and its class."""
+    """What the advisor knew of a job: its application key and its class (``family``: the
+    coarser key, :attr:`JobRun.family`)."""
 
     app: str
     job_class: str
+    family: str = ""
 
 
 def job_span(records: Iterable[Mapping[str, object]]) -> tuple[float, float] | None:
@@ -379,5 +384,5 @@ def runs_from_records(
             skipped[job_id] = "a record without a numeric 'time'"
             continue
         start, end = span
-        runs.append(JobRun(job_id, info.app, info.job_class, tuple(gpus), end - start))
+        runs.append(JobRun(job_id, info.app, info.job_class, tuple(gpus), end - start, info.family))
     return runs, skipped

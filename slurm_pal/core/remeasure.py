@@ -36,6 +36,7 @@ __all__ = [
     "increment_id",
     "increment_rows",
     "recovered",
+    "same_campaign",
     "to_remeasure",
     "unsettled",
     "verdict",
@@ -234,6 +235,12 @@ def recovered(measured_s: float, campaign_s: float, slower: float) -> Verdict:
 
 
 _SUFFIX = re.compile(r"-r(\d+)$")
+
+
+def same_campaign(one: str, other: str) -> bool:
+    """Whether two campaign ids are one campaign or its re-measure increments
+    (:func:`increment_id`): the same measurements but for the GPUs re-measured."""
+    return _SUFFIX.sub("", one) == _SUFFIX.sub("", other)
 
 
 def increment_id(active: str, known: Iterable[str]) -> str:

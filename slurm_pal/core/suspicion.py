@@ -219,6 +219,7 @@ class _Track:
     clean_records: int = 0
     normal_runs: int = 0
     last_s: float = -math.inf  # end of the last run that counted here
+    over_s: float | None = None  # when its sum reached remeasure_at of the alarm
 
 
 @dataclass
@@ -248,6 +249,9 @@ class SuspicionDetector:
       lifted on probation (None: never). Placement keeps the class off a suspect GPU, so
       without it a repaired GPU would rarely get the runs that clear it; its evidence is
       kept, so one more slow run makes it suspect again.
+    * ``remeasure_at``: the share of ``alarm`` from which a (GPU, class) is a candidate for a
+      re-measurement (:meth:`candidates`): a benchmark settles what more runs would take
+      days to, and a candidate is never steered by, so it costs a probe, not a false alarm.
     """
 
     min_slowdown: float = 1.3
@@ -266,6 +270,7 @@ class SuspicionDetector:
     clear_alarm: float = 6.0
     clear_records: int = 2
     recheck_s: float | None = 72 * 3600.0
+    remeasure_at: float = 0.5
     n_examples: int = 5
     skipped_: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     changes_: list[Change] = field(default_factory=list, init=False, repr=False)
@@ -284,8 +289,11 @@ class SuspicionDetector:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if self.window < self.min_baseline:
             raise ValueError("window must hold at least min_baseline runs")
+        if not 0 < self.remeasure_at <= 1:
+            raise ValueError(f"remeasure_at must be in (0, 1], got {self.remeasure_at!r}")
+        self._look = self.alarm * self.remeasure_at
         self._scores: dict[str, dict[str, float]] = {}
-        self._apps: dict[str, deque[tuple[float, frozenset[str]]]] = {}
+        self._apps = _Baselines(self.window)
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._residuals: deque[float] = deque(maxlen=self.noise_runs)
         self._suspect_keys: set[tuple[str, str]] = set()
@@ -297,7 +305,7 @@ class SuspicionDetector:
     ) -> SuspicionDetector:
         """Start over with the active campaign's ``scores`` (GPU id -> class -> PM-score)."""
         self._scores = {gpu: {c: float(v) for c, v in per.items()} for gpu, per in scores.items()}
-        self._apps = {}
+        self._apps = _Baselines(self.window)
         self._tracks = {}
         self._residuals = deque(maxlen=self.noise_runs)
         self._suspect_keys = set()
@@ -325,6 +333,19 @@ class SuspicionDetector:
         found = [t.suspicion for t in self._tracks.values() if t.suspicion is not None]
         return sorted(found, key=lambda s: (s.gpu, s.job_class))
 
+    def candidates(self) -> list[Suspicion]:
+        """(GPU, class) pairs worth a re-measurement that are no suspicion: their sum is over
+        ``remeasure_at`` of the alarm (or over it, but a partner they shared their slow runs
+        with has about as much: the runs cannot say which is slow). Not steered by; a
+        re-measurement settles them: confirmed, the GPU's score takes the slowdown
+        (:meth:`rescore`); cleared (:meth:`clear`), its partners are judged again at once."""
+        return [
+            _tied(gpu, job_class, track, self.n_examples)
+            for (gpu, job_class), track in sorted(self._tracks.items())
+            if track.suspicion is None and track.over_s is not None and track.entries
+            and track.score >= self._look and len(track.entries) >= self.min_runs
+        ]  # fmt: skip
+
     def suspect_classes(self) -> dict[str, tuple[str, ...]]:
         """GPU id -> the classes it is suspect for."""
         out: dict[str, list[str]] = {}
@@ -342,7 +363,55 @@ class SuspicionDetector:
         self._tracks[(gpu, job_class)] = _Track(last_s=at_s)
         self._suspect_keys.discard((gpu, job_class))
         changes = [Change(gpu, job_class, False, at_s, why)] if was else []
+        # Healthy, so the runs it shared were slow because of a partner: judge those now.
+        changes += self._partners_judged(track, job_class, at_s)
         self.changes_ += changes
+        return changes
+
+    def rescore(
+        self, gpu: str, job_class: str, score: float, at_s: float, why: str
+    ) -> list[Change]:
+        """A re-measurement found ``gpu`` slow for ``job_class``: ``score`` (its measured
+        slowdown) is its PM-score for the class from now on. Incremental, as :meth:`update`:
+        the runs it shared stop counting against its partners, its own evidence is spent
+        (the score explains it now) and later runs are judged against the new score; nothing
+        is replayed. Returns the suspicion lifted, if any (placement reads the score now)."""
+        if not (score > 0 and math.isfinite(score)):
+            raise ValueError(f"score must be > 0, got {score!r}")
+        if gpu not in self._scores or job_class not in self._scores[gpu]:
+            return []
+        self._scores[gpu][job_class] = float(score)
+        track = self._tracks.get((gpu, job_class))
+        if track is None:
+            return []
+        self._explain_away(gpu, job_class, track)
+        was = track.suspicion is not None
+        self._tracks[(gpu, job_class)] = _Track(last_s=at_s)
+        self._suspect_keys.discard((gpu, job_class))
+        changes = [Change(gpu, job_class, False, at_s, why)] if was else []
+        self.changes_ += changes
+        return changes
+
+    def _partners_judged(self, track: _Track, job_class: str, at_s: float) -> list[Change]:
+        """Partners of a GPU just cleared that its evidence held back: flagged if over now."""
+        partners = {g for e in track.entries if e.accused > 1 for g in e.gpus}
+        changes: list[Change] = []
+        for partner in sorted(partners):
+            other = self._tracks.get((partner, job_class))
+            if other is None or other.suspicion is not None or other.over_s is None:
+                continue
+            if self._alarmed(other, job_class):
+                changes += self._flag(partner, job_class, other, at_s)
+        return changes
+
+    def _flag(self, gpu: str, job_class: str, track: _Track, now: float) -> list[Change]:
+        """The runtime evidence makes ``gpu`` suspect; the runs it shared stop counting
+        against its partners (drift's greedy confirmation)."""
+        track.runtime = True
+        track.clear_score = 0.0
+        track.normal_runs = 0
+        changes = self._suspect(gpu, job_class, track, now, track.entries[0].start_s, "runtime")
+        self._explain_away(gpu, job_class, track)
         return changes
 
     def _recheck(self, now: float) -> list[Change]:
@@ -363,6 +432,7 @@ class SuspicionDetector:
             self._suspect_keys.discard(key)
             # Kept just under the alarm: one clearly slow run of the class makes it suspect.
             track.score = self.alarm - self.alarm / self.min_runs / 2
+            track.over_s = None
             why = f"no run of its class for {quiet / 3600:.0f} h: on probation"
             changes.append(Change(key[0], key[1], False, now, why))
         return changes
@@ -409,12 +479,11 @@ class SuspicionDetector:
         worst, necks = bottleneck(run, self._scores, within=self.min_slowdown)
         used = frozenset(run.gpus)
         suspect_here = {g for g in used if self._is_suspect(g, run.job_class)}
-        history = self._apps.setdefault(run.app, deque(maxlen=self.window))
-        others = np.array([norm for norm, gpus in history if not gpus & used], dtype=float)
+        others = self._apps.others(run, used, self.min_baseline)
         worst *= record.penalty if record.penalty > 0 else 1.0
         norm = run.runtime_s / worst
-        if not suspect_here:
-            history.append((norm, used))  # only runs no suspect GPU explains are a baseline
+        if not suspect_here:  # only runs no suspect GPU explains are a baseline
+            self._apps.add(run, norm, used)
         if len(others) < self.min_baseline:
             return []
         center = float(np.median(np.log(others)))
@@ -433,13 +502,13 @@ class SuspicionDetector:
         changes: list[Change] = []
         candidates: list[tuple[str, _Track]] = []
         judged = [g for g in necks if not suspect_here - {g}]  # else a suspect explains it
-        # A slow run says that one of its bottleneck GPUs is slow, not each of them: its
-        # evidence is shared in proportion to what each already has (equally when none has
-        # any), so the GPU that is slow in its own runs takes it from its partners.
-        prior = [1.0 + self._track(g, run.job_class).score for g in judged]
-        for gpu, weight in zip(judged, prior, strict=True):
+        # One slow GPU slows the whole gang, so a slow run is as likely under "GPU g is slow"
+        # for each of its bottleneck GPUs: each gets the run's whole evidence (split, a 2x GPU
+        # in 8-GPU jobs would need eight times the runs). What tells the slow one from its
+        # partners is every other run: their normal runs apart, and the other gangs it was in.
+        for gpu in judged:
             track = self._track(gpu, run.job_class)
-            llr = entry.llr if entry.llr <= 0 else min(cap, entry.llr * weight / sum(prior))
+            llr = min(cap, entry.llr)
             track.last_s = record.end_s
             if track.suspicion is not None and track.runtime:
                 track.clear_score = max(0.0, track.clear_score - llr)
@@ -455,9 +524,14 @@ class SuspicionDetector:
             track.score = max(0.0, track.score + llr)
             if track.score == 0.0:
                 track.entries = []
+                track.over_s = None
                 continue
             track.entries.append(replace(entry, llr=llr, accused=len(judged)))
             candidates.append((gpu, track))
+            if track.score < self._look:
+                track.over_s = None
+            elif track.over_s is None:
+                track.over_s = record.end_s
         # Alarms only once every accused GPU's sum has this run: a partner must be compared
         # with its own sum after the run, not before it.
         candidates = [(g, t) for g, t in candidates if self._alarmed(t, run.job_class)]
@@ -466,13 +540,7 @@ class SuspicionDetector:
         while candidates:
             candidates.sort(key=lambda pair: (-_own_runs(pair[1]), -pair[1].score, pair[0]))
             gpu, track = candidates.pop(0)
-            track.runtime = True
-            track.clear_score = 0.0
-            track.normal_runs = 0
-            changes += self._suspect(
-                gpu, run.job_class, track, record.end_s, track.entries[0].start_s, "runtime"
-            )
-            self._explain_away(gpu, run.job_class, track)
+            changes += self._flag(gpu, run.job_class, track, record.end_s)
             candidates = [(o, t) for o, t in candidates if self._alarmed(t, run.job_class)]
         return changes
 
@@ -501,6 +569,8 @@ class SuspicionDetector:
             if len(kept) != len(other.entries):
                 other.entries = kept
                 other.score = _cusum(kept)
+                if other.score < self._look:
+                    other.over_s = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -523,9 +593,7 @@ class SuspicionDetector:
         self, gpu: str, job_class: str, track: _Track, now: float, onset: float, cause: str
     ) -> list[Change]:
         entries = track.entries
-        slowdown = (
-            math.exp(float(np.median([e.log_residual for e in entries]))) if entries else math.nan
-        )
+        slowdown = _median_slowdown(entries)
         if track.suspicion is not None:  # already suspect for the other reason: add to it
             old = track.suspicion
             track.suspicion = Suspicion(
@@ -550,8 +618,51 @@ class SuspicionDetector:
         track.suspicion = None
         track.score = 0.0
         track.entries = []
+        track.over_s = None
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
+
+
+class _Baselines:
+    """Each application's recent runs on their GPUs (runtime over the run's worst score and
+    spread), by its key and by its family: a run is judged against its application's runs on
+    other GPUs, or its family's while the application has too few (a script edited between
+    submissions is a new key each time; its user and job name stay)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.runs: dict[tuple[str, str], deque[tuple[float, frozenset[str]]]] = {}
+
+    def others(self, run: JobRun, used: frozenset[str], enough: int) -> np.ndarray:
+        """The normalized runs of ``run``'s application (else family) on GPUs it did not use."""
+        found = np.array([], dtype=float)
+        for key in (("app", run.app), ("family", run.family)):
+            if not key[1] or key not in self.runs:
+                continue
+            found = np.array([n for n, gpus in self.runs[key] if not gpus & used], dtype=float)
+            if len(found) >= enough:
+                break
+        return found
+
+    def add(self, run: JobRun, norm: float, used: frozenset[str]) -> None:
+        for key in (("app", run.app), ("family", run.family)):
+            if key[1]:
+                self.runs.setdefault(key, deque(maxlen=self.window)).append((norm, used))
+
+
+def _tied(gpu: str, job_class: str, track: _Track, n_examples: int) -> Suspicion:
+    """A candidate (:meth:`SuspicionDetector.candidates`) as a suspicion would read."""
+    assert track.over_s is not None
+    return Suspicion(
+        gpu, job_class, track.over_s, track.entries[0].start_s,
+        "runtime, as slow as a partner it ran with", _median_slowdown(track.entries),
+        len(track.entries), tuple(e.evidence for e in track.entries[-n_examples:]),
+    )  # fmt: skip
+
+
+def _median_slowdown(entries: list[_Entry]) -> float:
+    """observed / expected of the median run (nan without runs)."""
+    return math.exp(float(np.median([e.log_residual for e in entries]))) if entries else math.nan
 
 
 def _own_runs(track: _Track) -> int:

@@ -35,5 +35,5 @@ def jobs_from_decisions(
             skipped[job_id] = f"unreadable job description ({exc})"
             continue
         key = "|".join((desc.user, desc.name, desc.script_sha256 or ""))
-        jobs[job_id] = JobInfo(key, job_class)
+        jobs[job_id] = JobInfo(key, job_class, f"{desc.user}|{desc.name}")
     return jobs, skipped

@@ -232,7 +232,8 @@ class SimConfig:
 @dataclass(frozen=True)
 class JobEnd:
     """A job that just ended, as its Prolog/Epilog records describe it: its application
-    (``SimJob.model``), true class, GPU UUIDs and when it ran."""
+    (``SimJob.model``), true class, GPU UUIDs and when it ran, and the class the advisor
+    placed it as (what the service's records carry; None: its true class)."""
 
     job_id: str
     app: str
@@ -242,6 +243,12 @@ class JobEnd:
     end: float
     penalty: float = 1.0
     """The locality penalty its spread costs in the advisor's model (1.0 inside a node)."""
+    advised_class: str | None = None
+
+    @property
+    def placed_class(self) -> str:
+        """The class the advisor placed it as (its true class when not told)."""
+        return self.advised_class or self.job_class
 
 
 class SimHooks(Protocol):
@@ -686,9 +693,8 @@ class _Simulation:
         assert self.hooks is not None and job.start is not None and alloc is not None
         uuids = tuple(self.cluster.uuids[gpu] for gpu in alloc.gpu_ids)
         spec = job.spec
-        self.hooks.job_ended(
-            JobEnd(spec.job_id, spec.model, spec.job_class, uuids, job.start, now, alloc.penalty)
-        )
+        what = (spec.job_id, spec.model, spec.job_class, uuids)
+        self.hooks.job_ended(JobEnd(*what, job.start, now, alloc.penalty, job.request.job_class))
 
     def _sync_hooks(self, now: float) -> None:
         """Let the hooks change the GPUs and, when they have new scores, rescore the view."""

@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from slurm_pal.adapters.config import AdvisorConfig
 from slurm_pal.core.workload import SimJob
 from slurm_pal.sim.engine import SimConfig, simulate
+from slurm_pal.sim.faults import FaultPlan, loop_summary
 from slurm_pal.sim.metrics import SimResult
 from slurm_pal.sim.variability import SimGpus
 
@@ -30,11 +32,20 @@ __all__ = [
 ]
 
 BASELINE = "packed-sticky"
+FaultRun = tuple[FaultPlan, AdvisorConfig]
+"""Faults to inject into every run, and the site's advisor settings the loop runs under."""
 
 
-def _run_one(args: tuple[Sequence[SimJob], SimGpus, SimConfig]) -> SimResult:
-    jobs, gpus, config = args
-    return simulate(jobs, gpus, config)
+def _run_one(
+    args: tuple[Sequence[SimJob], SimGpus, SimConfig, FaultRun | None],
+) -> SimResult:
+    jobs, gpus, config, faults = args
+    if faults is None:
+        return simulate(jobs, gpus, config)
+    plan, advisor = faults
+    loop = plan.hooks(gpus, plan.draw(gpus, jobs, config.seed), advisor, config.seed)
+    result = simulate(jobs, gpus, config, hooks=loop)
+    return replace(result, faults=loop_summary(loop))
 
 
 def run_grid(
@@ -44,19 +55,22 @@ def run_grid(
     *,
     workers: int = 1,
     on_done: Callable[[SimConfig], None] | None = None,
+    faults: FaultRun | None = None,
 ) -> list[SimResult]:
     """Run every config on the same trace and GPUs; results in ``configs`` order.
     ``workers > 1`` runs them in that many processes (results are the same: runs are
-    deterministic and independent)."""
+    deterministic and independent). ``faults``: a plan and the site's advisor settings; each
+    run then has its own closed loop (the same faults for every config of a seed), its
+    account in the result's ``faults``."""
     if workers <= 1 or len(configs) <= 1:
         results = []
         for config in configs:
-            results.append(simulate(jobs, gpus, config))
+            results.append(_run_one((jobs, gpus, config, faults)))
             if on_done is not None:
                 on_done(config)
         return results
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_run_one, (jobs, gpus, config)) for config in configs]
+        futures = [pool.submit(_run_one, (jobs, gpus, config, faults)) for config in configs]
         results = []
         for config, future in zip(configs, futures, strict=True):
             results.append(future.result())

@@ -27,7 +27,6 @@ that started before it keep their pace (the engine fixes a job's rate when it st
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -74,19 +73,32 @@ MODES = ("none", "detector", "oracle")
 
 @dataclass(frozen=True)
 class Fault:
-    """GPU ``gpu`` (simulated index) turns ``factor`` x slower for the most sensitive class at
-    ``at_s`` until ``repair_s``; ``visible``: NVML reports thermal/hardware clock slowdowns."""
+    """GPU ``gpu`` (simulated index) turns ``factor`` x slower for class ``job_class`` (None:
+    the first, most compute-bound one) at ``at_s`` until ``repair_s``; ``visible``: NVML
+    reports thermal/hardware clock slowdowns. A degraded memory or link hurts other classes
+    than a clock fault does, so the class it hits is the fault's own."""
 
     gpu: int
     at_s: float
     factor: float
     repair_s: float = math.inf
     visible: bool = False
+    job_class: str | None = None
+
+    def hit(self, classes: Sequence[str]) -> str:
+        """The class the fault slows by ``factor``."""
+        if self.job_class is None:
+            return classes[0]
+        if self.job_class not in classes:
+            raise ValueError(f"fault of class {self.job_class!r}; the GPUs have {list(classes)}")
+        return self.job_class
 
     def factors(self, classes: Sequence[str], sensitivity: Sequence[float]) -> dict[str, float]:
-        """The slowdown per class."""
-        weights = list(sensitivity) + [0.0] * max(0, len(classes) - len(sensitivity))
-        return {c: 1.0 + (self.factor - 1.0) * w for c, w in zip(classes, weights, strict=False)}
+        """The slowdown per class: ``sensitivity[k]`` of the fault for the classes ``k`` places
+        from the one it hits in the class order (the order runs from compute- to memory-bound)."""
+        hit = list(classes).index(self.hit(classes))
+        weights = list(sensitivity) + [0.0] * len(classes)
+        return {c: 1.0 + (self.factor - 1.0) * weights[abs(i - hit)] for i, c in enumerate(classes)}
 
 
 def fault_model(
@@ -99,13 +111,19 @@ def fault_model(
     visible_share: float = 0.5,
     start_days: float = 0.0,
     seed: int = 0,
+    classes: Sequence[str] = (),
 ) -> list[Fault]:
     """Faults over ``days`` from ``start_days`` on ``n_gpus``: a Poisson count at
     ``per_1000_gpu_days``, uniform times and GPUs (a GPU faults at most once), a factor drawn
     from ``factors``, repaired after an exponential time of mean ``repair_days`` (inf: never),
-    visible to NVML with probability ``visible_share``."""
+    visible to NVML with probability ``visible_share``, hitting a class drawn from ``classes``
+    (empty: the first class of the GPUs, :attr:`Fault.job_class` None)."""
     if per_1000_gpu_days < 0 or not factors or days <= 0 or n_gpus < 1:
         raise ValueError("need a rate >= 0, at least one factor, days > 0 and GPUs")
+    if any(not (f > 1 and math.isfinite(f)) for f in factors):
+        raise ValueError(f"fault factors must be > 1 (2.0: twice as slow), got {list(factors)}")
+    if not 0 <= visible_share <= 1:
+        raise ValueError(f"the visible share must be in [0, 1], got {visible_share!r}")
     rng = np.random.default_rng(seed)
     count = min(n_gpus, int(rng.poisson(per_1000_gpu_days * n_gpus * days / 1000.0)))
     gpus = rng.choice(n_gpus, count, replace=False)
@@ -117,10 +135,14 @@ def fault_model(
         else np.full(count, math.inf)
     )
     visible = rng.uniform(0, 1, count) < visible_share
+    # Drawn last, so the same seed places the same faults whatever the classes.
+    hits = [classes[int(k)] for k in rng.integers(0, len(classes), count)] if classes else []
     faults = [
         Fault(int(g), float(t), float(factors[int(k)]), float(t + r), bool(v))
         for g, t, k, r, v in zip(gpus, times, picks, repairs, visible, strict=True)
     ]
+    if hits:
+        faults = [replace(f, job_class=c) for f, c in zip(faults, hits, strict=True)]
     return sorted(faults, key=lambda f: (f.at_s, f.gpu))
 
 
@@ -161,14 +183,15 @@ def application_workload(
 @dataclass
 class FaultOutcome:
     """What happened to one fault: when (and after how many jobs) its GPU became suspect for
-    the fault's most sensitive class; None while it was not."""
+    the class the fault hits (or a re-measurement found it slow for it); None while not."""
 
     fault: Fault
     suspected_s: float | None = None
     jobs: int = 0  # jobs that ran on the faulty GPU (started after the fault) until then
-    sensitive_jobs: int = 0  # those of the most sensitive class
+    sensitive_jobs: int = 0  # those of the class it hits
     slowed_jobs: int = 0  # jobs it slowed >= min_slowdown (what steering is for)
     slowed_s: float = 0.0  # the run time it added to them
+    slowed_gpu_s: float = 0.0  # and the GPU time (run time added times the job's GPUs)
     late_jobs: int = 0  # of those, jobs that started after the GPU was suspect (class A)
     late_s: float = 0.0  # and the run time it added to those
     mild_s: float = 0.0  # the run time it added to jobs it slowed less (no one steers those)
@@ -196,15 +219,19 @@ class FaultLoop:
     benchmark, other jobs running on the node's other GPUs meanwhile. Labels are the site
     render's rule: one per PM signature (the GPU's placement score in every class, fixed at
     the start as the rendered gres.conf is; an increment does not relabel). ``probe_s`` at the
-    campaign's pace times
-    the GPU's true slowdown when it starts (the engine gives jobs no runtime noise, so
-    neither has it). Its campaign time is ``probe_s`` times the GPU's score for the class.
-    A confirmed :func:`~slurm_pal.core.remeasure.verdict` makes the measured time the GPU's
-    score for the class (the service's increment) and refits the detector on the scores with
-    the last ``suspicion_days`` of records (the service's reload); a cleared one clears the
-    detector's suspicion (and keeps it hidden across refits, as the service's settlement). A
-    GPU found slow is measured again and its score restored once it
-    :func:`~slurm_pal.core.remeasure.recovered`. GPU time spent: ``probe_s_spent``.
+    campaign's pace times the GPU's true slowdown when it starts (the engine gives jobs no
+    runtime noise, so neither has it). Its campaign time is ``probe_s`` times the GPU's score
+    for the class. The detector's candidates (GPUs over its alarm that a partner ties) are
+    measured as suspects are. A confirmed :func:`~slurm_pal.core.remeasure.verdict` makes the
+    measured time the GPU's score for the class (the service's increment) and the detector
+    takes the new score incrementally
+    (:meth:`~slurm_pal.core.suspicion.SuspicionDetector.rescore`); a confirmed candidate
+    counts as found then. A cleared one clears the detector's suspicion (and keeps it hidden,
+    as the service's settlement). A GPU found slow is measured again and its score restored
+    once it :func:`~slurm_pal.core.remeasure.recovered`. GPU time spent: ``probe_s_spent``.
+
+    The detector hears each job as the service does: the class the advisor placed it as
+    (``JobEnd.advised_class``), not its true class.
     """
 
     gpus: SimGpus
@@ -218,7 +245,6 @@ class FaultLoop:
     seed: int = 0
     probe_s: float = 900.0
     remeasure: RemeasureLimits | None = None
-    suspicion_days: float = 14.0
     outcomes: list[FaultOutcome] = field(default_factory=list, init=False)
     false_suspicions: list[tuple[str, str, float]] = field(default_factory=list, init=False)
     """(GPU, class, when) of every suspicion of a GPU no fault had slowed at all."""
@@ -250,6 +276,7 @@ class FaultLoop:
         if self.detector is not None:
             self.detector.fit(self.base_scores)
         self.outcomes = [FaultOutcome(f) for f in self.faults]
+        self.hits = [f.hit(self.classes) for f in self.faults]
         self._events = sorted(
             [(f.at_s, 1, n) for n, f in enumerate(self.faults)]
             + [(f.repair_s, 0, n) for n, f in enumerate(self.faults) if math.isfinite(f.repair_s)]
@@ -269,7 +296,6 @@ class FaultLoop:
         self._flights: dict[int, tuple[Attempt, bool]] = {}  # measured GPU -> (it, recheck)
         self._confirmed: dict[tuple[str, str], float] = {}  # found slow -> when
         self._settled: dict[tuple[str, str], float] = {}  # cleared -> when
-        self._kept: deque[JobRecord] = deque()  # what a refit replays (the service's store)
 
     # -- SimHooks -------------------------------------------------------------------------
 
@@ -300,7 +326,7 @@ class FaultLoop:
                 outcome = self.outcomes[fault]
                 if outcome.suspected_s is None:
                     outcome.jobs += 1
-                    outcome.sensitive_jobs += job.job_class == self.classes[0]
+                    outcome.sensitive_jobs += job.job_class == self.hits[fault]
             capped = float(self._rng.uniform(0.0, 0.9))  # power capping: normal, no fault
             events = {"sw_power_cap": capped}
             if fault is not None and self.faults[fault].visible:
@@ -309,14 +335,9 @@ class FaultLoop:
         if self.detector is None:
             return
         run = JobRun(
-            job.job_id, job.app or job.job_id, job.job_class, job.gpus, job.end - job.start
+            job.job_id, job.app or job.job_id, job.placed_class, job.gpus, job.end - job.start
         )
-        record = JobRecord(run, job.end, signals, job.penalty)
-        if self.remeasure is not None:
-            self._kept.append(record)
-            while self._kept[0].end_s < job.end - self.suspicion_days * 86400.0:
-                self._kept.popleft()
-        self._apply(self.detector.update(record))
+        self._apply(self.detector.update(JobRecord(run, job.end, signals, job.penalty)))
 
     def probes(self, now: float, free: Sequence[bool]) -> list[tuple[int, float]]:
         """Re-measures to start now (see the class docstring): (GPU, seconds) for each GPU
@@ -327,7 +348,8 @@ class FaultLoop:
         keep_s = max(HOUR_S, limits.retry_s)  # what the budget and the retry delay read
         self._attempts = [a for a in self._attempts if not a.done or now - a.submitted_s < keep_s]
         idle = idle_pins(self._site, {self.uuids[g] for g, ok in enumerate(free) if ok})
-        found = wanted(self._suspects(), self._confirmed, self.base_scores, now, limits)
+        pending = self._suspects() + unsettled(self.detector.candidates(), self._settled)
+        found = wanted(pending, self._confirmed, self.base_scores, now, limits)
         out: list[tuple[int, float]] = []
         for pick in to_remeasure(found, idle, self._attempts, now, limits):
             gpu, pin = self.index[pick.gpu], idle[pick.gpu]
@@ -357,8 +379,11 @@ class FaultLoop:
         if result.confirmed:  # an increment: the measured time is the GPU's score now
             if not recheck:
                 self._confirmed[key] = end
-            self.base_scores[key[0]][key[1]] = (end - start) / self.probe_s
-            self.detector.fit(self.base_scores, [r for r in self._kept if r.end_s <= end])
+                if key not in {(s.gpu, s.job_class) for s in self.detector.suspects()}:
+                    self._judge(*key, end)  # a candidate: found by the re-measurement
+            score = (end - start) / self.probe_s
+            self.base_scores[key[0]][key[1]] = score
+            self._apply(self.detector.rescore(*key, score, end, result.why))
             self._dirty = True
         elif not recheck:
             self._settled[key] = end
@@ -427,6 +452,7 @@ class FaultLoop:
             return
         outcome.slowed_jobs += 1
         outcome.slowed_s += added
+        outcome.slowed_gpu_s += added * len(gpu_ids)
         if outcome.suspected_s is not None and job.start >= outcome.suspected_s:
             outcome.late_jobs += 1
             outcome.late_s += added
@@ -445,5 +471,5 @@ class FaultLoop:
         if fault.factors(self.classes, self.sensitivity)[job_class] < self.min_slowdown:
             self.weak_suspicions.append((uuid, job_class, at))
         outcome = self.outcomes[n]
-        if job_class == self.classes[0] and outcome.suspected_s is None:
+        if job_class == self.hits[n] and outcome.suspected_s is None:
             outcome.suspected_s = at

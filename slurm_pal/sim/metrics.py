@@ -25,7 +25,7 @@ Definitions (PAL's artifact where it has one, ``blox_manager.update_metrics``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +139,9 @@ class SimResult:
     timeline: tuple[tuple[float, int], ...]
     unplaceable: tuple[str, ...] = ()
     gpus_per_node: int = 0
+    faults: Mapping[str, object] | None = None
+    """With injected faults: the closed loop's account (:func:`slurm_pal.sim.faults.
+    loop_summary`), in :meth:`summary` as ``faults``."""
 
     def tracked(self) -> list[JobOutcome]:
         return [job for job in self.jobs if job.tracked]
@@ -213,4 +216,5 @@ class SimResult:
                 for s in sizes
                 if (group := [j for j in tracked if size_bucket(j.gpus) == s])
             },
+            **({"faults": dict(self.faults)} if self.faults is not None else {}),
         }

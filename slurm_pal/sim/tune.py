@@ -32,6 +32,7 @@ from slurm_pal.sim.advisor import advisor_changes_no_job, advisor_sim_options
 from slurm_pal.sim.engine import SimConfig
 from slurm_pal.sim.experiments import (
     BASELINE,
+    FaultRun,
     PairedRatios,
     limits_note,
     run_grid,
@@ -83,6 +84,7 @@ class TuneRun:
     round_seconds: float
     pal_artifact: bool
     site_penalty: float  # the site's true cost of spanning nodes, paid by every job
+    faults: FaultRun | None = None  # GPUs that turn slow, and the loop every run meets them with
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,14 @@ def run_tune(
     Only each run's summary is kept: a run's per-job results are large."""
     summaries: dict[int, list[dict]] = {}
     for seed, (jobs, gpus) in enumerate(experiment.draws):
-        done = run_grid(jobs, gpus, experiment.configs(seed), workers=workers, on_done=on_done)
+        done = run_grid(
+            jobs,
+            gpus,
+            experiment.configs(seed),
+            workers=workers,
+            on_done=on_done,
+            faults=experiment.run.faults,
+        )
         for index, result in enumerate(done):
             summaries.setdefault(index, []).append(result.summary())
     return judged(experiment, summaries)
