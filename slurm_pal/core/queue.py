@@ -21,7 +21,7 @@ job (backfill-like; it can delay the job that did not fit).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from enum import StrEnum
 from typing import Literal, NamedTuple, Protocol
 
@@ -35,6 +35,7 @@ __all__ = [
     "StartRule",
     "Step",
     "StopAtMisfit",
+    "backfill_reservation",
     "placement_order",
     "plan_round",
     "queue_round",
@@ -156,18 +157,26 @@ class SlurmBackfill:
         if self.shadow is not None or request.job_id in self.held:
             return True
         cluster = self.cluster
-        free = cluster.n_free
-        busy = ~cluster.free
-        ends = sorted(float(t) for t in cluster.busy_until[busy])
-        self.shadow, self.spare = math.inf, 0
-        for end in ends:
-            if not math.isfinite(end):
-                break  # an unlimited holder: Slurm cannot plan past it either
-            free += 1
-            if free >= request.gpus:
-                self.shadow, self.spare = end, free - request.gpus
-                break
+        ends = ((float(t), 1) for t in cluster.busy_until[~cluster.free])
+        self.shadow, self.spare = backfill_reservation(cluster.n_free, ends, request.gpus)
         return True
+
+
+def backfill_reservation(
+    free: int, ends: Iterable[tuple[float, int]], needed: int
+) -> tuple[float, int]:
+    """EASY backfill's reservation for a job of ``needed`` GPUs: when enough GPUs are free (by
+    GPU count: ``free`` now, and each ``(end, gpus)`` of the running jobs as it ends) and how
+    many are left over then. Never (inf, 0) when unlimited holders (an ``inf`` end) stand in
+    the way: Slurm cannot plan past them either. The simulated Slurm and the service's
+    prediction of a real one reserve alike."""
+    for end, gpus in sorted(ends):
+        if not math.isfinite(end):
+            break
+        free += gpus
+        if free >= needed:
+            return end, free - needed
+    return math.inf, 0
 
 
 Review = Callable[[PlacementRequest, PlacementResult], Outcome]

@@ -77,7 +77,7 @@ from slurm_pal.core.placement import (
     PlacementResult,
     get_policy,
 )
-from slurm_pal.core.queue import placement_order, plan_round
+from slurm_pal.core.queue import backfill_reservation, placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.core.topology import WITHIN_NODE, Topology
@@ -736,18 +736,9 @@ class _Simulation:
         """When ``needed`` GPUs will be free (by GPU count, from the running jobs' planned
         ends) and how many are left over then. Never (inf) when unlimited jobs hold them:
         Slurm cannot plan around those either."""
-        free = self.cluster.n_free
-        ends = sorted(
-            [(self._planned_end(job, end), job.spec.gpus) for end, _, job in running]
-            + [(end, 1) for end, _, _ in self.probes.heap]
-        )
-        for end, gpus in ends:
-            if not math.isfinite(end):
-                break
-            free += gpus
-            if free >= needed:
-                return end, free - needed
-        return math.inf, 0
+        ends = [(self._planned_end(job, end), job.spec.gpus) for end, _, job in running]
+        ends += [(end, 1) for end, _, _ in self.probes.heap]
+        return backfill_reservation(self.cluster.n_free, ends, needed)
 
 
 class _Probes:
