@@ -31,7 +31,8 @@ from tests.helpers.slurm_lab import (
 pytestmark = pytest.mark.slurm
 
 GPUS = {"n01": 1, "n02": 2, "n03": 2}
-NORMAL_S, SLOW_S = 1, 2  # the job script's sleep on a healthy GPU and on n01's
+NORMAL_S, SLOW_S = 3, 6  # the job script's sleep on a healthy GPU and on n01's: long against
+# what Slurm and the hooks add to a run on a loaded machine (1 s against 2 s drowned in it)
 
 
 def _campaign(path: Path) -> None:
