@@ -51,6 +51,14 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def host_release_only(why: str) -> None:
+    """Skip on a second release (scripts/test.sh runs tests/slurm once per release): for tests
+    of the advisor's own logic, whose Slurm calls other tests already cover on every release.
+    ``why`` says why the host's release is enough."""
+    if RELEASE != "system":
+        pytest.skip(f"{why}; the host's release is enough")
+
+
 def require_slurm() -> None:
     """Skip (fail in CI) unless the Slurm binaries are installed and we are root."""
     missing = missing_binaries(RELEASE)

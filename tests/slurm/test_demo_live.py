@@ -10,14 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from slurm_pal.cli.main import app
-from tests.slurm.conftest import RELEASE, require_slurm
+from tests.helpers.slurm_lab import host_release_only, require_slurm
 
 pytestmark = pytest.mark.slurm
 
 
 def test_demo_runs_both_arms_and_writes_the_png(tmp_path: Path) -> None:
-    if RELEASE != "system":
-        pytest.skip("the demo runs the host's Slurm; one release is enough for it")
+    host_release_only("the demo runs the host's Slurm")
     require_slurm()
     png = tmp_path / "demo.png"
     result = CliRunner().invoke(

@@ -31,6 +31,7 @@ from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
     fresh_testbed_dir,
+    host_release_only,
     render_site,
     rendered_hooks,
     rendered_nodes,
@@ -68,6 +69,9 @@ def _campaign(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[AdvisorLab]:
+    host_release_only(
+        "re-measuring submits the campaign's pinned jobs, as test_campaign_slurm does on each"
+    )
     require_slurm()
     root = fresh_testbed_dir()
     work = root / "work"

@@ -19,12 +19,12 @@ from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
     fresh_testbed_dir,
+    host_release_only,
     render_site,
     rendered_hooks,
     rendered_nodes,
     require_slurm,
 )
-from tests.slurm.conftest import RELEASE
 
 pytestmark = pytest.mark.slurm
 
@@ -33,8 +33,7 @@ JOB = "--wrap=sleep 4"  # long enough for a refresh (1 s) to bind it to its deci
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[AdvisorLab]:
-    if RELEASE != "system":
-        pytest.skip("the store's lock does not depend on Slurm's release; the host's is enough")
+    host_release_only("the store's lock does not depend on Slurm's release")
     require_slurm()
     root = fresh_testbed_dir()
     work = root / "work"
