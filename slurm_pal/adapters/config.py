@@ -202,6 +202,12 @@ class AdvisorConfig:
     GPUs PM-First/PAL picks, not where Slurm would put them."""
     reservation_ttl_s: float = 60.0
     """GPUs handed to a job that Slurm has not shown yet are held this long."""
+    route_stall_s: float = 300.0
+    """A routed job Slurm leaves pending this long while the GPUs it was routed to stand free
+    is handed back to Slurm as its user wrote it (engine/stalled.py): Slurm 24.11 with
+    DefCpuPerGPU never starts a job naming several GPU types per node, and CPUs, memory or
+    licences may keep one off free GPUs. Longer than a few of Slurm's scheduling passes; 0
+    turns it off."""
     slurm_backfill: bool = True
     """The site's Slurm backfills (``SchedulerType=sched/backfill``, Slurm's default): a
     re-planning round goes past a job that fits nowhere yet, as Slurm starts the jobs behind it
@@ -560,6 +566,10 @@ def _validate_advisor(config: SiteConfig) -> None:
     if a.pack_tolerance < 0:
         raise ConfigError(
             f"{src}: 'advisor.pack_tolerance' must be >= 0 (0 = the paper), got {a.pack_tolerance}"
+        )
+    if a.route_stall_s < 0:
+        raise ConfigError(
+            f"{src}: 'advisor.route_stall_s' must be >= 0 (0 = off), got {a.route_stall_s}"
         )
     if a.replan_s < 0:
         raise ConfigError(f"{src}: 'advisor.replan_s' must be >= 0 (0 = off), got {a.replan_s}")

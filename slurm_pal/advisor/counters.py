@@ -41,6 +41,8 @@ class Counters:
         "replans_coalesced",
         "replan_updates",
         "replan_failed",
+        "routes_released",
+        "routes_stalled",
         "refresh_errors",
         "peer_refused",
         "connections_refused",

@@ -72,6 +72,15 @@ PLAIN_COUNTERS = {
         "slurm_write_failures",
         "Pending-job updates Slurm refused or that failed.",
     ),
+    "routes_released": (
+        "routes_released",
+        "Routed jobs Slurm left pending on free GPUs for advisor.route_stall_s, handed back "
+        "to Slurm as their users wrote them.",
+    ),
+    "routes_stalled": (
+        "routes_stalled",
+        "Such routes Slurm cannot hand back (22.05 cannot untype a request): logged only.",
+    ),
     "refresh_errors": ("slurm_read_errors", "Slurm reads (sinfo/squeue) that failed."),
     "spool_applied": ("spool_applied", "Spooled records the sweep delivered."),
     "bad_requests": ("bad_requests", "Malformed requests on the socket."),

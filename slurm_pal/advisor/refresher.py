@@ -110,8 +110,8 @@ class RefreshLoop:
     """Reads Slurm into ``state`` (:meth:`refresh_once`, also for a reload or the ``replan``
     op) and runs the refresh thread (:meth:`run`). ``due_holds`` starts the round for held
     jobs whose bound has come; ``poll_fail_opens`` counts the plugin's fail-open lines;
-    ``wake`` ends the current pause early; ``remeasure`` (suspect GPUs' re-measure jobs) runs
-    after each read."""
+    ``wake`` ends the current pause early; ``remeasure`` (suspect GPUs' re-measure jobs) and
+    ``after_read`` (stalled routes handed back) run after each read."""
 
     def __init__(
         self,
@@ -125,6 +125,7 @@ class RefreshLoop:
         wake: threading.Event,
         heap: FrozenHeap | None = None,
         remeasure: Callable[[], None] | None = None,
+        after_read: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.counters = counters
@@ -135,6 +136,7 @@ class RefreshLoop:
         self._due_holds = due_holds
         self._poll_fail_opens = poll_fail_opens
         self._remeasure = remeasure  # suspect GPUs' re-measure jobs (advisor/remeasure.py)
+        self._after_read = after_read  # stalled routes handed back (advisor/stalls.py)
         self._last_purge: float | None = None
 
     def refresh_once(self) -> None:
@@ -177,6 +179,11 @@ class RefreshLoop:
             self._due_holds()
             if self._remeasure is not None:
                 self._remeasure()
+            if self._after_read is not None:
+                try:
+                    self._after_read()
+                except Exception as exc:  # a failed check must not stop the reads
+                    log.warning("check of stalled routes failed: %s", exc)
             if self.heap is not None:
                 self.heap.after_read()
             pause = self.pause(time.perf_counter() - started, pause)

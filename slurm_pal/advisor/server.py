@@ -39,6 +39,7 @@ from slurm_pal.advisor.logtext import quoted
 from slurm_pal.advisor.refresher import MAX_READ_SHARE, RefreshLoop, refresh_pause, sweep_spool
 from slurm_pal.advisor.remeasure import Remeasurer
 from slurm_pal.advisor.rounds import RoundCoordinator
+from slurm_pal.advisor.stalls import RouteReleaser
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.advisor.trim import BadRequestTrimmer, LargeLines
 from slurm_pal.advisor.writer import WAITING
@@ -161,6 +162,12 @@ class AdvisorServer:
             replan_s=cfg.advisor.replan_s if replan_s is None else replan_s,
         )
         self.remeasurer = Remeasurer(state)  # suspect GPUs' benchmark jobs
+        self.releaser = RouteReleaser(  # routes Slurm does not start, handed back
+            state,
+            self.rounds.applier,
+            self.counters,
+            after_s=cfg.advisor.route_stall_s,
+        )
         self.trimmer = BadRequestTrimmer(  # a flood's memory back at once
             lambda: self.counters.total("bad_requests", "decide_errors")
         )
@@ -174,6 +181,7 @@ class AdvisorServer:
             wake=self._refresh_now,
             heap=heap,
             remeasure=self.remeasurer.tick,  # does nothing unless advisor.remeasure
+            after_read=self.releaser.tick,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -291,7 +291,12 @@ class SteeredQueue:
             if parsed is None or not parsed.get("r"):
                 continue
             by_token[parsed["r"]] = job
-            if job.state == "PENDING" and replannable(job.reason, parsed["action"] == "wait"):
+            released = "released" in parsed  # handed back to Slurm: no round routes it again
+            if (
+                job.state == "PENDING"
+                and not released
+                and replannable(job.reason, parsed["action"] == "wait")
+            ):
                 key = (
                     job.job_id,
                     text,

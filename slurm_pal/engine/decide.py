@@ -185,12 +185,14 @@ def format_admin_comment(
     exc: str | None = None,
     since: float | None = None,
     until: float | None = None,
+    released: float | None = None,
 ) -> str:
     """``slurm-pal/<version> <action> r=<token> class=<C> lv=<x.xxxx> exc=<hostlist>
-    since=<epoch> until=<epoch> gpus=<node>:<l>+<l>;... why=<reason>``; absent values are left
-    out, ``why`` is last and may hold spaces. ``exc`` names the nodes a waiting job was kept off
-    (an older advisor's waits); ``since``/``until``: a waiting job is held from when it could
-    first have started to its bound (its begin time).
+    since=<epoch> until=<epoch> released=<epoch> gpus=<node>:<l>+<l>;... why=<reason>``; absent
+    values are left out, ``why`` is last and may hold spaces. ``exc`` names the nodes a waiting
+    job was kept off (an older advisor's waits); ``since``/``until``: a waiting job is held from
+    when it could first have started to its bound (its begin time); ``released``: when a route
+    Slurm did not start was handed back to it (engine/stalled.py; never re-planned).
 
     At most :data:`ADMIN_COMMENT_MAX` characters: when too long, repeated labels are counted
     (``node:L*3``), then ``why`` is cut, then the gpus list is cut and ends in ``...``."""
@@ -209,6 +211,8 @@ def format_admin_comment(
         head.append(f"since={int(since)}")
     if until is not None:
         head.append(f"until={math.ceil(until)}")
+    if released is not None:
+        head.append(f"released={int(released)}")
     head_text = " ".join(head)
     why_text = f" why={_clean(why)}"
     if not gpus:
