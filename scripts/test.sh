@@ -4,7 +4,8 @@
 # SLURM_PAL_TEST_RELEASES (default: 24.11, the cached Debian 13 build of
 # scripts/install-slurm.sh --release 24.11; empty: skip). Extra arguments go to every pytest run.
 # The whole suite runs on SLURM_PAL_TEST_WORKERS pytest-xdist workers (default 2; 0: in one
-# process): the real-Slurm tests all on one of them, in order, the rest beside them.
+# process): the real-Slurm tests all on one of them, in order, the rest beside them. Each run
+# lists its slowest tests: the real-Slurm ones are CI's critical path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 releases="${SLURM_PAL_TEST_RELEASES-24.11}"
@@ -12,11 +13,11 @@ workers="${SLURM_PAL_TEST_WORKERS-2}"
 SLURM_PAL_TEST_RELEASES="$releases" bash scripts/setup.sh dev || exit 1
 status=0
 start=$(date +%s)
-.venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@" || status=$?
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=12 "$@" || status=$?
 echo "test: the suite (host Slurm $(dpkg-query -W -f='${Version}' slurm-client 2>/dev/null || echo unknown), $workers workers) took $(( $(date +%s) - start )) s"
 for release in $releases; do
   start=$(date +%s)
-  SLURM_PAL_SLURM_RELEASE="$release" .venv/bin/python -m pytest "$@" tests/slurm || status=$?
+  SLURM_PAL_SLURM_RELEASE="$release" .venv/bin/python -m pytest --durations=8 "$@" tests/slurm || status=$?
   echo "test: tests/slurm against Slurm $release took $(( $(date +%s) - start )) s"
 done
 exit "$status"

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -140,6 +141,85 @@ def rendered_hooks(site: Path) -> dict[str, str]:
         "prolog": str(site / "prolog.sh"),
         "epilog": str(site / "epilog.sh"),
     }
+
+
+def write_campaign(
+    path: Path, nodes: Sequence[str], slower: Callable[[str, int, str], float]
+) -> None:
+    """A campaign CSV of 2 GPUs per node, three repeats per GPU and class (A: gemm, D: stream),
+    each ``slower(node, gpu_index, class)`` x 1 with 0.2 % noise (seeded)."""
+    rng = np.random.default_rng(0)
+    rows = ["uuid,duration_s,node,gpu_index,gpu_model,job_class,benchmark"]
+    for n, node in enumerate(nodes):
+        for index in range(2):
+            uuid = f"GPU-{n:04d}{index:04d}-0000-0000-0000-000000000000"
+            for job_class, bench in (("A", "gemm"), ("D", "stream")):
+                factor = slower(node, index, job_class)
+                for _ in range(3):
+                    value = factor * (1.0 + rng.normal(0, 0.002))
+                    rows.append(f"{uuid},{value:.5f},{node},{index},v100,{job_class},{bench}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    """Where an advisor lab keeps things under its testbed folder: ``work/`` the store,
+    site.toml and the rendered site, ``out/`` the jobs' output, ``adv/`` the socket."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def db(self) -> Path:
+        return self.work / "store.db"
+
+    @property
+    def config(self) -> Path:
+        return self.work / "site.toml"
+
+    @property
+    def site(self) -> Path:
+        return self.work / "site"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "adv" / "advisor.sock"
+
+    def site_toml(self, advisor: str, extra: str = "") -> str:
+        """site.toml with this lab's socket, labels file and spool dir (hook telemetry off),
+        ``advisor`` lines added to [advisor] and ``extra`` sections after."""
+        return (
+            f'[advisor]\nsocket = "{self.socket}"\n'
+            f'labels_file = "{self.site / "labels.json"}"\n{advisor}'
+            f'[hooks]\nspool_dir = "{self.root / "spool"}"\ntelemetry = false\n{extra}'
+        )
+
+    def lab_fields(self, labels: dict, extra_conf: tuple[str, ...] = ()) -> dict[str, Any]:
+        """An :class:`AdvisorLab`'s fields for the site rendered from ``labels``."""
+        return {
+            "tb": LocalSlurm(
+                self.root,
+                rendered_nodes(labels),
+                extra_conf=extra_conf,
+                **rendered_hooks(self.site),
+            ),
+            "root": self.root,
+            "db": self.db,
+            "config": self.config,
+            "socket": self.socket,
+            "log_path": self.root / "log" / "advisor.log",
+        }
+
+
+def lab_paths() -> LabPaths:
+    """A fresh testbed folder with ``work/`` and ``out/`` made."""
+    paths = LabPaths(fresh_testbed_dir())
+    paths.work.mkdir()
+    (paths.root / "out").mkdir()
+    return paths
 
 
 @dataclass(kw_only=True)

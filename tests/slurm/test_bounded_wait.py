@@ -22,15 +22,13 @@ import pytest
 from slurm_pal.core.workload import SimJob
 from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.sim import SimConfig, SimGpus, simulate
-from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
-    fresh_testbed_dir,
     host_release_only,
+    lab_paths,
     render_site,
-    rendered_hooks,
-    rendered_nodes,
     require_slurm,
+    write_campaign,
 )
 
 pytestmark = pytest.mark.slurm
@@ -43,18 +41,10 @@ SLURM_START_S = 5
 
 
 def _campaign(path: Path) -> None:
-    """Three repeats per GPU and class; n01's second GPU is 2.3x slower for class A only."""
-    rng = np.random.default_rng(0)
-    rows = ["uuid,duration_s,node,gpu_index,gpu_model,job_class,benchmark"]
-    for n, node in enumerate(NODES):
-        for index in range(2):
-            uuid = f"GPU-{n:04d}{index:04d}-0000-0000-0000-000000000000"
-            for job_class, bench in (("A", "gemm"), ("D", "stream")):
-                slow = SLOW if (node, index, job_class) == ("n01", 1, "A") else 1.0
-                for _ in range(3):
-                    value = slow * (1.0 + rng.normal(0, 0.002))
-                    rows.append(f"{uuid},{value:.5f},{node},{index},v100,{job_class},{bench}")
-    path.write_text("\n".join(rows) + "\n")
+    """n01's second GPU is 2.3x slower for class A only."""
+    write_campaign(
+        path, NODES, lambda node, index, cls: SLOW if (node, index, cls) == ("n01", 1, "A") else 1.0
+    )
 
 
 @dataclass(kw_only=True)
@@ -92,32 +82,19 @@ class WaitLab(AdvisorLab):
 @pytest.fixture(scope="module")
 def lab() -> Iterator[WaitLab]:
     require_slurm()
-    root = fresh_testbed_dir()
-    work = root / "work"
-    work.mkdir()
-    (root / "out").mkdir()
-    db = work / "store.db"
-    sock = root / "adv" / "advisor.sock"
-    config = work / "site.toml"
-    config.write_text(
-        f'[advisor]\nsocket = "{sock}"\npolicy = "packed-pm"\noutliers = "wait"\n'
-        f"max_wait_s = {MAX_WAIT_S}\nrefresh_s = 1.0\nreplan_s = 0\n"
-        f'labels_file = "{work / "site" / "labels.json"}"\n'
-        f'[hooks]\nspool_dir = "{root / "spool"}"\ntelemetry = false\n'
+    paths = lab_paths()
+    paths.config.write_text(
+        paths.site_toml(
+            'policy = "packed-pm"\noutliers = "wait"\n'
+            f"max_wait_s = {MAX_WAIT_S}\nrefresh_s = 1.0\nreplan_s = 0\n"
+        )
     )
-    csv = work / "campaign.csv"
+    csv = paths.work / "campaign.csv"
     _campaign(csv)
-    site = work / "site"
-    labels = render_site(db, csv, site, config=config, apps={"resnet": "A", "pagerank": "D"})
-    the_lab = WaitLab(
-        tb=LocalSlurm(root, rendered_nodes(labels), **rendered_hooks(site)),
-        root=root,
-        db=db,
-        config=config,
-        socket=sock,
-        log_path=root / "log" / "advisor.log",
-        labels=labels,
+    labels = render_site(
+        paths.db, csv, paths.site, config=paths.config, apps={"resnet": "A", "pagerank": "D"}
     )
+    the_lab = WaitLab(**paths.lab_fields(labels), labels=labels)
     with the_lab.running():
         yield the_lab
 

@@ -27,14 +27,11 @@ import pytest
 
 from slurm_pal.adapters.store import Store
 from slurm_pal.campaigns.stored import stored_diff
-from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
-    fresh_testbed_dir,
     host_release_only,
+    lab_paths,
     render_site,
-    rendered_hooks,
-    rendered_nodes,
     require_slurm,
 )
 from tests.slurm.test_suspicion_slurm import _ended, _node, _script
@@ -73,38 +70,25 @@ def lab() -> Iterator[AdvisorLab]:
         "re-measuring submits the campaign's pinned jobs, as test_campaign_slurm does on each"
     )
     require_slurm()
-    root = fresh_testbed_dir()
-    work = root / "work"
-    work.mkdir()
-    (root / "out").mkdir()
+    paths = lab_paths()
+    root = paths.root
     bench = root / "out" / "bench.sh"
     bench.write_text(BENCH_SH)
-    db = work / "store.db"
-    sock = root / "adv" / "advisor.sock"
-    config = work / "site.toml"
-    config.write_text(
-        f'[advisor]\nsocket = "{sock}"\npolicy = "packed-pm"\nsuspicion = "steer"\n'
-        f'refresh_s = 1.0\nreplan_s = 0\nlabels_file = "{work / "site" / "labels.json"}"\n'
-        f"remeasure = true\nremeasure_per_hour = 2\n"
-        f'[hooks]\nspool_dir = "{root / "spool"}"\ntelemetry = false\n'
-        f'[campaign]\nroot = "{root / "campaigns"}"\npython = "{sys.executable}"\n'
-        f'time_limit = "2"\nrun_timeout_s = 30\nwarmup_s = 0\nmeasure_s = 1\n'
-        f'[campaign.commands]\nA = "sh {bench}"\n'
+    paths.config.write_text(
+        paths.site_toml(
+            'policy = "packed-pm"\nsuspicion = "steer"\nrefresh_s = 1.0\nreplan_s = 0\n'
+            "remeasure = true\nremeasure_per_hour = 2\n",
+            f'[campaign]\nroot = "{root / "campaigns"}"\npython = "{sys.executable}"\n'
+            f'time_limit = "2"\nrun_timeout_s = 30\nwarmup_s = 0\nmeasure_s = 1\n'
+            f'[campaign.commands]\nA = "sh {bench}"\n',
+        )
     )
-    csv = work / "campaign.csv"
+    csv = paths.work / "campaign.csv"
     _campaign(csv)
-    site = work / "site"
-    labels = render_site(db, csv, site, config=config, apps={"resnet": "A"})
+    labels = render_site(paths.db, csv, paths.site, config=paths.config, apps={"resnet": "A"})
     n01 = {g["index"]: g["label"] for g in labels["nodes"]["n01"]}
     assert n01[0] != n01[1], labels  # the setting: a node-mate of another label
-    the_lab = AdvisorLab(
-        tb=LocalSlurm(root, rendered_nodes(labels), **rendered_hooks(site)),
-        root=root,
-        db=db,
-        config=config,
-        socket=sock,
-        log_path=root / "log" / "advisor.log",
-    )
+    the_lab = AdvisorLab(**paths.lab_fields(labels))
     with the_lab.running():
         yield the_lab
 

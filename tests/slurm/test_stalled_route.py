@@ -11,19 +11,16 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from slurm_pal.engine.decide import parse_admin_comment
-from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
-    fresh_testbed_dir,
+    lab_paths,
     release_of,
     render_site,
-    rendered_hooks,
-    rendered_nodes,
     require_slurm,
+    write_campaign,
 )
 
 pytestmark = pytest.mark.slurm
@@ -36,55 +33,23 @@ def _campaign(path: Path) -> None:
     """Three nodes of two GPUs: n01's both 2.3x slower for class A (outliers), the others'
     second GPU 1.15x (another PM bin, no outlier), so a 2-GPU class-A job is routed off
     packing's pick (n01) to the two labels of another node."""
-    rng = np.random.default_rng(0)
-    rows = ["uuid,duration_s,node,gpu_index,gpu_model,job_class,benchmark"]
-    for n, node in enumerate(NODES):
-        for index in range(2):
-            uuid = f"GPU-{n:04d}{index:04d}-0000-0000-0000-000000000000"
-            for job_class, bench in (("A", "gemm"), ("D", "stream")):
-                slower = {
-                    ("n01", "A"): (2.3, 2.3),
-                    ("n02", "A"): (1.0, 1.15),
-                    ("n03", "A"): (1.0, 1.15),
-                }.get((node, job_class), (1.0, 1.0))[index]
-                for _ in range(3):
-                    value = slower * (1.0 + rng.normal(0, 0.002))
-                    rows.append(f"{uuid},{value:.5f},{node},{index},v100,{job_class},{bench}")
-    path.write_text("\n".join(rows) + "\n")
+    slower = {("n01", "A"): (2.3, 2.3), ("n02", "A"): (1.0, 1.15), ("n03", "A"): (1.0, 1.15)}
+    write_campaign(path, NODES, lambda node, index, cls: slower.get((node, cls), (1, 1))[index])
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[AdvisorLab]:
     require_slurm()
-    root = fresh_testbed_dir()
-    work = root / "work"
-    work.mkdir()
-    (root / "out").mkdir()
-    db = work / "store.db"
-    sock = root / "adv" / "advisor.sock"
-    config = work / "site.toml"
-    config.write_text(
-        f'[advisor]\nsocket = "{sock}"\npolicy = "packed-pm"\nrefresh_s = 1.0\nreplan_s = 0\n'
-        f'route_stall_s = {STALL_S}\nlabels_file = "{work / "site" / "labels.json"}"\n'
-        f'[hooks]\nspool_dir = "{root / "spool"}"\ntelemetry = false\n'
+    paths = lab_paths()
+    paths.config.write_text(
+        paths.site_toml(
+            f'policy = "packed-pm"\nrefresh_s = 1.0\nreplan_s = 0\nroute_stall_s = {STALL_S}\n'
+        )
     )
-    csv = work / "campaign.csv"
+    csv = paths.work / "campaign.csv"
     _campaign(csv)
-    site = work / "site"
-    labels = render_site(db, csv, site, config=config, apps={"resnet": "A"})
-    the_lab = AdvisorLab(
-        tb=LocalSlurm(
-            root,
-            rendered_nodes(labels),
-            extra_conf=("DefCpuPerGPU=2",),
-            **rendered_hooks(site),
-        ),
-        root=root,
-        db=db,
-        config=config,
-        socket=sock,
-        log_path=root / "log" / "advisor.log",
-    )
+    labels = render_site(paths.db, csv, paths.site, config=paths.config, apps={"resnet": "A"})
+    the_lab = AdvisorLab(**paths.lab_fields(labels, extra_conf=("DefCpuPerGPU=2",)))
     with the_lab.running():
         yield the_lab
 

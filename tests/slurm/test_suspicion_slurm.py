@@ -18,14 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_pal.testbed import LocalSlurm
 from tests.helpers.slurm_lab import (
     AdvisorLab,
-    fresh_testbed_dir,
     host_release_only,
+    lab_paths,
     render_site,
-    rendered_hooks,
-    rendered_nodes,
     require_slurm,
 )
 
@@ -63,30 +60,18 @@ def _script(path: Path, app: str) -> Path:
 def lab() -> Iterator[AdvisorLab]:
     host_release_only("the suspicion rules read records the hooks send alike on every release")
     require_slurm()
-    root = fresh_testbed_dir()
-    work = root / "work"
-    work.mkdir()
-    (root / "out").mkdir()
-    db = work / "store.db"
-    sock = root / "adv" / "advisor.sock"
-    config = work / "site.toml"
-    config.write_text(
-        f'[advisor]\nsocket = "{sock}"\npolicy = "packed-pm"\nsuspicion = "steer"\n'
-        f'refresh_s = 1.0\nreplan_s = 0\nlabels_file = "{work / "site" / "labels.json"}"\n'
-        f'[hooks]\nspool_dir = "{root / "spool"}"\ntelemetry = false\n'
+    paths = lab_paths()
+    paths.config.write_text(
+        paths.site_toml(
+            'policy = "packed-pm"\nsuspicion = "steer"\nrefresh_s = 1.0\nreplan_s = 0\n'
+        )
     )
-    csv = work / "campaign.csv"
+    csv = paths.work / "campaign.csv"
     _campaign(csv)
-    site = work / "site"
-    labels = render_site(db, csv, site, config=config, apps={"resnet": "A", "pagerank": "D"})
-    the_lab = AdvisorLab(
-        tb=LocalSlurm(root, rendered_nodes(labels), **rendered_hooks(site)),
-        root=root,
-        db=db,
-        config=config,
-        socket=sock,
-        log_path=root / "log" / "advisor.log",
+    labels = render_site(
+        paths.db, csv, paths.site, config=paths.config, apps={"resnet": "A", "pagerank": "D"}
     )
+    the_lab = AdvisorLab(**paths.lab_fields(labels))
     with the_lab.running():
         yield the_lab
 
