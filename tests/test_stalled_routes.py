@@ -20,7 +20,13 @@ from slurm_pal.core.jobchange import JobChange
 from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.engine.jobdesc import JobDescription
 from slurm_pal.engine.replan import PendingJob, current_gpus
-from slurm_pal.engine.stalled import StallClock, free_labels, release_change, stands_free
+from slurm_pal.engine.stalled import (
+    StallClock,
+    free_labels,
+    release_change,
+    stands_free,
+    waits_for_resources,
+)
 from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env, wait_saved
 
 RELEASE_24_11 = SlurmRelease(24, 11, 5)
@@ -208,3 +214,18 @@ def test_route_stall_s_is_read_and_checked(tmp_path: Path) -> None:
     path.write_text("[advisor]\nroute_stall_s = -1\n")
     with pytest.raises(ConfigError, match="route_stall_s"):
         load_config(path)
+
+
+def test_only_a_job_slurm_keeps_for_resources_counts_as_stalled(routed) -> None:
+    assert all(map(waits_for_resources, ("Resources", "Priority", "None")))
+    assert not any(
+        map(waits_for_resources, ("QOSMaxGRESPerUser", "AssocGrpGRES", "ReqNodeNotAvail"))
+    )
+    env, state, _ = routed
+    env.slurm.jobs[0].reason = "QOSMaxGRESPerUser"  # a limit holds it wherever it is routed
+    applier = _Applier(RELEASE_24_11)
+    releaser = RouteReleaser(state, applier, Counters(), after_s=300)  # type: ignore[arg-type]
+    start = env.clock.now
+    for at in (0, 301, 900):
+        _tick(env, state, releaser, start + at)
+    assert applier.updates == []

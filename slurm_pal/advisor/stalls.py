@@ -9,9 +9,15 @@ from typing import TYPE_CHECKING
 
 from slurm_pal.advisor.counters import Counters
 from slurm_pal.core.jobchange import transition_problem
-from slurm_pal.engine.stalled import StallClock, free_labels, release_change
+from slurm_pal.engine.stalled import (
+    StallClock,
+    free_labels,
+    release_change,
+    waits_for_resources,
+)
 
 if TYPE_CHECKING:
+    from slurm_pal.adapters.slurm.state import JobState
     from slurm_pal.adapters.slurm.update import JobApplier
     from slurm_pal.advisor.state import AdvisorState
 
@@ -40,7 +46,8 @@ class RouteReleaser:
         labels = view.static.labels
         free = free_labels(labels, view.busy)
         release = getattr(self.applier, "release", None)
-        for job, stood_s in self.stalls.due(view.pending, free, view.taken):
+        pending = [p for p in view.pending if _for_resources(view.job(p.job_id))]
+        for job, stood_s in self.stalls.due(pending, free, view.taken):
             change = release_change(
                 job,
                 labels,
@@ -74,3 +81,8 @@ class RouteReleaser:
                 job.job_id,
                 stood_s,
             )
+
+
+def _for_resources(job: JobState | None) -> bool:
+    """Slurm shows the job pending for resources (a job the read does not show: no)."""
+    return job is not None and waits_for_resources(job.reason)

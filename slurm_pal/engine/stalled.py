@@ -6,11 +6,12 @@ advisor bounds every wait it causes. Slurm can refuse that promise for reasons t
 not model: 24.11 with ``DefCpuPerGPU`` never starts a job whose per-node request names several
 GPU types (``Reason=Resources`` on an idle node; found on the testbed), and CPUs, memory,
 licences or a reservation can keep a job off GPUs that are free. Without this the job would
-wait, pinned, for ever. A route pending on free GPUs for ``advisor.route_stall_s`` is released:
-its GPU request, node list and node count go back to the user's, its admin comment becomes a
-``pass`` marked ``released=`` (no round routes it again), and Slurm places it as it would have
-without the advisor. Slurm 22.05 cannot turn a typed GPU request back into an untyped one
-(:func:`slurm_pal.core.jobchange.transition_problem`): there the service can only log it.
+wait, pinned, for ever. A route pending for resources (:func:`waits_for_resources`) on free GPUs
+for ``advisor.route_stall_s`` is released: its GPU request, node list and node count go back to
+the user's, its admin comment becomes a ``pass`` marked ``released=`` (no round routes it
+again), and Slurm places it as it would have without the advisor. Slurm 22.05 cannot turn a
+typed GPU request back into an untyped one (:func:`slurm_pal.core.jobchange.transition_problem`):
+there the service can only log it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ from slurm_pal.core.labels import LabelTable
 from slurm_pal.engine.decide import format_admin_comment, translate_model_types
 from slurm_pal.engine.replan import PendingJob
 
-__all__ = ["StallClock", "free_labels", "release_change", "stands_free"]
+__all__ = ["StallClock", "free_labels", "release_change", "stands_free", "waits_for_resources"]
+
+#: Pending reasons that say Slurm looked for resources and found none: a route pending with one
+#: of these while its GPUs stand free is one Slurm will not start. Other reasons (a QOS or
+#: association limit, a down node, a partition's limit) keep the job back wherever it is routed.
+#: 24.11 resets a pending job's reason to None at each update, the advisor's own included.
+RESOURCE_REASONS = frozenset({"Resources", "Priority", "None", ""})
+
+
+def waits_for_resources(reason: str) -> bool:
+    """Is a pending job with this Slurm reason waiting for resources (not for a limit)?"""
+    return reason in RESOURCE_REASONS
 
 
 def free_labels(labels: LabelTable, busy: Iterable[str]) -> dict[str, Counter[str]]:
