@@ -125,6 +125,10 @@ def _check_nothing_lost(lab: AdvisorLab, job_ids: list[int], mark: int) -> None:
     assert {j: bound[t] for j, t in tokens.items()} == {j: j for j in job_ids}
     assert lab.ask("stats")["store_writes_waiting"] == 0
     assert not lab.db.with_name(lab.db.name + ".waiting").exists()  # the journal is cleared
+    # The writer logs its "writable again" line after the writes and the journal's removal.
+    deadline = time.monotonic() + 10
+    while "writable again after" not in lab.advisor_log(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
     log = lab.advisor_log(mark)
     levels = ("WARNING", "ERROR", "CRITICAL")
     warnings = [ln for ln in log.splitlines() if ln.split(" ")[1:2] and ln.split(" ")[1] in levels]
