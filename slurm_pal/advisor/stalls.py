@@ -41,8 +41,9 @@ class RouteReleaser:
 
     def tick(self) -> None:
         view = self.state.view
-        if view is None:
+        if view is None or self.stalls.after_s <= 0:
             return
+        self._told &= {p.job_id for p in view.pending}  # started or gone: forgotten
         labels = view.static.labels
         free = free_labels(labels, view.busy)
         release = getattr(self.applier, "release", None)
