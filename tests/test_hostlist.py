@@ -63,6 +63,7 @@ def test_expand_rejects_malformed_expressions(expression: str) -> None:
         (["node01", "node02", "node03", "node04", "node07"], "node[01-04,07]"),
         (["node8", "node9", "node10"], "node[8-10]"),
         (["node07"], "node07"),
+        (["n2", "n2"], "n2"),
         (["gpu-1-1", "gpu-1-2", "gpu-2-1"], "gpu-1-[1-2],gpu-2-1"),
         (["login", "n2", "n1"], "login,n[1-2]"),
         (["rack1-n01", "rack2-n01", "rack1-n02"], "rack1-n[01-02],rack2-n01"),
@@ -75,8 +76,9 @@ def test_compress_prints_what_slurm_prints(names: list[str], expression: str) ->
 
 @pytest.mark.parametrize("name", ["node[1]", "a,b", "a b", "", "n!1", "@g"])
 def test_compress_rejects_names_that_cannot_be_expressed(name: str) -> None:
-    with pytest.raises(ValueError, match="cannot compress"):
-        compress(["n1", name])
+    for names in (["n1", name], [name], [name]):  # alone too, and again (answers are cached)
+        with pytest.raises(ValueError, match="cannot compress"):
+            compress(names)
 
 
 def test_a_huge_expression_is_refused_without_building_it(monkeypatch: pytest.MonkeyPatch) -> None:
