@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from slurm_pal.core.cluster import Cluster, GpuSpec
@@ -161,3 +161,31 @@ def test_nodes_unknown_to_the_topology_are_their_own_switch() -> None:
     cluster = Cluster.from_gpus(specs(), Topology({"n0": "s0", "n1": "s0"}))
     assert cluster.switch_names == ("s0", "n2")
     assert cluster.node_switch.tolist() == [0, 0, 1]
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.booleans(), min_size=12, max_size=12),
+    st.integers(0, 2),
+    st.integers(0, 4),
+    st.integers(0, 2),
+    st.booleans(),
+    st.sampled_from(["A", "B"]),
+)
+def test_taking_from_one_node_is_what_the_many_node_path_takes(
+    free: list[bool], node: int, count: int, low: int, by_score: bool, job_class: str
+) -> None:
+    """One node's pick goes a plain-Python way (most jobs fit one node); it must be the
+    numpy path's, which the same node with a second, empty-handed node beside it takes."""
+    from slurm_pal.core.placement.view import prepare
+
+    busy = [s.uuid for s, is_free in zip(specs(), free, strict=True) if not is_free]
+    cluster = Cluster.from_gpus(specs(), busy=busy)
+    view = prepare(PlacementRequest("j", job_class, 1), cluster)
+    assume(not isinstance(view, str))  # nothing free: no view to take from
+    assert not isinstance(view, str)
+    other = (node + 1) % 3
+    high = view.n_bins - 1
+    alone = view.take(np.array([node]), np.array([count]), low, high, by_score=by_score)
+    beside = view.take(np.array([node, other]), np.array([count, 0]), low, high, by_score=by_score)
+    assert alone.tolist() == beside.tolist()

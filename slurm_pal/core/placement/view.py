@@ -283,6 +283,8 @@ class RequestView:
         best score first (``by_score``) or first in the node's order."""
         if not nodes.size:
             return _EMPTY
+        if nodes.size == 1:
+            return self._take_one(int(nodes[0]), int(counts[0]), low_bin, high_bin, by_score)
         cluster = self.cluster
         slots = cluster.node_gpus[nodes]
         valid = slots >= 0
@@ -296,6 +298,25 @@ class RequestView:
         order = np.argsort(key, axis=1, kind="stable")
         picked = safe[np.arange(nodes.size)[:, None], order]
         return picked[self.columns < np.asarray(counts)[:, None]]
+
+    def _take_one(self, node: int, count: int, low: int, high: int, by_score: bool) -> IntArray:
+        """:meth:`take` for one node (most jobs fit one): plain Python over its handful of
+        GPUs, the same order (usable ones by bin when ``by_score``, then by position; the
+        unusable last), without a dozen numpy calls on arrays of four or eight."""
+        cluster = self.cluster
+        lists = cluster._gpu_lists
+        bins, free = lists[f"bin:{self.request.job_class}"], cluster.free
+        models, wanted = lists["model"], self.gpu_model
+        usable: list[tuple[int, int, int]] = []
+        unusable: list[int] = []
+        for column, gpu in enumerate(lists["node_gpus"][node]):
+            if free[gpu] and low <= bins[gpu] <= high and (wanted is None or models[gpu] == wanted):
+                usable.append((bins[gpu] if by_score else 0, column, gpu))
+            else:
+                unusable.append(gpu)
+        usable.sort()
+        picked = [gpu for _, _, gpu in usable[:count]] + unusable[: max(0, count - len(usable))]
+        return np.array(picked, dtype=np.intp)
 
     def node_pick(self, node: int, n: int) -> list[int]:
         """One node's ``n`` best usable GPUs (lowest scores, then lowest local index). Plain
