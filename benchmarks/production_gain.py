@@ -35,8 +35,9 @@ show how far a cell's queue alone swings average JCT. The summary checks the saf
 (worst <= 1.10, p90 <= 1.03, makespan <= 1.05 in every cell), the tail rule against the
 controls (with ``null`` and ``faster`` both run: the advisor's p90 and worst run no worse than
 the worse of the two controls' + 0.02, per cell), the held jobs that started later than
-``max_wait_s`` after they could first have started (counted over every advisor run), and the
-gain on profiles with outliers. Data from
+``max_wait_s`` after they could first have started (counted over every advisor run), the jobs
+that ran past their time limit under packing and under the advisor (Slurm would have ended
+them there: :func:`past_limits`), and the gain on profiles with outliers. Data from
 ../shared/data (or SLURM_PAL_SHARED_DATA); the script says so and exits 2 when it is absent.
 """
 
@@ -50,6 +51,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -201,7 +203,8 @@ def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str]
     config = SimConfig(
         placement=placement, mode="slurm", **{"locality_penalty": 1.7, "seed": seed, **options}
     )
-    result = simulate(trace(family, run), gpus, config)
+    jobs = trace(family, run)
+    result = simulate(jobs, gpus, config)
     summary = result.summary()
     keys = ("avg_jct", "p99_jct", "makespan")
     figures = {k: float(summary[k]) for k in keys}
@@ -212,7 +215,29 @@ def run_one(task: tuple[Cell, int, str, Variant]) -> tuple[tuple[Cell, int, str]
     late = [job for job in held if bound is not None and job.held_s > float(bound) + 1.0]
     figures["held_past_bound"] = float(len(late))
     figures["past_bound_jobs"] = [past_bound_row(job, float(bound)) for job in late]  # type: ignore[assignment]
+    figures.update(past_limits(result.jobs, {job.job_id: job.time_limit for job in jobs}))
     return ((per_node, family, profile), run, name), figures
+
+
+def past_limits(
+    outcomes: Iterable[JobOutcome], limits: Mapping[str, float | None]
+) -> dict[str, float]:
+    """The jobs that ran longer than their time limit, and their GPU-hours past it as a share
+    of the run's GPU-hours. The simulator lets them run to the end of their work (what a slow
+    GPU costs stays counted); Slurm, as shipped, ends a job at its limit (state TIMEOUT, the
+    work lost unless checkpointed). So these are the part of a result a real Slurm would not
+    reproduce: where they differ between placements, so would Slurm's verdict."""
+    over, past_s, total_s = 0, 0.0, 0.0
+    for job in outcomes:
+        if job.start is None or job.end is None:
+            continue
+        ran = job.end - job.start
+        total_s += job.gpus * ran
+        limit = limits.get(job.job_id)
+        if limit is not None and math.isfinite(limit) and ran > limit + 1.0:
+            over += 1
+            past_s += job.gpus * (ran - limit)
+    return {"past_limit": float(over), "past_limit_gpu_share": past_s / total_s if total_s else 0.0}
 
 
 def past_bound_row(job: JobOutcome, bound_s: float) -> dict[str, object]:
@@ -255,6 +280,7 @@ def summarize(results: dict, cell: Cell, runs: int, name: str) -> dict[str, obje
         "p99_jct_geomean_ratio": geomean(p99),
         "makespan_geomean_ratio": geomean(span),
         "makespan_worst_ratio": max(span),
+        **past_limit_summary(results, cell, runs, name),
         "held_jobs": int(sum(results[(cell, run, name)].get("held", 0) for run in range(runs))),
         "held_past_bound": int(
             sum(results[(cell, run, name)].get("held_past_bound", 0) for run in range(runs))
@@ -265,6 +291,18 @@ def summarize(results: dict, cell: Cell, runs: int, name: str) -> dict[str, obje
             for row in results[(cell, run, name)].get("past_bound_jobs", [])
         ],
     }
+
+
+def past_limit_summary(results: dict, cell: Cell, runs: int, name: str) -> dict[str, object]:
+    """Over a cell's runs: jobs past their limit (``name``'s and packing's, the reference),
+    and the mean share of GPU-hours they ran past it."""
+    out: dict[str, object] = {}
+    for key, who in (("", name), ("reference_", REFERENCE)):
+        figures = [results[(cell, run, who)] for run in range(runs)]
+        out[f"{key}past_limit_jobs"] = int(sum(f.get("past_limit", 0) for f in figures))
+        shares = [float(f.get("past_limit_gpu_share", 0.0)) for f in figures]
+        out[f"{key}past_limit_gpu_share"] = sum(shares) / len(shares)
+    return out
 
 
 def tail_rule(row: dict[str, dict]) -> dict[str, object] | None:
@@ -445,6 +483,18 @@ def main() -> int:
             for cell in cells:
                 for row in rows[cell]["advisor"]["past_bound_jobs"]:
                     print(f"  {cell[0]}x{cell[1]}x{cell[2]}: {row}")
+        print(
+            "\njobs that ran past their time limit (Slurm would have ended them; the simulator "
+            "lets them finish), over the cell's runs, and their GPU-hours past it (mean share):"
+        )
+        for cell in cells:
+            row = rows[cell]["advisor"]
+            if row["past_limit_jobs"] or row["reference_past_limit_jobs"]:
+                print(
+                    f"  {cell[0]}x{cell[1]}x{cell[2]}: packing {row['reference_past_limit_jobs']} "
+                    f"({row['reference_past_limit_gpu_share']:.1%}), advisor "
+                    f"{row['past_limit_jobs']} ({row['past_limit_gpu_share']:.1%})"
+                )
         if report["tail_rule"]:
             tail_missed = report["cells_missing_tail_rule"]
             print(

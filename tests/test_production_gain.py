@@ -3,10 +3,14 @@ tail rule against the controls."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_pal.core.workload import SimJob
+from slurm_pal.sim.metrics import JobOutcome
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import production_gain
@@ -81,3 +85,21 @@ def test_a_job_started_past_its_bound_is_listed_with_its_hold_and_start() -> Non
         "late_h": 2.5,
         "nodes": 24,
     }
+
+
+def test_jobs_past_their_limit_are_counted_with_their_gpu_hours_past_it() -> None:
+    def outcome(job_id: str, gpus: int, start: float | None, end: float | None) -> JobOutcome:
+        return JobOutcome(job_id, "A", gpus, 0.0, start, end, 0.0, True, 0, 0)
+
+    outcomes = [
+        outcome("over", 4, 0.0, 5000.0),  # limit 3600: 1,400 s past on 4 GPUs
+        outcome("within", 2, 0.0, 3600.0),
+        outcome("unlimited", 1, 0.0, 10_000.0),
+        outcome("no-limit", 1, 0.0, 10_000.0),
+        outcome("never-ran", 8, None, None),
+    ]
+    limits = {"over": 3600.0, "within": 3600.0, "unlimited": math.inf, "no-limit": None}
+    figures = production_gain.past_limits(outcomes, limits)
+    assert figures["past_limit"] == 1
+    total = 4 * 5000.0 + 2 * 3600.0 + 10_000.0 + 10_000.0
+    assert figures["past_limit_gpu_share"] == pytest.approx(4 * 1400.0 / total)
