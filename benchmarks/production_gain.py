@@ -227,7 +227,7 @@ def past_limits(
     GPU costs stays counted); Slurm, as shipped, ends a job at its limit (state TIMEOUT, the
     work lost unless checkpointed). So these are the part of a result a real Slurm would not
     reproduce: where they differ between placements, so would Slurm's verdict."""
-    over, past_s, total_s = 0, 0.0, 0.0
+    over, past_s, total_s, killed, killed_s = 0, 0.0, 0.0, 0, 0.0
     for job in outcomes:
         if job.start is None or job.end is None:
             continue
@@ -237,7 +237,15 @@ def past_limits(
         if limit is not None and math.isfinite(limit) and ran > limit + 1.0:
             over += 1
             past_s += job.gpus * (ran - limit)
-    return {"past_limit": float(over), "past_limit_gpu_share": past_s / total_s if total_s else 0.0}
+        if job.timed_out:  # ``--enforce-limits``: ended at its limit, every GPU-hour lost
+            killed += 1
+            killed_s += job.gpus * ran
+    return {
+        "past_limit": float(over),
+        "past_limit_gpu_share": past_s / total_s if total_s else 0.0,
+        "timed_out": float(killed),
+        "timed_out_gpu_share": killed_s / total_s if total_s else 0.0,
+    }
 
 
 def past_bound_row(job: JobOutcome, bound_s: float) -> dict[str, object]:
@@ -299,9 +307,10 @@ def past_limit_summary(results: dict, cell: Cell, runs: int, name: str) -> dict[
     out: dict[str, object] = {}
     for key, who in (("", name), ("reference_", REFERENCE)):
         figures = [results[(cell, run, who)] for run in range(runs)]
-        out[f"{key}past_limit_jobs"] = int(sum(f.get("past_limit", 0) for f in figures))
-        shares = [float(f.get("past_limit_gpu_share", 0.0)) for f in figures]
-        out[f"{key}past_limit_gpu_share"] = sum(shares) / len(shares)
+        for what in ("past_limit", "timed_out"):
+            out[f"{key}{what}_jobs"] = int(sum(f.get(what, 0) for f in figures))
+            shares = [float(f.get(f"{what}_gpu_share", 0.0)) for f in figures]
+            out[f"{key}{what}_gpu_share"] = sum(shares) / len(shares)
     return out
 
 
@@ -343,6 +352,11 @@ def main() -> int:
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
     parser.add_argument("--variant", action="append", default=[])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--enforce-limits",
+        action="store_true",
+        help="end a job at its time limit, as Slurm does (TIMEOUT), in every placement",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -373,6 +387,8 @@ def main() -> int:
     for text in args.variant:
         name, variant = parse_variant(text)
         variants[name] = variant
+    if args.enforce_limits:
+        variants = {n: (p, {**o, "enforce_limits": True}) for n, (p, o) in variants.items()}
 
     cells: list[Cell] = [(s, f, p) for f in families for p in profiles for s in shapes]
     tasks = [
@@ -401,6 +417,7 @@ def main() -> int:
         "reference": REFERENCE,
         "targets": TARGETS,
         "seconds": round(elapsed, 1),
+        "enforce_limits": args.enforce_limits,
         "cells": [
             {"gpus_per_node": s, "trace": f, "profile": p, "placements": rows[(s, f, p)]}
             for s, f, p in cells
@@ -487,13 +504,16 @@ def main() -> int:
             "\njobs that ran past their time limit (Slurm would have ended them; the simulator "
             "lets them finish), over the cell's runs, and their GPU-hours past it (mean share):"
         )
+        what = "timed_out" if args.enforce_limits else "past_limit"
+        if args.enforce_limits:
+            print("(--enforce-limits: ended at their limit, their GPU-hours lost, as a share)")
         for cell in cells:
             row = rows[cell]["advisor"]
-            if row["past_limit_jobs"] or row["reference_past_limit_jobs"]:
+            if row[f"{what}_jobs"] or row[f"reference_{what}_jobs"]:
                 print(
-                    f"  {cell[0]}x{cell[1]}x{cell[2]}: packing {row['reference_past_limit_jobs']} "
-                    f"({row['reference_past_limit_gpu_share']:.1%}), advisor "
-                    f"{row['past_limit_jobs']} ({row['past_limit_gpu_share']:.1%})"
+                    f"  {cell[0]}x{cell[1]}x{cell[2]}: packing {row[f'reference_{what}_jobs']} "
+                    f"({row[f'reference_{what}_gpu_share']:.1%}), advisor "
+                    f"{row[f'{what}_jobs']} ({row[f'{what}_gpu_share']:.1%})"
                 )
         if report["tail_rule"]:
             tail_missed = report["cells_missing_tail_rule"]

@@ -3,6 +3,7 @@ tail rule against the controls."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -103,3 +104,10 @@ def test_jobs_past_their_limit_are_counted_with_their_gpu_hours_past_it() -> Non
     assert figures["past_limit"] == 1
     total = 4 * 5000.0 + 2 * 3600.0 + 10_000.0 + 10_000.0
     assert figures["past_limit_gpu_share"] == pytest.approx(4 * 1400.0 / total)
+    assert figures["timed_out"] == 0
+
+    killed = dataclasses.replace(outcome("within", 2, 0.0, 3600.0), timed_out=True)
+    figures = production_gain.past_limits([*outcomes[:1], killed, *outcomes[2:]], limits)
+    assert figures["timed_out"] == 1  # ended at its limit: lost, not past it
+    assert figures["timed_out_gpu_share"] == pytest.approx(2 * 3600.0 / total)
+    assert figures["past_limit"] == 1

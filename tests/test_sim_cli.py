@@ -210,3 +210,25 @@ def test_faults_meet_the_served_loop_and_each_run_reports_them(
     assert rounds.exit_code == 2 and "--faults needs --mode slurm" in rounds.output  # type: ignore[attr-defined]
     bad = run_cli(*args, "--faults", "rate=1,speed=3", ok=False)
     assert bad.exit_code == 2 and "not one of" in bad.output  # type: ignore[attr-defined]
+
+
+def test_enforced_limits_end_a_job_at_its_limit_and_say_so(
+    run_cli: Callable[..., object], tmp_path: Path
+) -> None:
+    history = tmp_path / "overrun.sacct"
+    history.write_text(
+        "JobID|Submit|Start|End|AllocTRES|Timelimit\n"
+        "1|2026-01-01T00:00:00|2026-01-01T00:00:00|2026-01-01T02:00:00|gres/gpu=1|01:00:00\n"
+        "2|2026-01-01T00:10:00|2026-01-01T00:10:00|2026-01-01T00:40:00|gres/gpu=1|01:00:00\n"
+    )
+    args = ["sim", "run", "--trace", history, "--cluster", "1x2", "--mode", "slurm",
+            "--placement", "packed-sticky"]  # fmt: skip
+    plain = json.loads(run_cli(*args, "--json").output)  # type: ignore[attr-defined]
+    enforced = json.loads(run_cli(*args, "--enforce-limits", "--json").output)  # type: ignore[attr-defined]
+    assert plain[0]["timed_out"] == 0 and enforced[0]["timed_out"] == 1
+    assert enforced[0]["makespan"] == 3600.0 and plain[0]["makespan"] == 7200.0
+    text = run_cli(*args, "--enforce-limits").output  # type: ignore[attr-defined]
+    assert "time limits enforced" in text
+    assert "packed-sticky: 1 of 2 jobs ended at their time limit" in text
+    rounds = run_cli("sim", "run", "--trace", history, "--enforce-limits", ok=False)
+    assert rounds.exit_code == 2 and "--enforce-limits needs --mode slurm" in rounds.output  # type: ignore[attr-defined]

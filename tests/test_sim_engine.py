@@ -219,6 +219,32 @@ def test_slurm_mode_is_exact_and_non_preemptive() -> None:
     assert outcome(result, "1").end == pytest.approx(48.0)
 
 
+@pytest.mark.parametrize("enforce", [False, True])
+def test_a_job_slowed_past_its_limit_ends_there_only_when_limits_are_enforced(
+    enforce: bool,
+) -> None:
+    """Slurm ends a job at its time limit; the simulator does so only when asked, and the
+    GPUs are free for the next job from then on."""
+    gpus = uniform_gpus(["A"], 1, 1)
+    slow = SimGpus(1, 1, gpus.placement_scores, {"A": np.array([2.0])})
+    trace = [
+        SimJob("0", 0.0, 1, 100.0, "A", time_limit=150.0),  # 200 s on the 2x GPU
+        SimJob("1", 1.0, 1, 10.0, "A", time_limit=150.0),  # 20 s: within its limit
+    ]
+    config = SimConfig(placement="packed-sticky", mode="slurm", enforce_limits=enforce)
+    result = simulate(trace, slow, config)
+    first, second = outcome(result, "0"), outcome(result, "1")
+    assert first.end == pytest.approx(150.0 if enforce else 200.0)
+    assert first.timed_out is enforce
+    assert second.start == pytest.approx(first.end) and not second.timed_out
+    assert second.end == pytest.approx(first.end + 20.0)
+
+
+def test_limits_are_enforced_only_in_slurm_mode() -> None:
+    with pytest.raises(ValueError, match="slurm"):
+        SimConfig(mode="rounds", enforce_limits=True)
+
+
 def test_jobs_larger_than_the_cluster_are_reported_not_simulated() -> None:
     gpus = uniform_gpus(["A"], 1, 2)
     result = simulate([job(0, 0.0, 3, 10.0), job(1, 0.0, 1, 10.0)], gpus, SimConfig())

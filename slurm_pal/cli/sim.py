@@ -281,8 +281,14 @@ def check_run_options(
     migration_seconds: float,
     xi: float | None,
     round_seconds: float = 360.0,
+    mode: str = "rounds",
+    enforce_limits: bool = False,
 ) -> None:
     """Options the engine would take silently or fail on deep inside: one line each."""
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    if enforce_limits and mode != "slurm":
+        fail("--enforce-limits needs --mode slurm (the round mode preempts jobs)")
     if workers < 1:
         fail(f"--workers must be >= 1, got {workers}")
     if not (math.isfinite(round_seconds) and round_seconds >= MIN_ROUND_S):
@@ -370,6 +376,14 @@ BackfillOption = Annotated[
         help="Slurm mode: EASY backfill (Slurm's default), or strict FIFO (the testbed's).",
     ),
 ]
+EnforceLimitsOption = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-limits",
+        help="Slurm mode: end a job at its time limit as Slurm does (TIMEOUT, work lost); "
+        "by default it runs to its end, so a slow GPU's cost stays in its JCT.",
+    ),
+]
 SeedOption = Annotated[
     int | None,
     typer.Option(
@@ -446,6 +460,7 @@ def run(
     mode: ModeOption = "rounds",
     round_seconds: RoundOption = 360.0,
     backfill: BackfillOption = True,
+    enforce_limits: EnforceLimitsOption = False,
     seed: SeedOption = None,
     pal_artifact: PalArtifactOption = False,
     class_map: ClassMapOption = [],  # noqa: B006 (typer only reads it)
@@ -468,10 +483,8 @@ def run(
     if locality_penalty is None:
         locality_penalty = site.locality.across_switches
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     n_nodes, per_node = checked_cluster(cluster)
-    check_run_options(workers, seed, migration_seconds, xi, round_seconds)
+    check_run_options(workers, seed, migration_seconds, xi, round_seconds, mode, enforce_limits)
     profiles = parse_pairs(profile, "--profile")
     times = iteration_times(iter_time)
     classes = parse_pairs(class_map, "--class-map")
@@ -491,6 +504,7 @@ def run(
             "mode": mode,
             "round_seconds": round_seconds,
             "backfill": backfill,
+            "enforce_limits": enforce_limits,
             "locality_penalty": locality_penalty,
             "seed": seed if seed is not None else 0,
             "pal_artifact": pal_artifact,
@@ -524,6 +538,7 @@ def run_title(
     return (
         f"{n_jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {mode} mode"
         + (f" ({common['round_seconds']:g} s rounds)" if mode == "rounds" else "")
+        + (" (time limits enforced)" if common.get("enforce_limits") else "")
         + f", L={common['locality_penalty']:g}, "
         + (source or "no variability (uniform GPUs)")
         + (f"; {plan_note(plan)}" if plan else "")

@@ -194,6 +194,10 @@ class SimConfig:
     decisions: str = "every-event"
     advisor_pin: str = "steered"
     requests: str = "gpus"
+    enforce_limits: bool = False
+    """Slurm mode: a job still running at its time limit ends there, as Slurm ends it (state
+    TIMEOUT, its work lost; not resubmitted). Off: it runs to the end of its work, so what a
+    slow GPU costs a job with a tight limit stays counted, as its JCT."""
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -212,6 +216,8 @@ class SimConfig:
             raise ValueError(f"unknown pin {self.advisor_pin!r}; valid: {', '.join(PINS)}")
         if self.requests not in REQUESTS:
             raise ValueError(f"unknown requests {self.requests!r}; valid: {', '.join(REQUESTS)}")
+        if self.enforce_limits and self.mode != "slurm":
+            raise ValueError("enforce_limits needs mode 'slurm' (the round mode preempts)")
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
         for penalty in (self.locality_penalty, self.site_locality_penalty):
@@ -311,6 +317,7 @@ class _Job:
         "request",
         "spec",
         "start",
+        "timed_out",
     )
 
     def __init__(
@@ -339,6 +346,8 @@ class _Job:
             time_limit_s=limit,
         )
         self.remaining = spec.work
+        self.timed_out = False
+        """Ended at its time limit with work left (``SimConfig.enforce_limits``)."""
         self.first_wait: float | None = None
         """When the policy first held it back although it could have started."""
         self.held_until: float | None = None
@@ -496,6 +505,7 @@ class _Simulation:
                 and job.start is not None
                 and job.start >= job.bound - _EPSILON,
                 placed_on=_placed_on(job.last_alloc),
+                timed_out=job.timed_out,
             )
             for job in self.jobs
         ]
@@ -828,8 +838,12 @@ class _EasyBackfill:
         simulation._started(job, result.allocation, self.now)  # GPUs already taken
         job.held_until = None
         end = self.now + job.remaining / job.rate
-        heapq.heappush(self.running, (end, job.order, job))
         limited = job.spec.time_limit is not None and math.isfinite(job.spec.time_limit)
+        if limited and simulation.config.enforce_limits:
+            killed_at = self.now + job.spec.time_limit  # type: ignore[operator]
+            if end > killed_at + _EPSILON:
+                end, job.timed_out = killed_at, True
+        heapq.heappush(self.running, (end, job.order, job))
         simulation.cluster.expect_free_at(
             result.allocation,
             simulation._planned_end(job, end),

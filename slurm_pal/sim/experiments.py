@@ -203,6 +203,12 @@ def run_notes(jobs: Sequence[SimJob], summaries: Sequence[dict]) -> list[str]:
     """What the history's time limits and each placement's holds mean for waiting."""
     notes = [limits_note(jobs)]
     notes += [waiting_note(str(s["placement"]), [s], []) for s in summaries]
+    notes += [
+        f"{s['placement']}: {s['timed_out']} of {s['jobs']} jobs ended at their time limit "
+        "(TIMEOUT: their work lost)"
+        for s in summaries
+        if s.get("timed_out")
+    ]
     return [note for note in notes if note is not None]
 
 

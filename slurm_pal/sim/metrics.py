@@ -71,6 +71,8 @@ class JobOutcome:
     """It was held until its bound (``advisor.max_wait_s``), not routed before."""
     placed_on: tuple[str, ...] = ()
     """Its last allocation as ``node:index`` (the node's order), to read a run job by job."""
+    timed_out: bool = False
+    """Ended at its time limit with work left, as Slurm ends it (``SimConfig.enforce_limits``)."""
 
     @property
     def jct(self) -> float | None:
@@ -203,6 +205,7 @@ class SimResult:
             "held_avg_s": _mean([job.held_s for job in tracked if job.held_s > 0]),
             "held_max_s": max((job.held_s for job in tracked), default=0.0),
             "held_to_bound": sum(1 for job in tracked if job.held_to_bound),
+            "timed_out": sum(1 for job in tracked if job.timed_out),
             "spread_jobs": sum(
                 1 for job in tracked if job.gpus <= self.gpus_per_node and job.max_nodes > 1
             ),
