@@ -4,8 +4,9 @@
 # SLURM_PAL_TEST_RELEASES (default: 24.11, the cached Debian 13 build of
 # scripts/install-slurm.sh --release 24.11; empty: skip). Extra arguments go to every pytest run.
 # The whole suite runs on SLURM_PAL_TEST_WORKERS pytest-xdist workers (default 2; 0: in one
-# process): the real-Slurm tests all on one of them, in order, the rest beside them. Each run
-# lists its slowest tests: the real-Slurm ones are CI's critical path.
+# process), real-Slurm tests included (each testbed has its own namespaces, ports and folder;
+# tests/conftest.py's groups keep only what shares a fixture on one worker). Each run lists
+# its slowest tests: the real-Slurm ones are CI's critical path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 releases="${SLURM_PAL_TEST_RELEASES-24.11}"

@@ -70,13 +70,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# Under pytest-xdist (``--dist loadgroup``) the tests under each prefix run on one worker: the
+# gpu_check script's tests share one run of it (a minute), which a module fixture would repeat
+# on each worker. The real-Slurm tests are not grouped: each testbed has its own namespaces,
+# free ports and folder, so two run side by side (as they always did: a group added here was
+# ignored until this hook ran first, and grouping them would put ~15 min on one worker).
+XDIST_GROUPS = {"tests/test_gpu_check_script.py": "gpu_check_script"}
+
+
+# First: pytest-xdist's own hook reads the groups to tag each test, so a mark added after it
+# is silently ignored.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-Slurm tests share one testbed per module and machine-wide names (network
-    namespaces, loopback addresses): under pytest-xdist (``--dist loadgroup``) they all run
-    on one worker, in order, while the others take the rest of the suite."""
+    """Keep each of :data:`XDIST_GROUPS` on one worker."""
     for item in items:
-        if item.nodeid.startswith("tests/slurm/"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        for prefix, group in XDIST_GROUPS.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 # CI runs the same examples every time: a rare counterexample is found by a developer's random

@@ -75,3 +75,37 @@ def test_ci_runs_hypothesis_with_a_fixed_profile() -> None:
     }
     assert runs["true"] == ["True", "None", "None"]
     assert runs[""][0] == "False"  # developers' runs keep exploring at random
+
+
+def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path: Path) -> None:
+    """tests/conftest.py keeps the gpu_check script's tests on one worker (one run of the
+    script, not one per worker) through ``--dist loadgroup``. A mark added after
+    pytest-xdist's own hook, or a pytest that will not let it tag a test, makes the group
+    silently ignored; this catches both."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n"
+        "@pytest.hookimpl(tryfirst=True)\n"  # as tests/conftest.py adds its groups
+        "def pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n"
+        "        if 'grouped' in item.nodeid:\n"
+        "            item.add_marker(pytest.mark.xdist_group('g'))\n"
+    )
+    (tmp_path / "test_grouped.py").write_text(
+        "".join(f"def test_{i}():\n    pass\n" for i in range(6))
+    )
+    (tmp_path / "test_free.py").write_text("def test_x():\n    pass\n")
+    args = ["-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider", str(tmp_path)]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    workers = {
+        line.split()[0]
+        for line in run.stdout.splitlines()
+        if "test_grouped.py" in line and "PASSED" in line
+    }
+    assert len(workers) == 1, f"grouped tests ran on {sorted(workers)}: loadgroup is not honoured"

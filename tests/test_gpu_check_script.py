@@ -15,10 +15,6 @@ from pathlib import Path
 
 import pytest
 
-# One run of the script (about a minute) serves every test here: kept on one xdist worker, it
-# runs once instead of once per worker.
-pytestmark = pytest.mark.xdist_group("gpu_check_script")
-
 REPO = Path(__file__).resolve().parents[1]
 NODE = Path(__file__).parent / "fakes" / "gpu_node"
 STEPS = [
