@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from slurm_pal.core.queue import expected_end
 from slurm_pal.core.workload import SimJob, poisson_workload
 from slurm_pal.sim import PLACEMENTS, SimConfig, SimGpus, simulate, uniform_gpus
 
@@ -238,6 +241,39 @@ def test_a_job_slowed_past_its_limit_ends_there_only_when_limits_are_enforced(
     assert first.timed_out is enforce
     assert second.start == pytest.approx(first.end) and not second.timed_out
     assert second.end == pytest.approx(first.end + 20.0)
+
+
+def test_a_job_past_its_limit_is_planned_as_slurm_guesses_and_jobs_backfill_around_it() -> None:
+    """A Slurm that kills no job past its limit (``OverTimeLimit=UNLIMITED``, the simulator
+    without ``enforce_limits``) plans such a job to run a whole limit more, so the queue head's
+    reservation lies ahead and a short job takes the idle GPU, as Slurm would start it. Planned
+    at its limit's end (in the past), nothing ended by the reservation and the GPU idled."""
+    gpus = uniform_gpus(["A"], 1, 2)
+    trace = [
+        SimJob("0", 0.0, 1, 1000.0, "A", time_limit=100.0),  # runs 900 s past its limit
+        SimJob("1", 1.0, 2, 10.0, "A", time_limit=100.0),  # the head: waits for job 0
+        SimJob("2", 150.0, 1, 30.0, "A", time_limit=60.0),  # ends by now + 100 s: backfills
+    ]
+    result = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
+    assert outcome(result, "2").start == pytest.approx(150.0)
+    assert outcome(result, "1").start == pytest.approx(1000.0)
+
+
+@pytest.mark.parametrize(
+    ("limit_end", "limit", "killed", "expected"),
+    [
+        (500.0, 100.0, False, 500.0),  # ahead: the limit's end
+        (500.0, 100.0, True, 500.0),
+        (90.0, 100.0, False, 300.0),  # past it, not killed: a whole limit from now
+        (90.0, 100.0, True, 201.0),  # past it, killed: a second from now
+        (math.inf, math.inf, False, math.inf),  # unlimited: never
+        (120.0, None, False, 120.0),  # no limit (the trace's run time): as given
+    ],
+)
+def test_expected_end_follows_slurms_guess(
+    limit_end: float, limit: float | None, killed: bool, expected: float
+) -> None:
+    assert expected_end(limit_end, limit, 200.0, killed=killed) == expected
 
 
 def test_limits_are_enforced_only_in_slurm_mode() -> None:

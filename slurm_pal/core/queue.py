@@ -36,6 +36,7 @@ __all__ = [
     "Step",
     "StopAtMisfit",
     "backfill_reservation",
+    "expected_end",
     "placement_order",
     "plan_round",
     "queue_round",
@@ -160,6 +161,20 @@ class SlurmBackfill:
         ends = ((float(t), 1) for t in cluster.busy_until[~cluster.free])
         self.shadow, self.spare = backfill_reservation(cluster.n_free, ends, request.gpus)
         return True
+
+
+def expected_end(limit_end: float, limit_s: float | None, now: float, *, killed: bool) -> float:
+    """When Slurm's backfill expects a running job to end (select/cons_tres ``_guess_job_end``):
+    at its limit's end while that is ahead; once the job has run past it, in a second when
+    Slurm kills it there (``killed``: ``OverTimeLimit=0``), else a whole limit from now
+    (``OverTimeLimit=UNLIMITED``: Slurm has no idea, and guesses the job runs its limit again).
+
+    Why: planned at a limit's end already past, a queue head's reservation lay in the past, so
+    no job ended by it, and GPUs idled for hours behind jobs far past their limits that Slurm
+    would have backfilled around (site-like week, 1-GPU nodes, a 16-GPU job at its bound)."""
+    if limit_end > now or limit_s is None or not math.isfinite(limit_s):
+        return limit_end
+    return now + 1.0 if killed else now + limit_s
 
 
 def backfill_reservation(

@@ -77,7 +77,12 @@ from slurm_pal.core.placement import (
     PlacementResult,
     get_policy,
 )
-from slurm_pal.core.queue import backfill_reservation, placement_order, plan_round
+from slurm_pal.core.queue import (
+    backfill_reservation,
+    expected_end,
+    placement_order,
+    plan_round,
+)
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.core.topology import WITHIN_NODE, Topology
@@ -741,12 +746,20 @@ class _Simulation:
         return job.start + limit
 
     def _reservation(
-        self, needed: int, running: list[tuple[float, int, _Job]]
+        self, needed: int, running: list[tuple[float, int, _Job]], now: float
     ) -> tuple[float, int]:
         """When ``needed`` GPUs will be free (by GPU count, from the running jobs' planned
-        ends) and how many are left over then. Never (inf) when unlimited jobs hold them:
-        Slurm cannot plan around those either."""
-        ends = [(self._planned_end(job, end), job.spec.gpus) for end, _, job in running]
+        ends, as Slurm guesses them for jobs past their limits: this Slurm kills none unless
+        ``enforce_limits``, as ``OverTimeLimit=UNLIMITED``) and how many are left over then.
+        Never (inf) when unlimited jobs hold them: Slurm cannot plan around those either."""
+        killed = self.config.enforce_limits
+        ends = [
+            (
+                expected_end(self._planned_end(job, end), job.spec.time_limit, now, killed=killed),
+                job.spec.gpus,
+            )
+            for end, _, job in running
+        ]
         ends += [(end, 1) for end, _, _ in self.probes.heap]
         return backfill_reservation(self.cluster.n_free, ends, needed)
 
@@ -865,7 +878,9 @@ class _EasyBackfill:
             return True
         if not self.simulation.config.backfill:
             return False
-        self.shadow, self.spare = self.simulation._reservation(job.spec.gpus, self.running)
+        self.shadow, self.spare = self.simulation._reservation(
+            job.spec.gpus, self.running, self.now
+        )
         return True
 
 
