@@ -7,7 +7,7 @@ import pytest
 
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import get_policy
-from slurm_pal.core.queue import placement_order, plan_round
+from slurm_pal.core.queue import SlurmBackfill, placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
 
@@ -95,3 +95,19 @@ def test_allocations_in_a_round_never_overlap() -> None:
 def test_bad_misfit_option_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
         plan_round([], cluster(), get_policy("pal"), on_misfit="backfill")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("overtime_unlimited", [False, True])
+def test_backfill_expects_a_job_past_its_limit_as_the_sites_slurm_does(
+    overtime_unlimited: bool,
+) -> None:
+    """Three GPUs held by a job 50 s past its 100 s limit; the head wants all four. A Slurm
+    that kills at the limit expects them now, so a 60 s job behind must not take the free
+    GPU; one that lets jobs run on expects them a whole limit from now, so it may."""
+    state = cluster(nodes=1)
+    state.allocate([0, 1, 2])
+    state.expect_free_at([0, 1, 2], 100.0, since=0.0)
+    rule = SlurmBackfill(state, 150.0, overtime_unlimited=overtime_unlimited)
+    assert rule.blocked(job("head", "A", 4))
+    behind = PlacementRequest("short", "A", 1, time_limit_s=60.0)
+    assert rule.admits(behind) is overtime_unlimited

@@ -382,10 +382,11 @@ def test_served_config_keeps_the_sites_and_sets_the_testbeds(tmp_path: Path) -> 
     )
     own = {"socket", "allowed_users", "socket_group", "refresh_s", "replan_s", "labels_file"}
     own |= {"reservation_ttl_s", "listen", "munge_socket"}  # the multi-host testbed's TCP
-    own |= {"slurm_backfill"}  # the testbed's scheduler: strict FIFO for these traces
+    own |= {"slurm_backfill", "slurm_overtime_unlimited"}  # the testbed's slurm.conf
     prep = prepare(RunSettings(tmp_path / "a", config=site))
     served = prep.served_config()
     assert served.advisor.slurm_backfill is False
+    assert served.advisor.slurm_overtime_unlimited is False
     for f in dataclasses.fields(site.advisor):
         if f.name not in own:
             assert getattr(served.advisor, f.name) == getattr(site.advisor, f.name), f.name
@@ -403,6 +404,7 @@ def test_served_config_keeps_the_sites_and_sets_the_testbeds(tmp_path: Path) -> 
     # site-like work: backfill, and the site's waits at the testbed's time scale (an hour a minute)
     served = prepare(RunSettings(tmp_path / "c", config=site, trace="dl", nodes=8)).served_config()
     assert served.advisor.slurm_backfill is True
+    assert served.advisor.slurm_overtime_unlimited is True  # BACKFILL's OverTimeLimit
     assert served.advisor.max_wait_s == pytest.approx(site.advisor.max_wait_s / 60)
     assert served.advisor.assumed_runtime_s == pytest.approx(site.advisor.assumed_runtime_s / 60)
 

@@ -213,6 +213,12 @@ class AdvisorConfig:
     re-planning round goes past a job that fits nowhere yet, as Slurm starts the jobs behind it
     in the holes; false under ``sched/builtin`` (strict FIFO), where nothing behind the head
     starts and re-planning it would only churn."""
+    slurm_overtime_unlimited: bool = False
+    """The site's Slurm lets jobs run past their time limits (``OverTimeLimit=UNLIMITED``):
+    its backfill then expects such a job to run a whole limit more, and so does the round
+    when it predicts which jobs Slurm starts behind one that fits nowhere. False
+    (``OverTimeLimit=0``, Slurm's default): such a job is expected to end now, as Slurm
+    kills it."""
     suspicion: str = "report"
     """GPUs that turned slow since their campaign, learnt from every Epilog record
     (core/suspicion.py): off, report (log line, `serve stats`, metrics and the store name

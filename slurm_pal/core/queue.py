@@ -124,16 +124,26 @@ class SlurmBackfill:
     enough GPUs free up by the running jobs' limits (``cluster.busy_until``) with the GPUs
     left over then, and a later job starts before it only if its own limit ends by then or it
     fits in those left over (by GPU count, as the simulator's Slurm counts them). A job held
-    to a later begin time (``held``) is gone past without a reservation, as Slurm does.
+    to a later begin time (``held``) is gone past without a reservation, as Slurm does. A job
+    past its limit is expected as Slurm expects it (:func:`expected_end`; ``overtime_unlimited``:
+    the site's ``OverTimeLimit=UNLIMITED``).
 
     Why: going past a misfit alone (``StopAtMisfit(go_on=True)``) routed a 4-GPU job to a
     node Slurm kept for the 8-GPU job ahead of it; the job waited there for a minute while
     the round planned the next job on the same GPUs (testbed, ``dl`` seed 1)."""
 
-    def __init__(self, cluster: Cluster, now: float, held: Container[str] = ()) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        now: float,
+        held: Container[str] = (),
+        *,
+        overtime_unlimited: bool = False,
+    ) -> None:
         self.cluster = cluster
         self.now = now
         self.held = held
+        self.overtime_unlimited = overtime_unlimited
         self.shadow: float | None = None
         self.spare = 0
 
@@ -158,7 +168,14 @@ class SlurmBackfill:
         if self.shadow is not None or request.job_id in self.held:
             return True
         cluster = self.cluster
-        ends = ((float(t), 1) for t in cluster.busy_until[~cluster.free])
+        busy = ~cluster.free
+        killed = not self.overtime_unlimited
+        ends = (
+            (expected_end(until, until - since, self.now, killed=killed), 1)
+            for until, since in zip(
+                cluster.busy_until[busy].tolist(), cluster.busy_since[busy].tolist(), strict=True
+            )
+        )
         self.shadow, self.spare = backfill_reservation(cluster.n_free, ends, request.gpus)
         return True
 

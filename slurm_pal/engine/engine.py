@@ -180,4 +180,5 @@ class AdvisorEngine:
             now=now,
             slurm=slurm,
             backfill=self.settings.slurm_backfill,
+            overtime_unlimited=self.settings.slurm_overtime_unlimited,
         )

@@ -337,6 +337,7 @@ def plan_replan(
     now: float | None = None,
     slurm: SimulatedSlurm | None = None,
     backfill: bool = False,
+    overtime_unlimited: bool = False,
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -357,6 +358,8 @@ def plan_replan(
     leaves (:class:`~slurm_pal.core.queue.SlurmBackfill`, from the running jobs' limits), and a
     job routed at its submit to GPUs since taken is routed again rather than left waiting for
     them; a job Slurm would not start before that reservation is left as it is.
+    ``overtime_unlimited``: that Slurm lets jobs run past their limits, and expects one that
+    has to run a whole limit more (else to end now, as it kills it).
 
     ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
     the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
@@ -463,7 +466,12 @@ def plan_replan(
     if slurm is not None:
         start = slurm.start
     elif backfill:
-        start = SlurmBackfill(planned, now if now is not None else planned.clock, held_now)
+        start = SlurmBackfill(
+            planned,
+            now if now is not None else planned.clock,
+            held_now,
+            overtime_unlimited=overtime_unlimited,
+        )
     else:
         start = StopAtMisfit(held=held_now)
     steps = queue_round(

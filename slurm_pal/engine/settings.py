@@ -61,6 +61,9 @@ class AdvisorKnobs(Protocol):
     @property
     def slurm_backfill(self) -> bool: ...
 
+    @property
+    def slurm_overtime_unlimited(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -70,7 +73,9 @@ class EngineSettings:
     ``every-job`` pins every placed job. ``replan_on_epilog``: a job's end runs a round (off:
     the advisor decides at submit only, and Slurm places what found no GPUs then).
     ``slurm_backfill``: the site's Slurm backfills, so a round goes past a job that fits
-    nowhere yet (the simulator's Slurm brings its own start rule and ignores it)."""
+    nowhere yet (the simulator's Slurm brings its own start rule and ignores it).
+    ``slurm_overtime_unlimited``: the site's Slurm lets jobs run past their limits, so the
+    round expects one past its limit to run a whole limit more, as that Slurm's backfill does."""
 
     policy: str = "packed-pm"
     policy_settings: tuple[tuple[str, float | bool], ...] = ()
@@ -80,6 +85,7 @@ class EngineSettings:
     reservation_ttl_s: float = 60.0
     replan_on_epilog: bool = True
     slurm_backfill: bool = True
+    slurm_overtime_unlimited: bool = False
 
     def __post_init__(self) -> None:
         if self.pin not in PINS:
@@ -104,6 +110,7 @@ class EngineSettings:
             reservation_ttl_s=float(advisor.reservation_ttl_s),
             replan_on_epilog=bool(advisor.replan_on_epilog),
             slurm_backfill=bool(advisor.slurm_backfill),
+            slurm_overtime_unlimited=bool(advisor.slurm_overtime_unlimited),
         )
 
     @property

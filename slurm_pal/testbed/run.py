@@ -432,6 +432,7 @@ def _site_config(
         "reservation_ttl_s": 20.0,
         "labels_file": None,  # serve gets the testbed's labels.json with --labels
         "slurm_backfill": settings.site_like,  # the older traces run strict FIFO
+        "slurm_overtime_unlimited": settings.site_like,  # as BACKFILL sets OverTimeLimit
     }
     # The site's waits and runtimes at the testbed's time scale (a site's hour is a minute).
     for key in ("max_wait_s", "assumed_runtime_s"):
