@@ -9,9 +9,11 @@ limit's end already past (the simulator's model before), the head's reservation 
 past and the short job waited for the overrunning job's end.
 
 Measured: 22.05 does as its select/cons_tres code says (``_guess_job_end``: a whole limit
-from now) and the simulator now gives its starts; 24.11, with the same code there and the
-same slurm.conf, plans the head a second from now (``squeue --start``), so the short job
-waits for the long one's end. The test holds each release to what it did.
+from now) and the simulator now gives its starts. 24.11, with the same slurm.conf, plans the
+head now (``squeue --start``), so the short job waits for the long one's end: its
+``_future_run_test`` counts a running job whose end is already past as gone before it
+simulates any end (``_build_cr_job_list``), whatever ``OverTimeLimit`` says. The test holds
+each release to what it does.
 """
 
 from __future__ import annotations
