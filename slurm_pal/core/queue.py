@@ -188,7 +188,9 @@ def expected_end(limit_end: float, limit_s: float | None, now: float, *, killed:
 
     Why: planned at a limit's end already past, a queue head's reservation lay in the past, so
     no job ended by it, and GPUs idled for hours behind jobs far past their limits that Slurm
-    would have backfilled around (site-like week, 1-GPU nodes, a 16-GPU job at its bound)."""
+    22.05 backfills around (site-like week, 1-GPU nodes, a 16-GPU job at its bound). Slurm
+    24.11 does not: its cons_tres counts such a job gone at once, whatever ``OverTimeLimit``
+    (``killed``'s answer; tests/slurm/test_overtime_backfill.py measures both)."""
     if limit_end > now or limit_s is None or not math.isfinite(limit_s):
         return limit_end
     return now + 1.0 if killed else now + limit_s
