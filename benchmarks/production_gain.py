@@ -357,6 +357,12 @@ def main() -> int:
         action="store_true",
         help="end a job at its time limit, as Slurm does (TIMEOUT), in every placement",
     )
+    parser.add_argument(
+        "--slurm-release",
+        default="22.05",
+        help="the release whose backfill the simulated Slurm plans as, in every placement "
+        "(22.05: a job past its limit runs a limit more; 24.11: it counts as gone)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -389,6 +395,13 @@ def main() -> int:
         variants[name] = variant
     if args.enforce_limits:
         variants = {n: (p, {**o, "enforce_limits": True}) for n, (p, o) in variants.items()}
+    if args.slurm_release != "22.05":
+        try:
+            SimConfig(mode="slurm", slurm_release=args.slurm_release)
+        except ValueError as exc:
+            raise SystemExit(f"--slurm-release: {exc}") from None
+        release = {"slurm_release": args.slurm_release}
+        variants = {n: (p, {**o, **release}) for n, (p, o) in variants.items()}
 
     cells: list[Cell] = [(s, f, p) for f in families for p in profiles for s in shapes]
     tasks = [
@@ -418,6 +431,7 @@ def main() -> int:
         "targets": TARGETS,
         "seconds": round(elapsed, 1),
         "enforce_limits": args.enforce_limits,
+        "slurm_release": args.slurm_release,
         "cells": [
             {"gpus_per_node": s, "trace": f, "profile": p, "placements": rows[(s, f, p)]}
             for s, f, p in cells

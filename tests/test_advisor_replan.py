@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
+from slurm_pal.adapters.slurm.release import parse_release
 from slurm_pal.adapters.slurm.update import ScontrolApplier, scontrol_steps, transition_problem
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.core.cluster import Cluster
@@ -476,3 +477,36 @@ def test_under_backfill_the_round_goes_past_a_job_that_fits_nowhere_yet() -> Non
     backfill = plan_replan([head, pinned], cluster, backfill=True, **plan)
     assert backfill.not_placed == [7]
     assert [(u.job_id, u.chosen) for u in backfill.updates] == [(8, {"n02": (A0,)})]
+
+
+@pytest.mark.parametrize(("version", "backfills"), [("22.05.8", True), ("24.11.5", False)])
+def test_under_backfill_the_round_plans_a_job_past_its_limit_as_the_running_release_does(
+    version: str, backfills: bool
+) -> None:
+    """Where Slurm lets jobs run past their limits (``overtime_unlimited``), 22.05's backfill
+    expects one that has to run a whole limit more and starts a short job beside it; 24.11's
+    counts it gone, plans the head now and starts nothing beside it. The round predicts what
+    the release it writes to does (tests/slurm/test_overtime_backfill.py measures both)."""
+    policy = get_policy("packed-pm", avoid_above=1.5)
+    now = 10_000.0
+    head = JobDescription.from_wire({"user": "u", "tres_per_job": "gres:gpu:4", "time_limit": 10})
+    short = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1", "time_limit": 5})
+    busy = [("n01", 0), ("n01", 1), ("n01", 2)]
+    cluster, labels = site({"n01": [A0, A0, A0, A0]}, busy=busy)
+    overrun = [cluster.uuid_index[f"GPU-n01-{i}"] for i in range(3)]
+    cluster.expect_free_at(overrun, now - 60.0, since=now - 660.0)  # 10-min limit, 1 min past
+    pending = [
+        PendingJob(7, "t7", head, "A", "test", None, tres_per_job="gres:gpu:4"),
+        PendingJob(8, "t8", short, "A", "test", None, tres_per_node="gres:gpu:1"),
+    ]
+    plan = {"labels": labels, "policy": policy, "version": "t", "now": now}
+    result = plan_replan(
+        pending,
+        cluster,
+        backfill=True,
+        overtime_unlimited=True,
+        release=parse_release(f"slurm {version}"),
+        **plan,  # type: ignore[arg-type]
+    )
+    assert 7 in result.not_placed
+    assert ([u.job_id for u in result.updates] == [8]) is backfills

@@ -232,3 +232,28 @@ def test_enforced_limits_end_a_job_at_its_limit_and_say_so(
     assert "packed-sticky: 1 of 2 jobs ended at their time limit" in text
     rounds = run_cli("sim", "run", "--trace", history, "--enforce-limits", ok=False)
     assert rounds.exit_code == 2 and "--enforce-limits needs --mode slurm" in rounds.output  # type: ignore[attr-defined]
+
+
+def test_the_simulated_slurm_plans_a_job_past_its_limit_as_the_release_asked_for(
+    run_cli: Callable[..., object], tmp_path: Path
+) -> None:
+    """Job 1 runs 2 h past its 1 h limit; job 2 (both GPUs) waits for it; job 3 (20 min, its
+    limit 30) arrives on the free GPU. 22.05 expects job 1 to run an hour more and starts job 3
+    at once; 24.11 counts job 1 gone, plans job 2 now, and job 3 waits behind it."""
+    history = tmp_path / "overrun.sacct"
+    history.write_text(
+        "JobID|Submit|Start|End|AllocTRES|Timelimit\n"
+        "1|2026-01-01T00:00:00|2026-01-01T00:00:00|2026-01-01T03:00:00|gres/gpu=1|01:00:00\n"
+        "2|2026-01-01T00:10:00|2026-01-01T03:00:00|2026-01-01T03:10:00|gres/gpu=2|01:00:00\n"
+        "3|2026-01-01T01:30:00|2026-01-01T01:30:00|2026-01-01T01:50:00|gres/gpu=1|00:30:00\n"
+    )
+    args = ["sim", "run", "--trace", history, "--cluster", "1x2", "--mode", "slurm",
+            "--placement", "packed-sticky", "--json"]  # fmt: skip
+    as_2205 = json.loads(run_cli(*args).output)[0]  # type: ignore[attr-defined]
+    as_2411 = json.loads(run_cli(*args, "--slurm-release", "24.11").output)[0]  # type: ignore[attr-defined]
+    # job 3's JCT: 20 min, or until 3:30 (after job 2, from 3:00 to 3:10, then its 20 min)
+    assert as_2411["avg_jct"] - as_2205["avg_jct"] == pytest.approx((120 - 20) * 60 / 3)
+    text = run_cli(*args[:-1], "--slurm-release", "24.11").output  # type: ignore[attr-defined]
+    assert "Slurm 24.11's backfill" in text
+    bad = run_cli(*args, "--slurm-release", "latest", ok=False)
+    assert bad.exit_code == 2 and "unknown Slurm release 'latest'" in bad.output  # type: ignore[attr-defined]

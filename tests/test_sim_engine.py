@@ -257,6 +257,16 @@ def test_a_job_past_its_limit_is_planned_as_slurm_guesses_and_jobs_backfill_arou
     result = simulate(trace, gpus, SimConfig(placement="packed-sticky", mode="slurm"))
     assert outcome(result, "2").start == pytest.approx(150.0)
     assert outcome(result, "1").start == pytest.approx(1000.0)
+    # 24.11 counts job 0 gone once past its limit: the head is planned now, nothing backfills
+    as_2411 = SimConfig(placement="packed-sticky", mode="slurm", slurm_release="24.11")
+    result = simulate(trace, gpus, as_2411)
+    assert outcome(result, "1").start == pytest.approx(1000.0)
+    assert outcome(result, "2").start == pytest.approx(1000.0 + 10.0)
+
+
+def test_an_unknown_slurm_release_is_one_line_listing_the_measured_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown Slurm release 'latest'.*22\.05, 24\.11"):
+        SimConfig(mode="slurm", slurm_release="latest")
 
 
 @pytest.mark.parametrize(

@@ -155,3 +155,17 @@ def test_typed_updates_by_release(now: str, new: str) -> None:
     assert old_rules == (transition_problem(change), scontrol_steps(change))  # None: 22.05
     problem, steps = old_rules
     assert (problem is not None and steps == []) or len(steps) == 2
+
+
+@pytest.mark.parametrize(
+    ("version", "drops"),
+    [
+        ("slurm 22.05.8", False),
+        ("slurm 24.05.8", False),
+        ("slurm 24.11.5", True),
+        ("slurm 25.05.0", True),
+    ],
+)
+def test_backfill_counts_a_job_past_its_limit_gone_from_24_11_on(version: str, drops: bool) -> None:
+    release = parse_release(version)
+    assert release is not None and release.backfill_drops_jobs_past_limit is drops

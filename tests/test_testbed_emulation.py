@@ -425,6 +425,19 @@ def test_at_submit_is_its_own_prediction(tmp_path: Path) -> None:
     assert late["avg_jct_ratio"] == every["at_submit_avg_jct_ratio"]
 
 
+@pytest.mark.parametrize(("release", "planned_as"), [("", "22.05"), ("24.11", "24.11")])
+def test_the_prediction_plans_as_the_testbeds_slurm_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str, planned_as: str
+) -> None:
+    """The testbed's daemons are the host's Slurm (22.05) or ``$SLURM_PAL_SLURM_RELEASE``'s;
+    every simulation of its prediction plans a job past its limit as that release does."""
+    from slurm_pal.testbed.run import prediction_configs, prepare
+
+    monkeypatch.setenv("SLURM_PAL_SLURM_RELEASE", release)
+    configs = prediction_configs(prepare(RunSettings(tmp_path / "tb", trace="dl", nodes=8)))
+    assert {c.slurm_release for c in configs.values()} == {planned_as}
+
+
 def test_packing_advisor_is_timed_as_stock(tmp_path: Path) -> None:
     """An advisor that places as Slurm packs predicts a ratio of exactly 1, and says so."""
     from slurm_pal.testbed.run import prepare, simulate_prediction

@@ -384,6 +384,14 @@ EnforceLimitsOption = Annotated[
         "by default it runs to its end, so a slow GPU's cost stays in its JCT.",
     ),
 ]
+SlurmReleaseOption = Annotated[
+    str,
+    typer.Option(
+        "--slurm-release",
+        help="Slurm mode: the release whose backfill to plan as (22.05 expects a job past its "
+        "limit to run a limit more; 24.11 counts it gone).",
+    ),
+]
 SeedOption = Annotated[
     int | None,
     typer.Option(
@@ -461,6 +469,7 @@ def run(
     round_seconds: RoundOption = 360.0,
     backfill: BackfillOption = True,
     enforce_limits: EnforceLimitsOption = False,
+    slurm_release: SlurmReleaseOption = "22.05",
     seed: SeedOption = None,
     pal_artifact: PalArtifactOption = False,
     class_map: ClassMapOption = [],  # noqa: B006 (typer only reads it)
@@ -505,6 +514,7 @@ def run(
             "round_seconds": round_seconds,
             "backfill": backfill,
             "enforce_limits": enforce_limits,
+            "slurm_release": slurm_release,
             "locality_penalty": locality_penalty,
             "seed": seed if seed is not None else 0,
             "pal_artifact": pal_artifact,
@@ -539,6 +549,11 @@ def run_title(
         f"{n_jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {mode} mode"
         + (f" ({common['round_seconds']:g} s rounds)" if mode == "rounds" else "")
         + (" (time limits enforced)" if common.get("enforce_limits") else "")
+        + (
+            f" (Slurm {common['slurm_release']}'s backfill)"
+            if mode == "slurm" and common.get("slurm_release", "22.05") != "22.05"
+            else ""
+        )
         + f", L={common['locality_penalty']:g}, "
         + (source or "no variability (uniform GPUs)")
         + (f"; {plan_note(plan)}" if plan else "")

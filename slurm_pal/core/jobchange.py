@@ -17,11 +17,14 @@ __all__ = ["JobChange", "ReleaseRules", "gpu_types", "is_gpu_typed", "transition
 
 
 class ReleaseRules(Protocol):
-    """What the transition rules need to know of a Slurm release
-    (:class:`slurm_pal.adapters.slurm.release.SlurmRelease` is one)."""
+    """What the transition rules and the round's backfill prediction need to know of a Slurm
+    release (:class:`slurm_pal.adapters.slurm.release.SlurmRelease` is one)."""
 
     @property
     def typed_gres_update_replaces(self) -> bool: ...
+
+    @property
+    def backfill_drops_jobs_past_limit(self) -> bool: ...
 
 
 @dataclass(frozen=True)

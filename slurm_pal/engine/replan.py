@@ -359,7 +359,8 @@ def plan_replan(
     job routed at its submit to GPUs since taken is routed again rather than left waiting for
     them; a job Slurm would not start before that reservation is left as it is.
     ``overtime_unlimited``: that Slurm lets jobs run past their limits, and expects one that
-    has to run a whole limit more (else to end now, as it kills it).
+    has to run a whole limit more (else to end now, as it kills it); a ``release`` whose
+    backfill counts such a job gone (24.11) plans it ending now either way.
 
     ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
     the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
@@ -470,7 +471,8 @@ def plan_replan(
             planned,
             now if now is not None else planned.clock,
             held_now,
-            overtime_unlimited=overtime_unlimited,
+            overtime_unlimited=overtime_unlimited
+            and not (release is not None and release.backfill_drops_jobs_past_limit),
         )
     else:
         start = StopAtMisfit(held=held_now)

@@ -75,7 +75,8 @@ class EngineSettings:
     ``slurm_backfill``: the site's Slurm backfills, so a round goes past a job that fits
     nowhere yet (the simulator's Slurm brings its own start rule and ignores it).
     ``slurm_overtime_unlimited``: the site's Slurm lets jobs run past their limits, so the
-    round expects one past its limit to run a whole limit more, as that Slurm's backfill does."""
+    round expects one past its limit to run a whole limit more, as that Slurm's backfill does
+    up to 24.05 (the round's ``release`` says when it counts such a job gone instead)."""
 
     policy: str = "packed-pm"
     policy_settings: tuple[tuple[str, float | bool], ...] = ()

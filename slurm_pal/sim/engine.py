@@ -70,6 +70,7 @@ from typing import Protocol
 
 import numpy as np
 
+from slurm_pal.adapters.slurm.release import parse_release
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement import (
     Allocation,
@@ -102,6 +103,7 @@ __all__ = [
     "PLACEMENTS",
     "REQUESTS",
     "SCHEDULERS",
+    "SLURM_RELEASES",
     "JobEnd",
     "ProbeHooks",
     "SimConfig",
@@ -149,6 +151,8 @@ REQUESTS = ("gpus", "gres-per-node")
 """How users ask Slurm for a job that fits in a node (Slurm mode): ``--gpus=N`` (cons_tres may
 spread it over nodes) or ``--gres=gpu:N`` (sbatch's one node). Jobs of whole nodes ask
 ``-N k --gres=gpu:<node's GPUs>`` either way."""
+SLURM_RELEASES = ("22.05", "24.11")
+"""The releases whose planning of a job past its limit was measured (``slurm_release``)."""
 DECISIONS = ("every-event", "at-submit")
 """When the advisor places a job in Slurm mode: at every arrival and job end (the Epilog's
 re-planning round, ``advisor.replan_on_epilog``), or only at the job's own submission; a job
@@ -203,6 +207,11 @@ class SimConfig:
     """Slurm mode: a job still running at its time limit ends there, as Slurm ends it (state
     TIMEOUT, its work lost; not resubmitted). Off: it runs to the end of its work, so what a
     slow GPU costs a job with a tight limit stays counted, as its JCT."""
+    slurm_release: str = "22.05"
+    """Slurm mode: the release whose backfill the simulated Slurm plans as, where it differs:
+    a job past its limit (not killed) is expected to run a whole limit more by 22.05 to 24.05,
+    and counted gone by 24.11 on, which then plans the queue's head now and backfills nothing
+    beside it (``SlurmRelease.backfill_drops_jobs_past_limit``)."""
 
     def __post_init__(self) -> None:
         if self.placement not in ALL_PLACEMENTS:
@@ -223,11 +232,21 @@ class SimConfig:
             raise ValueError(f"unknown requests {self.requests!r}; valid: {', '.join(REQUESTS)}")
         if self.enforce_limits and self.mode != "slurm":
             raise ValueError("enforce_limits needs mode 'slurm' (the round mode preempts)")
+        if parse_release(f"slurm {self.slurm_release}") is None:
+            raise ValueError(
+                f"unknown Slurm release {self.slurm_release!r}; valid: MAJOR.MINOR such as "
+                f"{', '.join(SLURM_RELEASES)}"
+            )
         if not (math.isfinite(self.round_seconds) and self.round_seconds > 0):
             raise ValueError(f"round length must be > 0 s, got {self.round_seconds}")
         for penalty in (self.locality_penalty, self.site_locality_penalty):
             if penalty is not None and not (math.isfinite(penalty) and penalty >= 1.0):
                 raise ValueError(f"locality penalty must be >= 1.0, got {penalty}")
+
+    @property
+    def backfill_drops_jobs_past_limit(self) -> bool:
+        release = parse_release(f"slurm {self.slurm_release}")
+        return release is not None and release.backfill_drops_jobs_past_limit
 
     @property
     def sticky(self) -> bool:
@@ -750,9 +769,10 @@ class _Simulation:
     ) -> tuple[float, int]:
         """When ``needed`` GPUs will be free (by GPU count, from the running jobs' planned
         ends, as Slurm guesses them for jobs past their limits: this Slurm kills none unless
-        ``enforce_limits``, as ``OverTimeLimit=UNLIMITED``) and how many are left over then.
-        Never (inf) when unlimited jobs hold them: Slurm cannot plan around those either."""
-        killed = self.config.enforce_limits
+        ``enforce_limits``, as ``OverTimeLimit=UNLIMITED``, and 24.11 counts them gone) and
+        how many are left over then. Never (inf) when unlimited jobs hold them: Slurm cannot
+        plan around those either."""
+        killed = self.config.enforce_limits or self.config.backfill_drops_jobs_past_limit
         ends = [
             (
                 expected_end(self._planned_end(job, end), job.spec.time_limit, now, killed=killed),

@@ -44,9 +44,11 @@ __all__ = ["SlurmRound", "SlurmRounds", "pending_job", "sim_labels"]
 
 @dataclass(frozen=True)
 class _AnyUpdate:
-    """The simulated Slurm's release rules: an update replaces a pending job's GPU request."""
+    """The simulated Slurm's release rules: an update replaces a pending job's GPU request.
+    Its backfill is the simulator's own (``SimConfig.slurm_release``), not the round's."""
 
     typed_gres_update_replaces: bool = True
+    backfill_drops_jobs_past_limit: bool = False
 
 
 def sim_labels(cluster: Cluster) -> LabelTable:

@@ -96,6 +96,7 @@ from slurm_pal.testbed.evidence import (
 )
 from slurm_pal.testbed.hosts import CONTROLLER_OCTET, SUBNET
 from slurm_pal.testbed.multihost import MultiHostSlurm
+from slurm_pal.testbed.programs import SYSTEM_RELEASES, default_release
 
 __all__ = [
     "ARMS",
@@ -1006,6 +1007,13 @@ def slurm_order(prep: Prepared, node: str) -> list[int]:
     return [int(g["index"]) for g in ranked]
 
 
+def testbed_release() -> str:
+    """The Slurm release the testbed's daemons are (``$SLURM_PAL_SLURM_RELEASE``; the host's own
+    is 22.05), as ``SimConfig.slurm_release`` takes it: the prediction plans as it does."""
+    release = default_release()
+    return "22.05" if release in SYSTEM_RELEASES else release
+
+
 def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     """The simulations behind the prediction. ``stock``: Slurm's packing. ``advisor``: placement
     ``advisor`` from :func:`advisor_sim_options` of the config the served advisor reads, the
@@ -1014,10 +1022,16 @@ def prediction_configs(prep: Prepared) -> dict[str, SimConfig]:
     only at each job's submission (Slurm places a job that waited), what the advisor does
     without the Epilog's re-planning. ``control``: the control arm's service, simulated from its
     own config the same way (when the testbed was prepared with one). All in Slurm mode, with
-    backfill where the testbed runs it, jobs asked for as ``sbatch_args`` submits them."""
+    backfill where the testbed runs it, as the testbed's release plans it, jobs asked for as
+    ``sbatch_args`` submits them."""
     penalty = float(prep.table["across_nodes"])  # type: ignore[arg-type]
     # the trace's jobs are submitted with --gres=gpu:N per node (sbatch_args)
-    testbed = {"mode": "slurm", "backfill": prep.settings.site_like, "requests": "gres-per-node"}
+    testbed = {
+        "mode": "slurm",
+        "backfill": prep.settings.site_like,
+        "requests": "gres-per-node",
+        "slurm_release": testbed_release(),
+    }
     site = {"site_locality_penalty": penalty}
     advisor = advisor_sim_options(prep.served_config()) | testbed | site
     configs = {

@@ -13,7 +13,8 @@ from now) and the simulator now gives its starts. 24.11, with the same slurm.con
 head now (``squeue --start``), so the short job waits for the long one's end: its
 ``_future_run_test`` counts a running job whose end is already past as gone before it
 simulates any end (``_build_cr_job_list``), whatever ``OverTimeLimit`` says. The test holds
-each release to what it does.
+each release to what it does, and the simulator, told the release (``slurm_release``), to
+the same starts.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def test_a_short_job_backfills_beside_a_job_past_its_limit(testbed_root: Path) -
     tb.wait_job(short, OVERRUN_S, state="RUNNING")
     started = _epoch(tb, short, "StartTime")
     long_end = began + OVERRUN_S
-    expects_a_limit_more = (release_of(tb).major, release_of(tb).minor) < (24, 11)
+    release = release_of(tb)
+    expects_a_limit_more = not release.backfill_drops_jobs_past_limit
     if expects_a_limit_more:
         assert started < long_end - 10, "Slurm kept the free GPU idle for the head's reservation"
     else:
@@ -79,9 +81,8 @@ def test_a_short_job_backfills_beside_a_job_past_its_limit(testbed_root: Path) -
         SimJob("check", check_at - began, 1, 5.0, "A", time_limit=180.0),
         SimJob("short", submitted - began, 1, 5.0, "A", time_limit=60.0),
     ]
-    result = simulate(
-        trace, uniform_gpus(["A"], 1, 4), SimConfig(placement="packed-sticky", mode="slurm")
-    )
+    as_this_slurm = SimConfig(placement="packed-sticky", mode="slurm", slurm_release=release.series)
+    result = simulate(trace, uniform_gpus(["A"], 1, 4), as_this_slurm)
     simulated = {job.job_id: job for job in result.jobs}
     assert simulated["head"].start == pytest.approx(OVERRUN_S)
     assert simulated["check"].start >= simulated["head"].start
@@ -89,4 +90,6 @@ def test_a_short_job_backfills_beside_a_job_past_its_limit(testbed_root: Path) -
         assert simulated["short"].start == pytest.approx(submitted - began)
         # Slurm starts it on its next backfill pass (bf_interval=1), the simulator at once.
         assert started - submitted <= 5
+    else:  # after the long job, as measured
+        assert simulated["short"].start >= simulated["head"].start
     tb.stop()

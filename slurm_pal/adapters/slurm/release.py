@@ -1,10 +1,11 @@
 """Which Slurm release the command-line tools belong to, and what differs between releases.
 
 Why here: slurm-pal is tested on 22.05 (Debian 12) and 24.11 (Debian 13), and a few things the
-adapter does depend on the release (which command lists nodes as JSON, whether ``scontrol
-update`` of a typed GRES request replaces or merges). Those choices live in this module's
-:class:`SlurmRelease`; the advisor core never branches on a version. An unknown release (the
-version could not be read) gets 22.05's behaviour, the oldest and most restrictive one.
+adapter and the round's prediction depend on the release (which command lists nodes as JSON,
+whether ``scontrol update`` of a typed GRES request replaces or merges, how backfill plans a
+job past its limit). Those choices live in this module's :class:`SlurmRelease`; the advisor
+core never branches on a version. An unknown release (the version could not be read) gets
+22.05's behaviour, the oldest and most restrictive one.
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ class SlurmRelease:
         included (checked on 24.11: ``binA:2 -> binB:2`` runs on 2 binB GPUs, typed -> untyped
         and untyped -> typed in one update are accepted). 22.05 merges the new typed entries
         into the old ones and refuses typed <-> untyped changes (testbed/NOTES.md)."""
+        return (self.major, self.minor) >= (24, 11)
+
+    @property
+    def backfill_drops_jobs_past_limit(self) -> bool:
+        """The backfill planner counts a running job already past its time limit as gone, so
+        it plans the queue's head now and backfills nothing beside such a job, whatever
+        ``OverTimeLimit`` says (24.11 on: cons_tres ``_build_cr_job_list`` drops a job whose
+        end is before the planned start, upstream commit 4107be4f80; measured on 24.11.5 by
+        tests/slurm/test_overtime_backfill.py). Earlier releases guess its end
+        (``_guess_job_end``): a second from now, or a whole limit from now where
+        ``OverTimeLimit=UNLIMITED`` (22.05.8 measured; 23.02-24.05 have the same code)."""
         return (self.major, self.minor) >= (24, 11)
 
 
