@@ -79,6 +79,11 @@ class SlurmConfigFiles(TestbedLayout):
         context = self._config_context()
         self.conf.write_text(env.get_template("slurm.conf.j2").render(context))
         (etc / "gres.conf").write_text(env.get_template("gres.conf.j2").render(context))
+        if self.bin_dir is not None:
+            # 24.11's slurmd sets up cgroups for slurmstepd even under proctrack/linuxproc and
+            # task/none, and dies on a cgroup v2 host without systemd ("systemd scope for
+            # slurmstepd could not be set": seen on the lent GPU machine); nothing here uses them.
+            (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         state = asdict(self)  # type: ignore[call-overload]  # the cluster (LocalSlurm) is a dataclass
         state["root"] = str(self.root)
         (self.root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
