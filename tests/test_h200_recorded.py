@@ -1,8 +1,9 @@
 """What the project's code wrote on a real H200 (``tests/fixtures/gpu-h200``, see its README):
 the benchmarks' warm-up + measure window under the campaign runner with its windowed NVML
 telemetry, the Prolog/Epilog hooks' busy-time sampler records, Nsight Compute on the same
-benchmarks and per-second GPM readings. Nothing here runs on a GPU: these tests hold the
-code that reads those files to what the GPU wrote.
+benchmarks, per-second GPM readings, and the hooks' records under a real slurmd (``slurm/``).
+Nothing here runs on a GPU: these tests hold the code that reads those files to what the GPU
+wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from slurm_pal.core.suspicion import CAP_EXCUSES
 from tests.helpers.ncu import ncu_features
 
 H200 = Path(__file__).parent / "fixtures" / "gpu-h200"
+UNDER_SLURM = H200 / "slurm"
 NCU_POINTS = 5.0  # how close busy-time NVML figures must come to ncu's, in percent points
 
 
@@ -119,3 +121,31 @@ def test_gpm_reads_nothing_idle_and_the_busy_share_under_load() -> None:
     busy = [r for r in stream["readings"] if r["phase"] == "measure"][:-1]
     # what the sampler takes as STREAM's FU figure: INTEGER_UTIL, the largest unit metric
     assert all(3 < r["INTEGER_UTIL"] < 5 and r["ANY_TENSOR_UTIL"] < 1 for r in busy)
+
+
+@pytest.mark.parametrize(("job", "alone"), [(1, 101), (2, 102)])
+def test_under_slurm_the_hooks_read_what_they_read_without_it(job: int, alone: int) -> None:
+    """The same benchmark, its sampler started by slurmd's Prolog instead of by hand: the same
+    busy-time figures within a point, and the same clock signals."""
+    under = json.loads((UNDER_SLURM / f"{job}.epilog.json").read_text())
+    for key in ("dram_util", "fu_util"):
+        assert abs(under["telemetry"][key] - epilog(alone)["telemetry"][key]) < 1.0
+    signals = gpu_signals_from(under["gpu_signals"]["0"])
+    reference = gpu_signals_from(epilog(alone)["gpu_signals"]["0"])
+    assert (signals.power_capped >= CAP_EXCUSES) is (reference.power_capped >= CAP_EXCUSES)
+    assert signals.sm_clock_mhz == pytest.approx(reference.sm_clock_mhz, abs=40)
+
+
+def test_under_slurm_the_prolog_named_the_gpu_labels_json_maps_its_slurm_index_to() -> None:
+    labels = json.loads((UNDER_SLURM / "labels.json").read_text())["nodes"]["n01"]
+    environment = json.loads((UNDER_SLURM / "prolog-env.json").read_text())
+    for job in (1, 2):
+        prolog = json.loads((UNDER_SLURM / f"{job}.prolog.json").read_text())
+        assert prolog["slurm_gpus"] == [labels[0]["slurm_index"]]
+        assert prolog["uuids"] == [labels[0]["uuid"]] == [environment["gpu_uuid_nvml"]]
+    assert "CUDA_VISIBLE_DEVICES=0" in environment["gemm_prolog_env"]
+    decisions = json.loads((UNDER_SLURM / "decisions.json").read_text())
+    assert [(d["job_id"], d["answer"]["action"], d["answer"]["class"]) for d in decisions] == [
+        (1, "pass", "A"),
+        (2, "pass", "C"),
+    ]
