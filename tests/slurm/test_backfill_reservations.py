@@ -54,8 +54,12 @@ def test_backfill_reserves_whole_nodes_for_every_waiting_job(testbed_root: Path)
         # A GPU stands free, but r1 is reserved from the holder's limit on: the 10-minute job
         # waits (by GPU count it fits in the two GPUs left beside the first job's reservation).
         assert fields[small]["Reason"] in ("Priority", "Resources")
-        submitted = datetime.fromisoformat(fields[small]["SubmitTime"]).timestamp()
-        small_at = submitted - planned[holder]
+        # submit times from the holder's start, in submission order (Slurm keeps seconds)
+        submitted = [
+            datetime.fromisoformat(fields[job]["SubmitTime"]).timestamp() - planned[holder]
+            for job in (first, second, small)
+        ]
+        first_at, second_at, small_at = (max(t, 0.0) + 0.01 * k for k, t in enumerate(submitted))
     finally:
         for job in (holder, first, second, small):
             tb.run(["scancel", str(job)], check=False)
@@ -66,8 +70,8 @@ def test_backfill_reserves_whole_nodes_for_every_waiting_job(testbed_root: Path)
     limit = LIMIT_MIN * 60.0
     trace = [
         SimJob("holder", 0.0, 3, 60.0, "A", time_limit=limit),
-        SimJob("first", 1.0, 2, 5.0, "A", time_limit=limit),
-        SimJob("second", 2.0, 2, 5.0, "A", time_limit=limit),
+        SimJob("first", first_at, 2, 5.0, "A", time_limit=limit),
+        SimJob("second", second_at, 2, 5.0, "A", time_limit=limit),
         SimJob("small", small_at, 1, 5.0, "A", time_limit=600.0),
     ]
     as_simulated = SimConfig(placement="packed-sticky", mode="slurm")
