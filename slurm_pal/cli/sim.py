@@ -18,7 +18,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from slurm_pal.adapters.config import load_config
+from slurm_pal.adapters.config import SiteConfig, load_config
 from slurm_pal.adapters.traces import TraceFormatError, detect_trace_format, load_trace
 from slurm_pal.cli.common import (
     console,
@@ -489,8 +489,7 @@ def run(
     if not placement:
         placement = ",".join(SITE_PLACEMENTS if config is not None else PAPER_PLACEMENTS)
     placements = split_names(placement, list(ALL_PLACEMENTS), "placement")
-    if locality_penalty is None:
-        locality_penalty = site.locality.across_switches
+    penalty = site.locality.across_switches if locality_penalty is None else locality_penalty
     schedulers = split_names(scheduler, list(SCHEDULERS), "scheduler")
     n_nodes, per_node = checked_cluster(cluster)
     check_run_options(workers, seed, migration_seconds, xi, round_seconds, mode, enforce_limits)
@@ -507,7 +506,7 @@ def run(
             TraceChoice(trace, trace_format, poisson, load, classes, times, default_class),
             seed if seed is not None else 0,
             gpus.classes,
-            spanned_penalty=locality_penalty,
+            spanned_penalty=penalty,
         )
         common: dict[str, object] = {
             "mode": mode,
@@ -515,7 +514,7 @@ def run(
             "backfill": backfill,
             "enforce_limits": enforce_limits,
             "slurm_release": slurm_release,
-            "locality_penalty": locality_penalty,
+            "locality_penalty": penalty,
             "seed": seed if seed is not None else 0,
             "pal_artifact": pal_artifact,
             "migration_seconds": migration_seconds,
@@ -530,10 +529,15 @@ def run(
         except ValueError as exc:
             fail(str(exc))
     title = run_title(len(jobs), (n_nodes, per_node), common, gpus.source if profiles else "", plan)
-    advisor_note = (
-        advisor_changes_no_job(site, [gpus.placement_scores]) if "advisor" in placements else None
-    )
-    print_run(jobs, results, RunOutput(title, advisor_note, plot, as_json, timeline))
+    note = advisor_note(site, placements, gpus)
+    print_run(jobs, results, RunOutput(title, note, plot, as_json, timeline))
+
+
+def advisor_note(site: SiteConfig, placements: Sequence[str], gpus: SimGpus) -> str | None:
+    """Why the advisor placement equals packing on these GPUs, when it does (else None)."""
+    if "advisor" not in placements:
+        return None
+    return advisor_changes_no_job(site, [gpus.placement_scores])
 
 
 def run_title(
