@@ -363,6 +363,13 @@ def main() -> int:
         help="the release whose backfill the simulated Slurm plans as, in every placement "
         "(22.05: a job past its limit runs a limit more; 24.11: it counts as gone)",
     )
+    parser.add_argument(
+        "--backfill-reserves",
+        default="head",
+        choices=("head", "nodes"),
+        help="what the simulated Slurm's backfill reserves: the first waiting job by GPU count "
+        "(EASY), or every waiting job on whole nodes (sched/backfill)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -395,6 +402,9 @@ def main() -> int:
         variants[name] = variant
     if args.enforce_limits:
         variants = {n: (p, {**o, "enforce_limits": True}) for n, (p, o) in variants.items()}
+    if args.backfill_reserves != "head":
+        reserves = {"backfill_reserves": args.backfill_reserves}
+        variants = {n: (p, {**o, **reserves}) for n, (p, o) in variants.items()}
     if args.slurm_release != "22.05":
         try:
             SimConfig(mode="slurm", slurm_release=args.slurm_release)
@@ -432,6 +442,7 @@ def main() -> int:
         "seconds": round(elapsed, 1),
         "enforce_limits": args.enforce_limits,
         "slurm_release": args.slurm_release,
+        "backfill_reserves": args.backfill_reserves,
         "cells": [
             {"gpus_per_node": s, "trace": f, "profile": p, "placements": rows[(s, f, p)]}
             for s, f, p in cells

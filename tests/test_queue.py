@@ -7,7 +7,7 @@ import pytest
 
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import get_policy
-from slurm_pal.core.queue import SlurmBackfill, placement_order, plan_round
+from slurm_pal.core.queue import NodeBackfill, SlurmBackfill, placement_order, plan_round
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
 
@@ -111,3 +111,37 @@ def test_backfill_expects_a_job_past_its_limit_as_the_sites_slurm_does(
     assert rule.blocked(job("head", "A", 4))
     behind = PlacementRequest("short", "A", 1, time_limit_s=60.0)
     assert rule.admits(behind) is overtime_unlimited
+
+
+def test_node_backfill_reserves_the_first_waiting_jobs_node_over_its_limit() -> None:
+    """One node of four GPUs, three busy until 120 s: the first waiting job (2 GPUs, 120 s) is
+    planned there at 120 s for its limit, so a 1-GPU job whose limit runs past 120 s may not
+    take the free GPU now, one that ends by then may, and the second waiting job is planned
+    only after the first (Slurm's reservations are whole nodes)."""
+    state = cluster(nodes=1)
+    state.allocate([0, 1, 2])
+    state.expect_free_at([0, 1, 2], 120.0, since=0.0)
+    rule = NodeBackfill(state, 10.0, held={"held"})
+    first = PlacementRequest("first", "A", 2, time_limit_s=120.0)
+    assert rule.fence(first) is None and rule.blocked(first)
+    assert rule.reserved == [(120.0, 240.0, frozenset({0}))]
+    assert rule.fence(PlacementRequest("long", "A", 1, time_limit_s=600.0)) == [3]
+    assert rule.fence(PlacementRequest("short", "A", 1, time_limit_s=100.0)) == []
+    rule.blocked(PlacementRequest("second", "A", 2, time_limit_s=120.0))
+    assert rule.reserved[-1] == (240.0, 360.0, frozenset({0}))
+    rule.blocked(PlacementRequest("held", "A", 4, time_limit_s=60.0))  # begin time later
+    assert len(rule.reserved) == 2
+
+
+def test_node_backfill_plans_a_job_of_several_nodes_where_none_is_reserved() -> None:
+    """Two nodes of four: n0 busy until 100 s, n1 free. A 4-GPU job fits n1 now, so it is not
+    waiting; an 8-GPU job is planned on both at 100 s, after which nothing else fits before its
+    limit ends."""
+    state = cluster(nodes=2)
+    state.allocate([0, 1, 2, 3])
+    state.expect_free_at([0, 1, 2, 3], 100.0, since=0.0)
+    rule = NodeBackfill(state, 0.0)
+    rule.blocked(PlacementRequest("wide", "A", 8, time_limit_s=50.0))
+    assert rule.reserved == [(100.0, 150.0, frozenset({0, 1}))]
+    assert rule.fence(PlacementRequest("x", "A", 1, time_limit_s=120.0)) == [4, 5, 6, 7]
+    assert rule.fence(PlacementRequest("y", "A", 4, time_limit_s=90.0)) == []

@@ -257,3 +257,28 @@ def test_the_simulated_slurm_plans_a_job_past_its_limit_as_the_release_asked_for
     assert "Slurm 24.11's backfill" in text
     bad = run_cli(*args, "--slurm-release", "latest", ok=False)
     assert bad.exit_code == 2 and "unknown Slurm release 'latest'" in bad.output  # type: ignore[attr-defined]
+
+
+def test_the_simulated_backfill_reserves_as_asked(
+    run_cli: Callable[..., object], tmp_path: Path
+) -> None:
+    """Job 4 (10 h limit) takes the free GPU at once under EASY; reserving nodes for every
+    waiting job, as Slurm does, it waits until jobs 2 and 3 have run (one node of four)."""
+    history = tmp_path / "queue.sacct"
+    history.write_text(
+        "JobID|Submit|Start|End|AllocTRES|Timelimit\n"
+        "1|2026-01-01T00:00:00|2026-01-01T00:00:00|2026-01-01T01:00:00|gres/gpu=3|02:00:00\n"
+        "2|2026-01-01T00:01:00|2026-01-01T01:00:00|2026-01-01T01:05:00|gres/gpu=2|02:00:00\n"
+        "3|2026-01-01T00:02:00|2026-01-01T01:00:00|2026-01-01T01:05:00|gres/gpu=2|02:00:00\n"
+        "4|2026-01-01T00:03:00|2026-01-01T00:03:00|2026-01-01T00:08:00|gres/gpu=1|10:00:00\n"
+    )
+    args = ["sim", "run", "--trace", history, "--cluster", "1x4", "--mode", "slurm",
+            "--placement", "packed-sticky", "--json"]  # fmt: skip
+    easy = json.loads(run_cli(*args).output)[0]  # type: ignore[attr-defined]
+    nodes = json.loads(run_cli(*args, "--backfill-reserves", "nodes").output)[0]  # type: ignore[attr-defined]
+    # job 4: 5 min, or from 00:03 to 01:10 (after jobs 2 and 3, 01:00-01:05)
+    assert nodes["avg_jct"] - easy["avg_jct"] == pytest.approx((67 - 5) * 60 / 4)
+    text = run_cli(*args[:-1], "--backfill-reserves", "nodes").output  # type: ignore[attr-defined]
+    assert "backfill reserves nodes for every waiting job" in text
+    bad = run_cli(*args, "--backfill-reserves", "all", ok=False)
+    assert bad.exit_code == 2 and "unknown backfill_reserves 'all'" in bad.output  # type: ignore[attr-defined]

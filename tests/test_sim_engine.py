@@ -394,3 +394,47 @@ def test_unidentified_jobs_are_placed_as_the_default_class() -> None:
     assert outcome(simulate(known, gpus, SimConfig("pm-first", default_class="A")), "0").end == (
         pytest.approx(100.0)
     )
+
+
+def _starts(trace: list[SimJob], gpus: SimGpus, reserves: str) -> dict[str, float | None]:
+    config = SimConfig(placement="packed-sticky", mode="slurm", backfill_reserves=reserves)
+    return {job.job_id: job.start for job in simulate(trace, gpus, config).jobs}
+
+
+def test_backfill_reserving_nodes_keeps_a_node_for_every_waiting_job_over_its_limit() -> None:
+    """One node of four GPUs, three held until 60 s (limit 120 s). The first waiting job is
+    planned there at the holder's limit; the second, which would fit beside it, after it; a
+    1-GPU job with a 600 s limit takes the free GPU at once only under EASY (by GPU count, two
+    are left beside the first job's reservation). Slurm keeps it waiting
+    (tests/slurm/test_backfill_reservations.py), as ``nodes`` does."""
+    gpus = uniform_gpus(["A"], 1, 4)
+    trace = [
+        SimJob("holder", 0.0, 3, 60.0, "A", time_limit=120.0),
+        SimJob("first", 1.0, 2, 5.0, "A", time_limit=120.0),
+        SimJob("second", 2.0, 2, 5.0, "A", time_limit=120.0),
+        SimJob("small", 3.0, 1, 5.0, "A", time_limit=600.0),
+    ]
+    assert _starts(trace, gpus, "head")["small"] == pytest.approx(3.0)
+    nodes = _starts(trace, gpus, "nodes")
+    assert nodes["first"] == nodes["second"] == pytest.approx(60.0)  # both fit when it ends
+    assert nodes["small"] == pytest.approx(65.0)
+
+
+def test_a_job_that_ends_before_a_nodes_reservation_starts_backfills_on_that_node() -> None:
+    """The first waiting job's node is reserved from the holder's limit (120 s) on; a job whose
+    own limit (100 s) ends before then starts on it now; one whose limit does not, waits."""
+    gpus = uniform_gpus(["A"], 1, 4)
+    trace = [
+        SimJob("holder", 0.0, 3, 60.0, "A", time_limit=120.0),
+        SimJob("first", 1.0, 2, 5.0, "A", time_limit=120.0),
+        SimJob("short", 2.0, 1, 5.0, "A", time_limit=100.0),
+        SimJob("long", 3.0, 1, 5.0, "A", time_limit=300.0),
+    ]
+    starts = _starts(trace, gpus, "nodes")
+    assert starts["short"] == pytest.approx(2.0)
+    assert starts["long"] == pytest.approx(60.0)  # when the holder ends: room beside first
+
+
+def test_backfill_reserves_is_one_of_the_known_rules() -> None:
+    with pytest.raises(ValueError, match="unknown backfill_reserves 'all'; valid: head, nodes"):
+        SimConfig(mode="slurm", backfill_reserves="all")

@@ -384,6 +384,14 @@ EnforceLimitsOption = Annotated[
         "by default it runs to its end, so a slow GPU's cost stays in its JCT.",
     ),
 ]
+BackfillReservesOption = Annotated[
+    str,
+    typer.Option(
+        "--backfill-reserves",
+        help="Slurm mode, backfill: head (EASY: the first waiting job, by GPU count) or nodes "
+        "(as Slurm's sched/backfill: every waiting job, on whole nodes, over its limit).",
+    ),
+]
 SlurmReleaseOption = Annotated[
     str,
     typer.Option(
@@ -470,6 +478,7 @@ def run(
     backfill: BackfillOption = True,
     enforce_limits: EnforceLimitsOption = False,
     slurm_release: SlurmReleaseOption = "22.05",
+    backfill_reserves: BackfillReservesOption = "head",
     seed: SeedOption = None,
     pal_artifact: PalArtifactOption = False,
     class_map: ClassMapOption = [],  # noqa: B006 (typer only reads it)
@@ -514,6 +523,7 @@ def run(
             "backfill": backfill,
             "enforce_limits": enforce_limits,
             "slurm_release": slurm_release,
+            "backfill_reserves": backfill_reserves,
             "locality_penalty": penalty,
             "seed": seed if seed is not None else 0,
             "pal_artifact": pal_artifact,
@@ -553,6 +563,11 @@ def run_title(
         f"{n_jobs} jobs, {cluster[0]}x{cluster[1]} GPUs, {mode} mode"
         + (f" ({common['round_seconds']:g} s rounds)" if mode == "rounds" else "")
         + (" (time limits enforced)" if common.get("enforce_limits") else "")
+        + (
+            " (backfill reserves nodes for every waiting job)"
+            if mode == "slurm" and common.get("backfill_reserves", "head") != "head"
+            else ""
+        )
         + (
             f" (Slurm {common['slurm_release']}'s backfill)"
             if mode == "slurm" and common.get("slurm_release", "22.05") != "22.05"

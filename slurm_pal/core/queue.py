@@ -25,11 +25,15 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from enum import StrEnum
 from typing import Literal, NamedTuple, Protocol
 
+import numpy as np
+
 from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.placement.base import PlacementPolicy, PlacementResult
 from slurm_pal.core.request import PlacementRequest
 
 __all__ = [
+    "BF_WINDOW_S",
+    "NodeBackfill",
     "Outcome",
     "SlurmBackfill",
     "StartRule",
@@ -97,6 +101,10 @@ class StartRule(Protocol):
         """This job did not get GPUs now; True goes on with the next job (backfill)."""
         ...
 
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        """Free GPUs this job may not start on now (kept for jobs ahead of it); None: none."""
+        ...
+
 
 class StopAtMisfit:
     """PAL's rule: no backfilling, the round ends at the first job that does not fit, so the
@@ -112,6 +120,9 @@ class StopAtMisfit:
         return True
 
     def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        return None
+
+    def fence(self, request: PlacementRequest) -> list[int] | None:
         return None
 
     def blocked(self, request: PlacementRequest) -> bool:
@@ -164,6 +175,9 @@ class SlurmBackfill:
         if self.shadow is not None and not self._ends_in_time(request):
             self.spare -= request.gpus
 
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        return None  # EASY by GPU count: a job's place is never fenced, only its start
+
     def blocked(self, request: PlacementRequest) -> bool:
         if self.shadow is not None or request.job_id in self.held:
             return True
@@ -178,6 +192,167 @@ class SlurmBackfill:
         )
         self.shadow, self.spare = backfill_reservation(cluster.n_free, ends, request.gpus)
         return True
+
+
+BF_WINDOW_S = 86400.0
+"""sched/backfill's default ``bf_window`` (1440 min): a job whose start it cannot plan within
+a day of now gets no reservation."""
+
+
+class NodeBackfill:
+    """Slurm's sched/backfill as it plans: every waiting job it tests, in priority order, is
+    planned at the earliest time enough GPUs free up (the running jobs' expected ends,
+    ``cluster.busy_until``) on nodes no earlier job has reserved over this job's limit, and
+    those *nodes* are reserved for it over its limit (``_add_reservation`` keeps node
+    bitmaps, so two waiting jobs never share a node in the plan); a later job starts now only
+    on nodes no reservation covers over its own limit (:meth:`fence`). A job held to a later
+    begin time (``held``) gets none. Nodes are chosen as cons_tres best-fits: the fullest one
+    a one-node job fits on, else the emptiest first.
+
+    Why: EASY by GPU count (:class:`SlurmBackfill`, the simulator's default) starts jobs a
+    real Slurm keeps waiting: on one node of four GPUs, the second waiting job is planned
+    after the first one's limit though both fit, and a long 1-GPU job stays off the free GPU
+    (22.05 and 24.11, tests/slurm/test_backfill_reservations.py)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        now: float,
+        held: Container[str] = (),
+        *,
+        overtime_unlimited: bool = False,
+        window_s: float = BF_WINDOW_S,
+    ) -> None:
+        self.cluster = cluster
+        self.now = now
+        self.held = held
+        self.killed = not overtime_unlimited
+        self.window_s = window_s
+        self.reserved: list[tuple[float, float, frozenset[int]]] = []  # (start, end, nodes)
+
+    @staticmethod
+    def span(request: PlacementRequest) -> float:
+        """How long Slurm plans the job to hold its nodes: its limit (its known run time
+        without one; without either, for ever)."""
+        if request.time_limit_s is not None:
+            return request.time_limit_s
+        return request.runtime_s if request.runtime_s is not None else math.inf
+
+    def _covered(self, start: float, end: float) -> set[int]:
+        return {n for s, e, nodes in self.reserved if s < end and e > start for n in nodes}
+
+    def admits(self, request: PlacementRequest) -> bool:
+        return True
+
+    def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        return None
+
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        if not self.reserved:
+            return None
+        nodes = self._covered(self.now, self.now + self.span(request))
+        cluster = self.cluster
+        return [
+            int(gpu)
+            for node in sorted(nodes)
+            for gpu in cluster.node_gpus[node]
+            if gpu >= 0 and cluster.free[gpu]
+        ]
+
+    def blocked(self, request: PlacementRequest) -> bool:
+        if request.job_id in self.held:
+            return True  # not eligible yet: Slurm plans nothing for it
+        cluster = self.cluster
+        free = np.bincount(cluster.gpu_node[cluster.free], minlength=len(cluster.node_names))
+        span = self.span(request)
+        one_node = request.gpus_per_node is None and request.gpus <= cluster.max_gpus_per_node
+        plan = self._on_one_node if one_node else self._on_nodes
+        planned = plan(request, span, free.tolist())
+        if planned is not None:
+            self.reserved.append((planned[0], planned[0] + span, frozenset(planned[1])))
+        return True
+
+    def _frees(self) -> list[tuple[float, int]]:
+        """(when Slurm expects it free, its node) for each busy GPU, soonest first."""
+        cluster, now = self.cluster, self.now
+        busy = np.flatnonzero(~cluster.free)
+        until, since = cluster.busy_until[busy].tolist(), cluster.busy_since[busy].tolist()
+        nodes = cluster.gpu_node[busy].tolist()
+        return sorted(
+            (expected_end(u, u - s, now, killed=self.killed), n)
+            for u, s, n in zip(until, since, nodes, strict=True)
+        )
+
+    def _on_one_node(
+        self, request: PlacementRequest, span: float, free: list[int]
+    ) -> tuple[float, list[int]] | None:
+        """The earliest start on one node (its own GPUs' ends and reservations only), the
+        fullest node at that time."""
+        now = self.now
+        ends: dict[int, list[float]] = {}
+        for end, node in self._frees():
+            ends.setdefault(node, []).append(end)
+        held: dict[int, list[tuple[float, float]]] = {}
+        for start, end, nodes in self.reserved:
+            for node in nodes:
+                held.setdefault(node, []).append((start, end))
+        best: tuple[float, int, int] | None = None  # (start, free GPUs then, node)
+        for node, count in enumerate(free):
+            node_ends, blocks = ends.get(node, []), held.get(node, [])
+            for t in sorted({now, *node_ends, *(e for _, e in blocks)}):
+                if t > now + self.window_s or (best is not None and t > best[0]):
+                    break
+                available = count + sum(1 for e in node_ends if e <= t)
+                if available < request.gpus or any(s < t + span and e > t for s, e in blocks):
+                    continue
+                best = min(best, (t, available, node)) if best is not None else (t, available, node)
+                break
+        return None if best is None else (best[0], [best[2]])
+
+    def _on_nodes(
+        self, request: PlacementRequest, span: float, free: list[int]
+    ) -> tuple[float, list[int]] | None:
+        """The earliest time enough GPUs are free on nodes no reservation covers over the
+        job's limit (a job of whole nodes, or one that spreads)."""
+        now = self.now
+        frees = self._frees()
+        times = {now, *(t for t, _ in frees), *(e for _, e, _ in self.reserved)}
+        freed = 0
+        for t in sorted(t for t in times if now <= t <= now + self.window_s):
+            while freed < len(frees) and frees[freed][0] <= t:
+                free[frees[freed][1]] += 1
+                freed += 1
+            covered = self._covered(t, t + span)
+            nodes = [n for n, k in enumerate(free) if k > 0 and n not in covered]
+            chosen = _fit_nodes(request, nodes, free)
+            if chosen is not None:
+                return t, chosen
+        return None
+
+
+def _fit_nodes(
+    request: PlacementRequest, nodes: Sequence[int], free: Sequence[int]
+) -> list[int] | None:
+    """Nodes (of ``nodes``, ``free`` GPUs each) a job of ``request`` fits on, as cons_tres
+    picks them: one node, the fullest that fits; else (a job that may spread) the emptiest
+    first; a job of whole nodes, ``gpus / gpus_per_node`` nodes with that many free."""
+    per_node = request.gpus_per_node
+    if per_node is not None:
+        fitting = sorted((n for n in nodes if free[n] >= per_node), key=lambda n: (free[n], n))
+        count = request.gpus // per_node
+        return fitting[:count] if len(fitting) >= count else None
+    one = [n for n in nodes if free[n] >= request.gpus]
+    if one:
+        return [min(one, key=lambda n: (free[n], n))]
+    if request.max_nodes == 1:
+        return None
+    chosen, total = [], 0
+    for n in sorted(nodes, key=lambda n: (-free[n], n)):
+        chosen.append(n)
+        total += free[n]
+        if total >= request.gpus:
+            return chosen
+    return None
 
 
 def expected_end(limit_end: float, limit_s: float | None, now: float, *, killed: bool) -> float:
@@ -264,7 +439,15 @@ def queue_round(
         if not rule.admits(request):
             steps.append(Step(request, Outcome.HELD, None))
             continue
-        result = place(request, cluster)
+        hidden = rule.fence(request)
+        if hidden:  # kept for jobs ahead of it: out of the placement's sight
+            cluster.allocate(hidden)
+            try:
+                result = place(request, cluster)
+            finally:
+                cluster.release(hidden)
+        else:
+            result = place(request, cluster)
         if result.allocation is None:
             outcome = Outcome.WAITS if result.waits else Outcome.NO_FIT
             steps.append(Step(request, outcome, result))

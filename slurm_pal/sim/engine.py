@@ -79,6 +79,7 @@ from slurm_pal.core.placement import (
     get_policy,
 )
 from slurm_pal.core.queue import (
+    NodeBackfill,
     backfill_reservation,
     expected_end,
     placement_order,
@@ -97,6 +98,7 @@ from slurm_pal.sim.variability import SimGpus
 
 __all__ = [
     "ALL_PLACEMENTS",
+    "BACKFILL_RESERVES",
     "DECISIONS",
     "MODES",
     "PAPER_PLACEMENTS",
@@ -151,6 +153,8 @@ REQUESTS = ("gpus", "gres-per-node")
 """How users ask Slurm for a job that fits in a node (Slurm mode): ``--gpus=N`` (cons_tres may
 spread it over nodes) or ``--gres=gpu:N`` (sbatch's one node). Jobs of whole nodes ask
 ``-N k --gres=gpu:<node's GPUs>`` either way."""
+BACKFILL_RESERVES = ("head", "nodes")
+"""What the simulated Slurm's backfill keeps free for waiting jobs (``backfill_reserves``)."""
 SLURM_RELEASES = ("22.05", "24.11")
 """The releases whose planning of a job past its limit was measured (``slurm_release``)."""
 DECISIONS = ("every-event", "at-submit")
@@ -207,6 +211,10 @@ class SimConfig:
     """Slurm mode: a job still running at its time limit ends there, as Slurm ends it (state
     TIMEOUT, its work lost; not resubmitted). Off: it runs to the end of its work, so what a
     slow GPU costs a job with a tight limit stays counted, as its JCT."""
+    backfill_reserves: str = "head"
+    """Slurm mode, backfill: what it keeps free for waiting jobs. ``head``: EASY, the first
+    waiting job only, by GPU count (the figures in the docs). ``nodes``: as Slurm's
+    sched/backfill does, every waiting job it plans, on whole nodes, over its limit."""
     slurm_release: str = "22.05"
     """Slurm mode: the release whose backfill the simulated Slurm plans as, where it differs:
     a job past its limit (not killed) is expected to run a whole limit more by 22.05 to 24.05,
@@ -232,6 +240,11 @@ class SimConfig:
             raise ValueError(f"unknown requests {self.requests!r}; valid: {', '.join(REQUESTS)}")
         if self.enforce_limits and self.mode != "slurm":
             raise ValueError("enforce_limits needs mode 'slurm' (the round mode preempts)")
+        if self.backfill_reserves not in BACKFILL_RESERVES:
+            raise ValueError(
+                f"unknown backfill_reserves {self.backfill_reserves!r}; valid: "
+                f"{', '.join(BACKFILL_RESERVES)}"
+            )
         if parse_release(f"slurm {self.slurm_release}") is None:
             raise ValueError(
                 f"unknown Slurm release {self.slurm_release!r}; valid: MAJOR.MINOR such as "
@@ -744,7 +757,11 @@ class _Simulation:
         """One round of the advisor's engine at ``now`` (``engine.replan``, the service's
         round), Slurm's FIFO + EASY backfill deciding which placed jobs may start
         (:mod:`slurm_pal.sim.slurmround`)."""
-        rule = _EasyBackfill(self, running, now)
+        rule: _EasyBackfill = (
+            _NodeBackfill(self, running, now)
+            if self.config.backfill_reserves == "nodes"
+            else _EasyBackfill(self, running, now)
+        )
         self.cluster.clock = now
         self.rounds.run(order, rule, now)
         return rule.started
@@ -886,6 +903,9 @@ class _EasyBackfill:
         if self.shadow is not None and not self._ends_in_time(job):
             self.spare -= job.spec.gpus
 
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        return None  # EASY reserves by GPU count: no GPU is kept from a job's place
+
     def blocked(self, request: PlacementRequest) -> bool:
         if self.shadow is not None:
             return True
@@ -902,6 +922,37 @@ class _EasyBackfill:
             job.spec.gpus, self.running, self.now
         )
         return True
+
+
+class _NodeBackfill(_EasyBackfill):
+    """The simulated Slurm's start rule with ``backfill_reserves="nodes"``: jobs start as
+    under :class:`_EasyBackfill`, but what is kept free for the waiting jobs is Slurm's own
+    plan (:class:`~slurm_pal.core.queue.NodeBackfill`: every waiting job, on whole nodes, over
+    its limit), read from the cluster's expected ends as the simulator sets them."""
+
+    def __init__(
+        self, simulation: _Simulation, running: list[tuple[float, int, _Job]], now: float
+    ) -> None:
+        super().__init__(simulation, running, now)
+        config = simulation.config
+        killed = config.enforce_limits or config.backfill_drops_jobs_past_limit
+        self.plan = NodeBackfill(simulation.cluster, now, overtime_unlimited=not killed)
+
+    def admits(self, request: PlacementRequest) -> bool:
+        job = self.simulation.by_id[request.job_id]
+        held = job.held_until is not None and job.held_until > self.now
+        return not (self.simulation.at_submit_only and held)
+
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        return self.plan.fence(request)
+
+    def blocked(self, request: PlacementRequest) -> bool:
+        job = self.simulation.by_id[request.job_id]
+        if job.held_until is not None and job.held_until > self.now:
+            return True  # not eligible yet: no reservation (as _EasyBackfill)
+        if not self.simulation.config.backfill:
+            return False
+        return self.plan.blocked(request)
 
 
 def simulate(

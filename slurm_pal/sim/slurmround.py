@@ -142,6 +142,9 @@ class SlurmRound:
     def blocked(self, request: PlacementRequest) -> bool:
         return self.rule.blocked(request)
 
+    def fence(self, request: PlacementRequest) -> list[int] | None:
+        return self.rule.fence(request)
+
 
 class SlurmRounds:
     """The simulation's rounds through the engine: the simulated cluster's labels, and each

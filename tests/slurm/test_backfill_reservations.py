@@ -8,7 +8,8 @@ limit. The simulator's Slurm (``sim/engine._EasyBackfill``) and the service's ro
 On one node of four GPUs, three held by a job for two more minutes, the two differ: Slurm
 plans the second waiting job after the first one's limit, though two GPUs stand free beside
 the first then, and keeps a one-GPU job with a long limit off the GPU that is free now;
-the simulator starts that job at once. The test holds each to what it does.
+the simulator starts that job at once, unless told to reserve as Slurm does
+(``backfill_reserves="nodes"``). The test holds each to what it does.
 """
 
 from __future__ import annotations
@@ -78,3 +79,9 @@ def test_backfill_reserves_whole_nodes_for_every_waiting_job(testbed_root: Path)
     result = simulate(trace, uniform_gpus(["A"], 1, 4), as_simulated)
     simulated = {job.job_id: job for job in result.jobs}
     assert simulated["small"].start == pytest.approx(small_at)
+    # Reserving nodes for every waiting job, as Slurm: the 10-minute job waits for a GPU that
+    # no reservation covers (once the first two have run).
+    as_slurm = SimConfig(placement="packed-sticky", mode="slurm", backfill_reserves="nodes")
+    result = simulate(trace, uniform_gpus(["A"], 1, 4), as_slurm)
+    simulated = {job.job_id: job for job in result.jobs}
+    assert simulated["small"].start >= simulated["first"].start + 5.0
