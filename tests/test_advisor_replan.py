@@ -510,3 +510,38 @@ def test_under_backfill_the_round_plans_a_job_past_its_limit_as_the_running_rele
     )
     assert 7 in result.not_placed
     assert ([u.job_id for u in result.updates] == [8]) is backfills
+
+
+@pytest.mark.parametrize(("reserves", "node"), [("head", "n01"), ("nodes", "n02")])
+def test_under_backfill_the_round_expects_the_reservations_the_site_says_slurm_makes(
+    reserves: str, node: str
+) -> None:
+    """n01 (four GPUs) has three held until their limit 10 min from now, n02 (two) one for
+    hours; the first waiting job (2 GPUs on a node) fits only n01, then. Slurm (``nodes``)
+    reserves n01 for it and would start a 1-GPU job with a 60-minute limit on n02's free GPU,
+    never on n01's: the round routes it to n02. EASY (``head``) counts GPUs, not nodes: one
+    is left over beside the reservation, so the round routes the job to packing's pick, n01,
+    where Slurm would keep it waiting behind the first job."""
+    policy = get_policy("packed-pm", avoid_above=1.5)
+    now = 10_000.0
+    first = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:2", "time_limit": 10})
+    long = JobDescription.from_wire({"user": "u", "tres_per_node": "gres:gpu:1", "time_limit": 60})
+    busy = [("n01", 0), ("n01", 1), ("n01", 2), ("n02", 0)]
+    cluster, labels = site({"n01": [A0] * 4, "n02": [A0] * 2}, busy=busy)
+    soon = [cluster.uuid_index[f"GPU-n01-{i}"] for i in range(3)]
+    cluster.expect_free_at(soon, now + 600.0, since=now - 600.0)
+    cluster.expect_free_at([cluster.uuid_index["GPU-n02-0"]], now + 20_000.0, since=now)
+    pending = [
+        PendingJob(7, "t7", first, "A", "test", None, tres_per_node="gres:gpu:2"),
+        PendingJob(9, "t9", long, "A", "test", None, tres_per_node="gres:gpu:1"),
+    ]
+    plan = {"labels": labels, "policy": policy, "version": "t", "now": now}
+    result = plan_replan(
+        pending,
+        cluster,
+        backfill=True,
+        backfill_reserves=reserves,
+        **plan,  # type: ignore[arg-type]
+    )
+    assert 7 in result.not_placed
+    assert [(u.job_id, *u.chosen) for u in result.updates] == [(9, node)]

@@ -23,6 +23,7 @@ from slurm_pal.campaigns.settings import (
     CampaignSettingsError,
     load_campaign_settings,
 )
+from slurm_pal.core.queue import BACKFILL_RESERVES
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 from slurm_pal.errors import SlurmPalError
 
@@ -213,6 +214,12 @@ class AdvisorConfig:
     re-planning round goes past a job that fits nowhere yet, as Slurm starts the jobs behind it
     in the holes; false under ``sched/builtin`` (strict FIFO), where nothing behind the head
     starts and re-planning it would only churn."""
+    slurm_backfill_reserves: str = "head"
+    """What the round expects Slurm's backfill to keep free for the jobs that wait: ``head``,
+    the first one by GPU count (EASY; what the simulator's figures assume), or ``nodes``, whole
+    nodes for every waiting job over its limit, as sched/backfill plans (measured on 22.05 and
+    24.11: tests/slurm/test_backfill_reservations.py); with ``nodes`` the round does not route
+    a job Slurm would keep off a reserved node."""
     slurm_overtime_unlimited: bool = False
     """The site's Slurm lets jobs run past their time limits (``OverTimeLimit=UNLIMITED``):
     its backfill then expects such a job to run a whole limit more, and so does the round
@@ -603,6 +610,11 @@ def _validate_advisor(config: SiteConfig) -> None:
     if not (math.isfinite(a.remeasure_slower) and a.remeasure_slower > 1):
         raise ConfigError(
             f"{src}: 'advisor.remeasure_slower' must be > 1, got {a.remeasure_slower}"
+        )
+    if a.slurm_backfill_reserves not in BACKFILL_RESERVES:
+        raise ConfigError(
+            f"{src}: 'advisor.slurm_backfill_reserves' is {a.slurm_backfill_reserves!r}; valid "
+            f"values: {', '.join(BACKFILL_RESERVES)}"
         )
     if a.pin not in PIN_CHOICES:
         raise ConfigError(

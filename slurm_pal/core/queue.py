@@ -32,6 +32,7 @@ from slurm_pal.core.placement.base import PlacementPolicy, PlacementResult
 from slurm_pal.core.request import PlacementRequest
 
 __all__ = [
+    "BACKFILL_RESERVES",
     "BF_WINDOW_S",
     "NodeBackfill",
     "Outcome",
@@ -194,6 +195,9 @@ class SlurmBackfill:
         return True
 
 
+BACKFILL_RESERVES = ("head", "nodes")
+"""What a backfilling Slurm keeps free for the jobs that wait, as modelled: ``head``, EASY
+(:class:`SlurmBackfill`); ``nodes``, sched/backfill's own plan (:class:`NodeBackfill`)."""
 BF_WINDOW_S = 86400.0
 """sched/backfill's default ``bf_window`` (1440 min): a job whose start it cannot plan within
 a day of now gets no reservation."""

@@ -180,5 +180,6 @@ class AdvisorEngine:
             now=now,
             slurm=slurm,
             backfill=self.settings.slurm_backfill,
+            backfill_reserves=self.settings.slurm_backfill_reserves,
             overtime_unlimited=self.settings.slurm_overtime_unlimited,
         )

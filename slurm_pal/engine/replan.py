@@ -32,7 +32,14 @@ from slurm_pal.core.cluster import Cluster
 from slurm_pal.core.hostlist import compress, expand
 from slurm_pal.core.jobchange import JobChange, ReleaseRules, transition_problem
 from slurm_pal.core.placement import PlacementPolicy, PlacementResult
-from slurm_pal.core.queue import Outcome, SlurmBackfill, StartRule, StopAtMisfit, queue_round
+from slurm_pal.core.queue import (
+    NodeBackfill,
+    Outcome,
+    SlurmBackfill,
+    StartRule,
+    StopAtMisfit,
+    queue_round,
+)
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.engine.decide import (
     NO_FIT,
@@ -338,6 +345,7 @@ def plan_replan(
     slurm: SimulatedSlurm | None = None,
     backfill: bool = False,
     overtime_unlimited: bool = False,
+    backfill_reserves: str = "head",
 ) -> ReplanResult:
     """PAL's round over ``pending`` (given in Slurm's priority order) on ``cluster``'s free
     GPUs (the pending jobs' own reservations already released). Pure: ``cluster`` is copied.
@@ -361,6 +369,10 @@ def plan_replan(
     ``overtime_unlimited``: that Slurm lets jobs run past their limits, and expects one that
     has to run a whole limit more (else to end now, as it kills it); a ``release`` whose
     backfill counts such a job gone (24.11) plans it ending now either way.
+    ``backfill_reserves``: ``head``, EASY (:class:`~slurm_pal.core.queue.SlurmBackfill`);
+    ``nodes``, Slurm's whole-node reservation for every waiting job
+    (:class:`~slurm_pal.core.queue.NodeBackfill`): a job is placed only off the nodes
+    reserved over its limit.
 
     ``slurm``: the Slurm the driver simulates (:class:`SimulatedSlurm`; None: a real one, as
     the service's). The round then runs on ``cluster`` itself with that Slurm's start rule (a
@@ -467,7 +479,8 @@ def plan_replan(
     if slurm is not None:
         start = slurm.start
     elif backfill:
-        start = SlurmBackfill(
+        rule = NodeBackfill if backfill_reserves == "nodes" else SlurmBackfill
+        start = rule(
             planned,
             now if now is not None else planned.clock,
             held_now,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slurm_pal.core.placement import PlacementPolicy, configured_policy
+from slurm_pal.core.queue import BACKFILL_RESERVES
 
 __all__ = ["PINS", "AdvisorKnobs", "EngineSettings"]
 
@@ -62,6 +63,9 @@ class AdvisorKnobs(Protocol):
     def slurm_backfill(self) -> bool: ...
 
     @property
+    def slurm_backfill_reserves(self) -> str: ...
+
+    @property
     def slurm_overtime_unlimited(self) -> bool: ...
 
 
@@ -73,7 +77,9 @@ class EngineSettings:
     ``every-job`` pins every placed job. ``replan_on_epilog``: a job's end runs a round (off:
     the advisor decides at submit only, and Slurm places what found no GPUs then).
     ``slurm_backfill``: the site's Slurm backfills, so a round goes past a job that fits
-    nowhere yet (the simulator's Slurm brings its own start rule and ignores it).
+    nowhere yet (the simulator's Slurm brings its own start rule and ignores it);
+    ``slurm_backfill_reserves`` says what it keeps free then (``head``: EASY, ``nodes``:
+    Slurm's whole-node reservations for every waiting job).
     ``slurm_overtime_unlimited``: the site's Slurm lets jobs run past their limits, so the
     round expects one past its limit to run a whole limit more, as that Slurm's backfill does
     up to 24.05 (the round's ``release`` says when it counts such a job gone instead)."""
@@ -86,11 +92,17 @@ class EngineSettings:
     reservation_ttl_s: float = 60.0
     replan_on_epilog: bool = True
     slurm_backfill: bool = True
+    slurm_backfill_reserves: str = "head"
     slurm_overtime_unlimited: bool = False
 
     def __post_init__(self) -> None:
         if self.pin not in PINS:
             raise ValueError(f"unknown pin {self.pin!r}; valid: {', '.join(PINS)}")
+        if self.slurm_backfill_reserves not in BACKFILL_RESERVES:
+            raise ValueError(
+                f"unknown slurm_backfill_reserves {self.slurm_backfill_reserves!r}; "
+                f"valid: {', '.join(BACKFILL_RESERVES)}"
+            )
 
     @classmethod
     def from_advisor(cls, advisor: AdvisorKnobs, policy: str | None = None) -> EngineSettings:
@@ -111,6 +123,7 @@ class EngineSettings:
             reservation_ttl_s=float(advisor.reservation_ttl_s),
             replan_on_epilog=bool(advisor.replan_on_epilog),
             slurm_backfill=bool(advisor.slurm_backfill),
+            slurm_backfill_reserves=str(advisor.slurm_backfill_reserves),
             slurm_overtime_unlimited=bool(advisor.slurm_overtime_unlimited),
         )
 

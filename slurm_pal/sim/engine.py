@@ -79,6 +79,7 @@ from slurm_pal.core.placement import (
     get_policy,
 )
 from slurm_pal.core.queue import (
+    BACKFILL_RESERVES,
     NodeBackfill,
     backfill_reservation,
     expected_end,
@@ -153,8 +154,6 @@ REQUESTS = ("gpus", "gres-per-node")
 """How users ask Slurm for a job that fits in a node (Slurm mode): ``--gpus=N`` (cons_tres may
 spread it over nodes) or ``--gres=gpu:N`` (sbatch's one node). Jobs of whole nodes ask
 ``-N k --gres=gpu:<node's GPUs>`` either way."""
-BACKFILL_RESERVES = ("head", "nodes")
-"""What the simulated Slurm's backfill keeps free for waiting jobs (``backfill_reserves``)."""
 SLURM_RELEASES = ("22.05", "24.11")
 """The releases whose planning of a job past its limit was measured (``slurm_release``)."""
 DECISIONS = ("every-event", "at-submit")
