@@ -136,3 +136,11 @@ def test_default_db_path_depends_on_who_runs(monkeypatch: pytest.MonkeyPatch) ->
 def test_advisor_and_hooks_errors(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text))
+
+
+def test_the_config_knows_the_backfill_rules_the_core_models() -> None:
+    """The config loads without numpy, so it keeps its own list of the rules; it is core's."""
+    from slurm_pal.adapters import config
+    from slurm_pal.core import queue
+
+    assert config.BACKFILL_RESERVES == queue.BACKFILL_RESERVES

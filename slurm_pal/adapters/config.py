@@ -23,7 +23,6 @@ from slurm_pal.campaigns.settings import (
     CampaignSettingsError,
     load_campaign_settings,
 )
-from slurm_pal.core.queue import BACKFILL_RESERVES
 from slurm_pal.core.resolve import ClassRule, ResolveConfig, check_app_name
 from slurm_pal.errors import SlurmPalError
 
@@ -131,6 +130,7 @@ class ClassificationConfig:
 ADVISOR_POLICIES = ("packed-pm", "pal", "pm-first", "packed", "random")
 OUTLIER_CHOICES = ("wait", "last-resort")
 PIN_CHOICES = ("steered", "every-job")
+BACKFILL_RESERVES = ("head", "nodes")  # core/queue's (a test holds them equal): no numpy here
 LABEL_REQUEST_CHOICES = ("translate", "allow", "deny")
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 SLURM_JOB_READS = ("json", "brief")
