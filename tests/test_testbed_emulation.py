@@ -436,6 +436,7 @@ def test_the_prediction_plans_as_the_testbeds_slurm_release(
     monkeypatch.setenv("SLURM_PAL_SLURM_RELEASE", release)
     configs = prediction_configs(prepare(RunSettings(tmp_path / "tb", trace="dl", nodes=8)))
     assert {c.slurm_release for c in configs.values()} == {planned_as}
+    assert {c.backfill_reserves for c in configs.values()} == {"nodes"}  # as sched/backfill
 
 
 def test_packing_advisor_is_timed_as_stock(tmp_path: Path) -> None:
