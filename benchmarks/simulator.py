@@ -12,6 +12,12 @@ Keys:
   64 x 4 GPUs, FIFO, 300 s rounds (the paper's Synergy setup), PAL placement.
 - ``poisson3000_256gpu_slurm_s``: the same trace in the event-driven Slurm mode.
 - ``sia160_placements_s``: the first figure per placement.
+- ``slurm_nodes_vs_head``: the simulated Slurm planning as sched/backfill does (every waiting
+  job reserved on whole nodes, ``backfill_reserves="nodes"``) against EASY (``head``), as a
+  ratio of wall times over the same simulations: two of the matrix's cells with limits and
+  gangs (Sia-Philly with a site's limits on 1-GPU nodes, the gang family on 8-GPU nodes,
+  few-slow), 2 runs each, the advisor and packing; ``slurm_nodes_s`` / ``slurm_head_s`` the two
+  times. Needs the shared data (skipped without it).
 """
 
 from __future__ import annotations
@@ -69,11 +75,42 @@ def main() -> None:
         figures[key] = round(time.perf_counter() - started, 3)
         figures[f"{key}_avg_jct_h"] = round(result.summary()["avg_jct"] / 3600, 2)
 
+    if (SIA / "workload-1.csv").is_file() and LONGHORN.is_dir():
+        figures |= backfill_plan_cost()
+
     if args.json:
         print(json.dumps(figures))
         return
     for key, value in figures.items():
         print(f"{key}: {value}")
+
+
+def backfill_plan_cost() -> dict[str, float]:
+    """Wall time of the matrix's simulations with each backfill model, and their ratio."""
+    from production_gain import run_one  # the matrix's own simulations, beside this file
+
+    from slurm_pal.adapters.config import load_config
+    from slurm_pal.sim.advisor import advisor_sim_options
+
+    options = advisor_sim_options(load_config(REPO / "site-config" / "slurm-pal.toml"))
+    advisor = (str(options.pop("placement")), options)
+    times: dict[str, float] = {}
+    for reserves in ("head", "nodes"):
+        started = time.perf_counter()
+        for cell in ((1, "sia-x2", "few-slow"), (8, "sia-gang", "few-slow")):
+            for run in range(2):
+                for name, (placement, extra) in (
+                    ("advisor", advisor),
+                    ("packed", ("packed-sticky", {})),
+                ):
+                    variant = (placement, {**extra, "backfill_reserves": reserves})
+                    run_one((cell, run, name, variant))
+        times[reserves] = round(time.perf_counter() - started, 2)
+    return {
+        "slurm_head_s": times["head"],
+        "slurm_nodes_s": times["nodes"],
+        "slurm_nodes_vs_head": round(times["nodes"] / times["head"], 2),
+    }
 
 
 if __name__ == "__main__":

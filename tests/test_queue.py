@@ -145,3 +145,67 @@ def test_node_backfill_plans_a_job_of_several_nodes_where_none_is_reserved() -> 
     assert rule.reserved == [(100.0, 150.0, frozenset({0, 1}))]
     assert rule.fence(PlacementRequest("x", "A", 1, time_limit_s=120.0)) == [4, 5, 6, 7]
     assert rule.fence(PlacementRequest("y", "A", 4, time_limit_s=90.0)) == []
+
+
+def _brute_force_one_node(
+    state: Cluster, now: float, reserved: list, need: int, span: float
+) -> tuple[float, frozenset[int]] | None:
+    """Slurm's plan for a one-node job by definition: every candidate time (now, a busy GPU's
+    end, a reservation's end) on every node, the earliest where enough of the node's GPUs are
+    free and none of its reservations overlaps the job's span, the fullest node then."""
+    ends = [
+        (float(state.busy_until[g]), int(state.gpu_node[g])) for g in np.flatnonzero(~state.free)
+    ]
+    times = sorted({now, *(e for e, _ in ends), *(e for _, e, _ in reserved)})
+    found = []
+    for node in range(len(state.node_names)):
+        idle = int(np.sum(state.free & (state.gpu_node == node)))
+        for t in times:
+            available = idle + sum(1 for e, n in ends if n == node and e <= t)
+            clash = any(node in nodes and s < t + span and e > t for s, e, nodes in reserved)
+            if available >= need and not clash:
+                found.append((t, available, node))
+                break
+    if not found:
+        return None
+    t, _, node = min(found)
+    return t, frozenset({node})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_node_backfill_plans_one_node_jobs_as_the_definition_does(seed: int) -> None:
+    """Random busy clusters and queues: the planner's reservations for one-node jobs equal a
+    brute-force search over every candidate time and node (its shortcuts skip only times and
+    nodes that cannot win)."""
+    rng = np.random.default_rng(seed)
+    state = cluster(nodes=int(rng.integers(2, 7)), per_node=4)
+    busy = [g for g in range(state.n_gpus) if rng.random() < 0.7]
+    state.allocate(busy)
+    for gpu in busy:
+        state.expect_free_at([gpu], float(rng.integers(1, 40)) * 30.0, since=0.0)
+    rule = NodeBackfill(state, 0.0)
+    expected: list = []
+    for number in range(int(rng.integers(3, 12))):
+        need, span = int(rng.integers(1, 5)), float(rng.integers(1, 20)) * 45.0
+        plan = _brute_force_one_node(state, 0.0, expected, need, span)
+        if plan is not None:
+            expected.append((plan[0], plan[0] + span, plan[1]))
+        rule.blocked(PlacementRequest(f"j{number}", "A", need, time_limit_s=span))
+        assert rule.reserved == expected
+
+
+def test_node_backfill_sees_a_job_placed_during_the_pass() -> None:
+    """The running jobs' ends are read once a pass, and again after a job is placed: the job
+    started in the pass ends later than the GPU was free, and the next plan counts it."""
+    state = cluster(nodes=1)
+    state.allocate([0, 1, 2])
+    state.expect_free_at([0, 1, 2], 100.0, since=0.0)
+    rule = NodeBackfill(state, 0.0)
+    rule.blocked(PlacementRequest("wide", "A", 4, time_limit_s=50.0))
+    assert rule.reserved == [(100.0, 150.0, frozenset({0}))]
+    short = PlacementRequest("short", "A", 1, time_limit_s=80.0)
+    state.allocate([3])
+    state.expect_free_at([3], 80.0, since=0.0)
+    rule.placed(short, get_policy("packed").place(short, cluster(nodes=1)))
+    rule.blocked(PlacementRequest("next", "A", 4, time_limit_s=10.0))
+    assert rule.reserved[-1] == (150.0, 160.0, frozenset({0}))

@@ -20,6 +20,7 @@ job (backfill-like; it can delay the job that did not fit).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Container, Iterable, Sequence
 from enum import StrEnum
@@ -233,6 +234,8 @@ class NodeBackfill:
         self.killed = not overtime_unlimited
         self.window_s = window_s
         self.reserved: list[tuple[float, float, frozenset[int]]] = []  # (start, end, nodes)
+        self._ends: tuple[list[tuple[float, int]], dict[int, list[float]]] | None = None
+        self._blocks: dict[int, list[tuple[float, float]]] = {}  # node -> (end, start), by end
 
     @staticmethod
     def span(request: PlacementRequest) -> float:
@@ -249,7 +252,7 @@ class NodeBackfill:
         return True
 
     def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
-        return None
+        self._ends = None  # its GPUs are busy now: the expected ends are read anew
 
     def fence(self, request: PlacementRequest) -> list[int] | None:
         if not self.reserved:
@@ -273,44 +276,64 @@ class NodeBackfill:
         plan = self._on_one_node if one_node else self._on_nodes
         planned = plan(request, span, free.tolist())
         if planned is not None:
-            self.reserved.append((planned[0], planned[0] + span, frozenset(planned[1])))
+            start, end = planned[0], planned[0] + span
+            self.reserved.append((start, end, frozenset(planned[1])))
+            for node in planned[1]:
+                bisect.insort(self._blocks.setdefault(node, []), (end, start))
         return True
 
-    def _frees(self) -> list[tuple[float, int]]:
-        """(when Slurm expects it free, its node) for each busy GPU, soonest first."""
-        cluster, now = self.cluster, self.now
-        busy = np.flatnonzero(~cluster.free)
-        until, since = cluster.busy_until[busy].tolist(), cluster.busy_since[busy].tolist()
-        nodes = cluster.gpu_node[busy].tolist()
-        return sorted(
-            (expected_end(u, u - s, now, killed=self.killed), n)
-            for u, s, n in zip(until, since, nodes, strict=True)
-        )
+    def _frees(self) -> tuple[list[tuple[float, int]], dict[int, list[float]]]:
+        """(when Slurm expects it free, its node) for each busy GPU, soonest first, and each
+        node's ends in order. Read once a pass until a job is placed: a pass plans every
+        waiting job against the same running ones."""
+        if self._ends is None:
+            cluster, now = self.cluster, self.now
+            busy = np.flatnonzero(~cluster.free)
+            until, since = cluster.busy_until[busy].tolist(), cluster.busy_since[busy].tolist()
+            nodes = cluster.gpu_node[busy].tolist()
+            frees = sorted(
+                (expected_end(u, u - s, now, killed=self.killed), n)
+                for u, s, n in zip(until, since, nodes, strict=True)
+            )
+            by_node: dict[int, list[float]] = {}
+            for end, node in frees:
+                by_node.setdefault(node, []).append(end)
+            self._ends = frees, by_node
+        return self._ends
 
     def _on_one_node(
         self, request: PlacementRequest, span: float, free: list[int]
     ) -> tuple[float, list[int]] | None:
         """The earliest start on one node (its own GPUs' ends and reservations only), the
         fullest node at that time."""
-        now = self.now
-        ends: dict[int, list[float]] = {}
-        for end, node in self._frees():
-            ends.setdefault(node, []).append(end)
-        held: dict[int, list[tuple[float, float]]] = {}
-        for start, end, nodes in self.reserved:
-            for node in nodes:
-                held.setdefault(node, []).append((start, end))
-        best: tuple[float, int, int] | None = None  # (start, free GPUs then, node)
+        now, need = self.now, request.gpus
+        ends = self._frees()[1]
+        # Before its (need - count)-th end a node cannot hold the job; nodes are tried from
+        # the soonest such time, and none that cannot start it before the best found is tried.
+        candidates = []
         for node, count in enumerate(free):
-            node_ends, blocks = ends.get(node, []), held.get(node, [])
-            for t in sorted({now, *node_ends, *(e for _, e in blocks)}):
-                if t > now + self.window_s or (best is not None and t > best[0]):
-                    break
-                available = count + sum(1 for e in node_ends if e <= t)
-                if available < request.gpus or any(s < t + span and e > t for s, e in blocks):
-                    continue
-                best = min(best, (t, available, node)) if best is not None else (t, available, node)
+            node_ends = ends.get(node, [])
+            if count + len(node_ends) >= need:
+                first = -math.inf if count >= need else node_ends[need - count - 1]
+                candidates.append((first, node, count, node_ends))
+        candidates.sort()
+        best: tuple[float, int, int] | None = None  # (start, free GPUs then, node)
+        for first, node, count, node_ends in candidates:
+            if best is not None and first > best[0]:
                 break
+            blocks = self._blocks.get(node, [])
+            # The earliest of Slurm's candidate times (now, an end, a reservation's end) from
+            # ``first`` on that no reservation of the node overlaps over the job's span. Past a
+            # clash the next candidate that can be clear is the soonest clashing end, so one
+            # walk through the node's reservations by end finds it: one passed over for
+            # starting after the span ends before any later candidate.
+            t = min(x for x in (now, *node_ends, *(e for e, _ in blocks)) if x >= first)
+            for e, s in blocks:
+                if e > t and s < t + span:
+                    t = e
+            if t <= now + self.window_s and (best is None or t <= best[0]):
+                here = (t, count + bisect.bisect_right(node_ends, t), node)
+                best = here if best is None else min(best, here)
         return None if best is None else (best[0], [best[2]])
 
     def _on_nodes(
@@ -319,13 +342,16 @@ class NodeBackfill:
         """The earliest time enough GPUs are free on nodes no reservation covers over the
         job's limit (a job of whole nodes, or one that spreads)."""
         now = self.now
-        frees = self._frees()
+        frees = self._frees()[0]
         times = {now, *(t for t, _ in frees), *(e for _, e, _ in self.reserved)}
-        freed = 0
+        freed, total = 0, sum(free)
         for t in sorted(t for t in times if now <= t <= now + self.window_s):
             while freed < len(frees) and frees[freed][0] <= t:
                 free[frees[freed][1]] += 1
                 freed += 1
+                total += 1
+            if total < request.gpus:
+                continue  # too few GPUs free then on all nodes together
             covered = self._covered(t, t + span)
             nodes = [n for n, k in enumerate(free) if k > 0 and n not in covered]
             chosen = _fit_nodes(request, nodes, free)

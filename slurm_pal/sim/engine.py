@@ -942,6 +942,10 @@ class _NodeBackfill(_EasyBackfill):
         held = job.held_until is not None and job.held_until > self.now
         return not (self.simulation.at_submit_only and held)
 
+    def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
+        super().placed(request, result)
+        self.plan.placed(request, result)
+
     def fence(self, request: PlacementRequest) -> list[int] | None:
         return self.plan.fence(request)
 
