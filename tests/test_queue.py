@@ -7,7 +7,13 @@ import pytest
 
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import get_policy
-from slurm_pal.core.queue import NodeBackfill, SlurmBackfill, placement_order, plan_round
+from slurm_pal.core.queue import (
+    NodeBackfill,
+    SlurmBackfill,
+    backfill_reservation,
+    placement_order,
+    plan_round,
+)
 from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.topology import Topology
 
@@ -209,3 +215,12 @@ def test_node_backfill_sees_a_job_placed_during_the_pass() -> None:
     rule.placed(short, get_policy("packed").place(short, cluster(nodes=1)))
     rule.blocked(PlacementRequest("next", "A", 4, time_limit_s=10.0))
     assert rule.reserved[-1] == (150.0, 160.0, frozenset({0}))
+
+
+def test_easy_reservation_counts_every_gpu_free_at_its_time() -> None:
+    """A 4-GPU job listed GPU by GPU (as the service's view lists them) ends at 100 s: a
+    2-GPU head is reserved then, and the two other GPUs that free with it are spare, as one
+    4-GPU entry gives."""
+    per_gpu = backfill_reservation(0, [(100.0, 1)] * 4 + [(300.0, 1)], 2)
+    assert per_gpu == backfill_reservation(0, [(100.0, 4), (300.0, 1)], 2) == (100.0, 2)
+    assert backfill_reservation(1, [(50.0, 1), (100.0, 2)], 2) == (50.0, 0)

@@ -408,12 +408,16 @@ def backfill_reservation(
     GPU count: ``free`` now, and each ``(end, gpus)`` of the running jobs as it ends) and how
     many are left over then. Never (inf, 0) when unlimited holders (an ``inf`` end) stand in
     the way: Slurm cannot plan past them either. The simulated Slurm and the service's
-    prediction of a real one reserve alike."""
-    for end, gpus in sorted(ends):
+    prediction of a real one reserve alike. Everything that ends at the reservation's time is
+    free then, and left over: the service lists a job's GPUs one by one, and stopping at the
+    first GPU that made enough left its GPUs that end with it out of the spare."""
+    ordered = sorted(ends)
+    for position, (end, gpus) in enumerate(ordered):
         if not math.isfinite(end):
             break
         free += gpus
         if free >= needed:
+            free += sum(more for when, more in ordered[position + 1 :] if when == end)
             return end, free - needed
     return math.inf, 0
 
