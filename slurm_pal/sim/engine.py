@@ -413,6 +413,9 @@ class _Simulation:
     ) -> None:
         self.config = config
         self.hooks = hooks
+        self.past_limit_ends_now = config.enforce_limits or config.backfill_drops_jobs_past_limit
+        """Whether the simulated Slurm's backfill expects a job past its limit to end at once
+        (killed there, or counted gone by 24.11): read once, its rounds ask at every plan."""
         class_order = config.class_order or gpus.classes
         topology = config.topology or Topology.flat(config.locality_penalty)
         self.cluster = Cluster.from_gpus(gpus.specs(), topology, class_order=class_order)
@@ -788,7 +791,7 @@ class _Simulation:
         ``enforce_limits``, as ``OverTimeLimit=UNLIMITED``, and 24.11 counts them gone) and
         how many are left over then. Never (inf) when unlimited jobs hold them: Slurm cannot
         plan around those either."""
-        killed = self.config.enforce_limits or self.config.backfill_drops_jobs_past_limit
+        killed = self.past_limit_ends_now
         ends = [
             (
                 expected_end(self._planned_end(job, end), job.spec.time_limit, now, killed=killed),
@@ -933,8 +936,7 @@ class _NodeBackfill(_EasyBackfill):
         self, simulation: _Simulation, running: list[tuple[float, int, _Job]], now: float
     ) -> None:
         super().__init__(simulation, running, now)
-        config = simulation.config
-        killed = config.enforce_limits or config.backfill_drops_jobs_past_limit
+        killed = simulation.past_limit_ends_now
         self.plan = NodeBackfill(simulation.cluster, now, overtime_unlimited=not killed)
 
     def admits(self, request: PlacementRequest) -> bool:
