@@ -224,3 +224,17 @@ def test_easy_reservation_counts_every_gpu_free_at_its_time() -> None:
     per_gpu = backfill_reservation(0, [(100.0, 1)] * 4 + [(300.0, 1)], 2)
     assert per_gpu == backfill_reservation(0, [(100.0, 4), (300.0, 1)], 2) == (100.0, 2)
     assert backfill_reservation(1, [(50.0, 1), (100.0, 2)], 2) == (50.0, 0)
+
+
+def test_node_backfill_tries_no_job_past_its_test_limit() -> None:
+    """sched/backfill plans at most ``bf_max_job_test`` waiting jobs a cycle; the jobs after
+    them are neither planned nor started, even one that would fit (here: after two)."""
+    state = cluster(nodes=1)
+    state.allocate([0, 1, 2])
+    state.expect_free_at([0, 1, 2], 120.0, since=0.0)
+    rule = NodeBackfill(state, 0.0, max_job_test=2)
+    for number in range(2):
+        waiting = PlacementRequest(f"w{number}", "A", 4, time_limit_s=60.0)
+        assert rule.admits(waiting) and rule.blocked(waiting)
+    assert len(rule.reserved) == 2
+    assert not rule.admits(PlacementRequest("fits", "A", 1, time_limit_s=10.0))

@@ -202,6 +202,9 @@ BACKFILL_RESERVES = ("head", "nodes")
 BF_WINDOW_S = 86400.0
 """sched/backfill's default ``bf_window`` (1440 min): a job whose start it cannot plan within
 a day of now gets no reservation."""
+BF_MAX_JOB_TEST = 500
+"""sched/backfill's default ``bf_max_job_test``: the waiting jobs it plans in one cycle; the
+jobs after them in priority order are not tried at all (neither started nor reserved for)."""
 
 
 class NodeBackfill:
@@ -227,12 +230,15 @@ class NodeBackfill:
         *,
         overtime_unlimited: bool = False,
         window_s: float = BF_WINDOW_S,
+        max_job_test: int = BF_MAX_JOB_TEST,
     ) -> None:
         self.cluster = cluster
         self.now = now
         self.held = held
         self.killed = not overtime_unlimited
         self.window_s = window_s
+        self.max_job_test = max_job_test
+        self.tested = 0
         self.reserved: list[tuple[float, float, frozenset[int]]] = []  # (start, end, nodes)
         self._ends: tuple[list[tuple[float, int]], dict[int, list[float]]] | None = None
         self._blocks: dict[int, list[tuple[float, float]]] = {}  # node -> (end, start), by end
@@ -249,7 +255,7 @@ class NodeBackfill:
         return {n for s, e, nodes in self.reserved if s < end and e > start for n in nodes}
 
     def admits(self, request: PlacementRequest) -> bool:
-        return True
+        return self.tested < self.max_job_test  # past that, Slurm tries no job this cycle
 
     def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
         self._ends = None  # its GPUs are busy now: the expected ends are read anew
@@ -269,10 +275,15 @@ class NodeBackfill:
     def blocked(self, request: PlacementRequest) -> bool:
         if request.job_id in self.held:
             return True  # not eligible yet: Slurm plans nothing for it
+        self.tested += 1
         cluster = self.cluster
         free = np.bincount(cluster.gpu_node[cluster.free], minlength=len(cluster.node_names))
         span = self.span(request)
-        one_node = request.gpus_per_node is None and request.gpus <= cluster.max_gpus_per_node
+        # a job of one whole node's worth (--gres=gpu:N, one node) plans as any one-node job
+        per_node = request.gpus_per_node
+        one_node = request.gpus == per_node or (
+            per_node is None and request.gpus <= cluster.max_gpus_per_node
+        )
         plan = self._on_one_node if one_node else self._on_nodes
         planned = plan(request, span, free.tolist())
         if planned is not None:
@@ -327,6 +338,7 @@ class NodeBackfill:
             # clash the next candidate that can be clear is the soonest clashing end, so one
             # walk through the node's reservations by end finds it: one passed over for
             # starting after the span ends before any later candidate.
+            first = max(first, now)  # Slurm plans no start before now
             t = min(x for x in (now, *node_ends, *(e for e, _ in blocks)) if x >= first)
             for e, s in blocks:
                 if e > t and s < t + span:

@@ -942,7 +942,7 @@ class _NodeBackfill(_EasyBackfill):
     def admits(self, request: PlacementRequest) -> bool:
         job = self.simulation.by_id[request.job_id]
         held = job.held_until is not None and job.held_until > self.now
-        return not (self.simulation.at_submit_only and held)
+        return self.plan.admits(request) and not (self.simulation.at_submit_only and held)
 
     def placed(self, request: PlacementRequest, result: PlacementResult) -> None:
         super().placed(request, result)
