@@ -215,7 +215,9 @@ class NodeBackfill:
     bitmaps, so two waiting jobs never share a node in the plan); a later job starts now only
     on nodes no reservation covers over its own limit (:meth:`fence`). A job held to a later
     begin time (``held``) gets none. Nodes are chosen as cons_tres best-fits: the fullest one
-    a one-node job fits on, else the emptiest first.
+    a one-node job fits on, else the emptiest first. After ``max_job_test`` planned jobs (its
+    ``bf_max_job_test``) no later job is tried in the pass: neither started nor planned, which
+    also keeps a round over 10,000 pending jobs within an Epilog's wait.
 
     Why: EASY by GPU count (:class:`SlurmBackfill`, the simulator's default) starts jobs a
     real Slurm keeps waiting: on one node of four GPUs, the second waiting job is planned
