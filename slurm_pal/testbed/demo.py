@@ -48,7 +48,8 @@ __all__ = ["DEMO_TRACE", "live_demo", "missing_for_live_demo", "verdict", "write
 DEMO_TRACE = "dl"
 DEMO_SEED = 18
 """The draw of ``dl`` the demo runs by default: one for which the simulator predicts a clear gain
-(0.77-0.79 at the demo's scale); ``--trace-seed`` draws others, some with none."""
+(about 0.72 at the demo's scale, planned as Slurm's backfill plans); ``--trace-seed`` draws
+others, some with none."""
 DEMO_SCALE = 0.2
 DEMO_PROFILE = "few-slow"
 DEMO_NODES = 8
