@@ -122,6 +122,27 @@ def test_packed_follows_bloxs_three_steps() -> None:
     assert place("packed", cluster, 6) == ["n1-1", "n1-2", "n2-0", "n2-1", "n2-2", "n2-3"]
 
 
+def test_packed_gives_a_job_of_gpus_per_node_the_nodes_cons_tres_gives() -> None:
+    """The tightest block of consecutive usable nodes, then the best fit inside it
+    (tests/slurm/test_packing_picks.py holds a real Slurm to the same picks)."""
+    layout = {f"n{i}": [1.0] * 4 for i in range(5)}
+    cluster = make_cluster(
+        layout, busy=("n0-0", "n1-0", "n1-1", "n2-0", *(f"n3-{i}" for i in range(4)))
+    )
+    # blocks n0-n2 (3, 2, 3 free) and n4 (4 free): n4 alone is the tighter block
+    assert place("packed", cluster, 1, gpus_per_node=1) == ["n4-0"]
+    assert place("packed", cluster, 2, gpus_per_node=2) == ["n4-0", "n4-1"]
+    # a job of GPUs anywhere (--gpus) still goes to the fewest free GPUs that hold it
+    assert place("packed", cluster, 1) == ["n1-2"]
+    cluster = make_cluster(layout, busy=(*(f"n2-{i}" for i in range(4)), "n4-0", "n4-1"))
+    # blocks n0-n1 (8 free) and n3-n4 (4 + 2): the tighter block's best-fit node
+    assert place("packed", cluster, 1, gpus_per_node=1) == ["n4-2"]
+    # three nodes of 2: no block has three, so the larger one whole, then the other's best fit
+    assert place("packed", cluster, 6, gpus_per_node=2) == [
+        "n0-0", "n0-1", "n1-0", "n1-1", "n4-2", "n4-3",
+    ]  # fmt: skip
+
+
 def test_packed_ignores_scores() -> None:
     cluster = make_cluster({"n0": [2.5, 2.5], "n1": [0.8, 0.8, 0.8]})
     assert place("packed", cluster, 2) == ["n0-0", "n0-1"]

@@ -281,8 +281,8 @@ def test_prediction_gives_jobs_the_limit_slurm_gives_them(tmp_path: Path) -> Non
     """Slurm gives the testbed's jobs no end (sbatch asks for no limit; the partition's MaxTime
     is INFINITE, with no DefaultTime), so the served advisor never expects a GPU to free and
     never holds a job for one. The simulated jobs carry the same limit, so the prediction holds
-    none either: with the run times known exactly it held mixed48's 8-GPU job j27 and let j28
-    pass it, a gain (0.775) that the testbed could not measure (1.002)."""
+    none either: with the run times known exactly it held mixed48's 8-GPU job j27 (and j21) and
+    let j28 pass it, a gain (0.775) that the testbed could not measure (1.002)."""
     from slurm_pal.testbed.run import (
         SLURM_TIME_LIMIT_S,
         prepare,
@@ -308,7 +308,7 @@ def test_prediction_gives_jobs_the_limit_slurm_gives_them(tmp_path: Path) -> Non
     assert _direct(prep, trace, prep.served_config())["held_jobs"] == 0
     exact = [dataclasses.replace(j, time_limit=None) for j in sim_jobs(trace)]
     held = simulate(exact, sim_gpus(prep), _testbed_sim(prep, prep.served_config())).jobs
-    assert [j.job_id for j in held if j.held_s > 0] == ["j27"]
+    assert [j.job_id for j in held if j.held_s > 0] == ["j21", "j27"]
 
 
 def _site(**advisor: object) -> SiteConfig:
@@ -328,9 +328,16 @@ def _direct(prep, trace: list[TraceJob], config: SiteConfig, **override: object)
 
 def _testbed_sim(prep, config: SiteConfig, **override: object) -> SimConfig:
     """The simulated advisor as ``advisor_sim_options`` sets ``config`` up, in the testbed's
-    Slurm mode (strict FIFO)."""
+    Slurm mode (strict FIFO), its jobs asked for as the testbed submits them (``--gres=gpu:N``
+    on one node: cons_tres picks their nodes otherwise than a ``--gpus=N`` job's)."""
+    from slurm_pal.testbed.run import testbed_release
+
     return SimConfig(
-        **(advisor_sim_options(config) | override),
+        **(
+            {"requests": "gres-per-node", "slurm_release": testbed_release()}
+            | advisor_sim_options(config)
+            | override
+        ),
         mode="slurm",
         backfill=False,
         site_locality_penalty=float(prep.table["across_nodes"]),

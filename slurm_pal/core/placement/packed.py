@@ -6,9 +6,10 @@ PAL paper): ignore PM-scores, pack.
 3. else span nodes, taking from the node with the most usable free GPUs first.
 
 Inside a node the GPUs go in the node's order (``GpuSpec.order``: Slurm's numbering in the
-advisor), as cons_tres gives the lowest free first. With ``--gpus-per-node`` the same best-fit
-order picks the nodes; with a node list or node bounds, required nodes come first, then the
-fullest.
+advisor), as cons_tres gives the lowest free first. A job of GPUs per node (``--gres=gpu:g``
+on one node or ``-N k``) gets cons_tres's nodes instead: the tightest block of consecutive
+usable nodes, then the best fit inside it (:func:`consecutive_best_fit`); with a node list or
+node bounds, required nodes come first, then the fullest.
 """
 
 from __future__ import annotations
@@ -117,10 +118,11 @@ def pack_pick(
         wanted = shape.node_count - shape.required.size
         if int(usable.sum()) < wanted:
             return None
-        if node_rank is None and not shape.required.size and wanted > 1:
+        if node_rank is None and not shape.required.size:
             chosen = consecutive_best_fit(usable, free, wanted)
             counts = np.full(chosen.size, shape.per_node)
-            return take(chosen, counts), "best-fit block of consecutive nodes"
+            how = "best-fit block of consecutive nodes" if wanted > 1 else "best-fit node"
+            return take(chosen, counts), f"{how} of the tightest block"
         fits = np.flatnonzero(usable)
         fits = fits[np.lexsort((fits, rank[fits], free[fits]))]
         chosen = np.concatenate((shape.required, fits[:wanted]))
@@ -163,16 +165,19 @@ def pack_pick(
 
 
 def consecutive_best_fit(usable: np.ndarray, weight: np.ndarray, wanted: int) -> np.ndarray:
-    """The ``wanted`` nodes cons_tres gives a job of whole-node parts (``-N``, GPUs per node):
-    Slurm's ``_eval_nodes`` cuts the usable nodes into blocks of consecutive node indices, takes
-    the block that fits the job most tightly (the least ``weight`` among blocks with enough
-    nodes, the first on ties; while none has enough, the largest), fills the job from that
-    block's first node, and repeats for what is left.
+    """The ``wanted`` nodes cons_tres gives a job of GPUs per node (``--gres=gpu:g``, on one
+    node or ``-N k``): Slurm's ``_eval_nodes`` cuts the usable nodes into blocks of consecutive
+    node indices, takes the block that fits the job most tightly (the least ``weight`` among
+    blocks with enough nodes, the first on ties; while none has enough, the largest), fills the
+    job from that block's first node, and repeats for what is left; when one node is left to
+    find, it takes the block's best-fit node (the least ``weight``, the first on ties).
 
     Why it matters: with nodes 1 and 5-8 free, a 2-node job gets nodes 5 and 6, not 1 and 5;
-    a model that took the fullest nodes in index order put the testbed's 8-GPU jobs elsewhere
-    than Slurm did, on other GPUs. ``weight`` stands for the free CPUs Slurm weighs (the free
-    GPUs: on GPU nodes they go together); the caller checked that enough nodes are usable."""
+    and with node 4 of 5 full, a one-node job goes to node 5 though nodes 1-3 are fuller (node
+    5 alone is the tighter block). A model that took the fullest nodes put the testbed's jobs
+    elsewhere than Slurm did, on other GPUs. ``weight`` stands for the free CPUs Slurm weighs
+    (the free GPUs: on GPU nodes they go together); the caller checked that enough nodes are
+    usable."""
     blocks: list[list[int]] = []
     start = None
     for index, ok in enumerate([*usable.tolist(), False]):
@@ -200,6 +205,10 @@ def consecutive_best_fit(usable: np.ndarray, weight: np.ndarray, wanted: int) ->
             ):
                 best, best_weight, best_sufficient = block, total, sufficient
         if best is None:
+            break
+        if remaining == 1:
+            inside = weight[best[0] : best[1]]
+            chosen.append(best[0] + int(np.argmin(inside)))
             break
         take = min(remaining, best[1] - best[0])
         chosen.extend(range(best[0], best[0] + take))
