@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"repeat {number} (trace seed {repeat['trace_seed']}): measured "
             f"{repeat['measured']}, predicted {repeat['predicted']} (without Slurm's latency "
-            f"{repeat['predicted_plain']}); holds {repeat['holds']['measured']} vs simulated "
+            f"{repeat['predicted_plain']}; submissions moved by Slurm's ticks "
+            f"{repeat.get('predicted_band')}); holds {repeat['holds']['measured']} vs simulated "
             f"{repeat['holds']['simulated']}; GPU-s lost to slow GPUs {repeat['slow_gpu_s']}"
         )
         for job, arms in (repeat.get("jobs_apart") or {}).items():

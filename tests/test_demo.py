@@ -166,3 +166,28 @@ def test_jobs_table_fits_120_columns_and_says_what_the_advisor_did(tmp_path: Pat
     assert short_why(None) == "(no advisor comment)"
     assert short_why({"action": "wait", "why": "Packed-PM: waits"}) == "held for good GPUs"
     assert short_why({"action": "pass", "why": "left"}) == "left to Slurm's packing"
+
+
+def test_the_demo_gives_the_range_slurms_ticks_move_its_prediction() -> None:
+    import io
+
+    from slurm_pal.cli.common import FullWidthConsole
+    from slurm_pal.testbed.demo import _print_gain
+
+    band = {"n": 12, "min": 0.711, "max": 0.887, "median": 0.744, "jitter_s": 0.5}
+    report: dict[str, object] = {
+        "arms": {},
+        "policy": "packed-pm",
+        "baseline": "control",
+        "avg_jct_ratio": 0.84,
+        "runs": [{"predicted": {"latency_avg_jct_ratio": 0.742, "timing_band": band}}],
+    }
+    out = io.StringIO()
+    _print_gain(FullWidthConsole(file=out, width=400), report)
+    text = " ".join(out.getvalue().split())
+    assert "0.840 (+16.0 % for the advisor); the simulator predicted 0.742" in text
+    assert "moved by up to 0.5 s" in text and "0.711-0.887 over 12 draws (median 0.744)" in text
+    report["runs"] = [{"predicted": {"latency_avg_jct_ratio": 0.742}}]  # an older report
+    out = io.StringIO()
+    _print_gain(FullWidthConsole(file=out, width=400), report)
+    assert "Slurm's ticks and this machine's load move it" in " ".join(out.getvalue().split())

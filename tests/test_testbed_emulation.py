@@ -542,3 +542,30 @@ def test_few_slow_profile_draws_a_few_far_slower_gpus() -> None:
     slow = [g for g in gpus if g.factors["A"] >= 2.0]
     assert 1 <= len(slow) <= 3 and all(g.factors["A"] <= 3.1 for g in slow)
     assert all(g.factors["D"] < 1.1 for g in gpus)  # the memory-bound class does not feel it
+
+
+def test_timing_band_is_the_prediction_with_submissions_moved(tmp_path: Path) -> None:
+    """Unmoved, every draw is the calibrated prediction itself; moved by half a second, the
+    demo's draw of short jobs spreads (a job that starts a moment earlier finds other nodes),
+    which is what a single run of it is judged against."""
+    from slurm_pal.testbed.demo import DEMO_NODES, DEMO_PROFILE, DEMO_SCALE, DEMO_SEED
+    from slurm_pal.testbed.run import latency_figures, prepare, timing_band
+
+    settings = RunSettings(
+        tmp_path / "tb",
+        trace="dl",
+        trace_seed=DEMO_SEED,
+        scale=DEMO_SCALE,
+        nodes=DEMO_NODES,
+        profile=DEMO_PROFILE,
+    )
+    prep = prepare(settings)
+    trace = settings.make_trace(0)
+    figures = latency_figures(prep, trace, 0.5, ("advisor", "stock"))
+    exact = figures["advisor"]["avg_jct"] / figures["stock"]["avg_jct"]
+    still = timing_band(prep, trace, "stock", 0.5, jitter_s=0.0, draws=3)
+    assert still["n"] == 3 and still["min"] == still["max"] == round(exact, 4)
+    moved = timing_band(prep, trace, "stock", 0.5, draws=6)
+    assert moved["n"] == 6 and moved["jitter_s"] == 0.5
+    assert moved["min"] < moved["max"]
+    assert moved == timing_band(prep, trace, "stock", 0.5, draws=6)  # seeded

@@ -200,6 +200,10 @@ def test_repeat_summary_sets_each_measurement_beside_its_prediction() -> None:
     assert [r["measured"] for r in out["repeats"]] == [0.8, 0.9, 1.0]
     assert [r["predicted"] for r in out["repeats"]] == [0.85, 0.88, 0.95]
     assert out["repeats"][1]["predicted_plain"] == 0.87
+    assert out["repeats"][1]["predicted_band"] is None  # a report from before the band
+    runs[1]["predicted"]["timing_band"] = {"n": 12, "min": 0.8, "max": 0.95, "median": 0.88}  # type: ignore[index]
+    assert repeat_summary(runs, "control")["repeats"][1]["predicted_band"] == [0.8, 0.95]
+    del runs[1]["predicted"]["timing_band"]  # type: ignore[attr-defined]
     assert out["median_measured"] == 0.9 and out["median_predicted"] == 0.88
     assert out["measured_range"] == [0.8, 1.0]
     low, high = out["measured_ci95"]

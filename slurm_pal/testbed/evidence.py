@@ -34,6 +34,10 @@ LATENCIES_S = tuple(0.25 * i for i in range(9))
 """Slurm's scheduling latency the prediction is also simulated with (0-2 s per job start):
 on the testbed a job's GPUs are taken again only after its Epilog and the next scheduling
 pass, which the simulator does not model."""
+TIMING_JITTER_S = 0.5
+"""How far the timing band moves each job's submission, either way: about one of Slurm's
+scheduling ticks on the testbed (``bf_interval=1``, a start latency of 0.5-1.5 s)."""
+TIMING_DRAWS = 12
 BASELINES = ("control", "stock")
 """What the advisor is compared with, best first: the control differs from it only in the
 policy; stock also lacks the plugin, the hooks and the service."""
@@ -110,9 +114,17 @@ def calibrated_latency(control_avg_jct_s: Mapping[float, float], measured_s: flo
     return min(sorted(control_avg_jct_s), key=lambda d: abs(control_avg_jct_s[d] - measured_s))
 
 
+def _band(band: object) -> list[float] | None:
+    """``[min, max]`` of a prediction's timing band (None: a report from before it)."""
+    if not isinstance(band, Mapping) or not band.get("n"):
+        return None
+    return [band["min"], band["max"]]
+
+
 def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[str, object]:
     """Per repeat the measured average-JCT ratio advisor / ``baseline`` beside the simulator's
-    prediction of the same pair (with Slurm's latency modelled), the holds both made and the
+    prediction of the same pair (with Slurm's latency modelled, and the range Slurm's ticks
+    move it in: ``predicted_band``), the holds both made and the
     GPU-seconds each arm lost to slow GPUs; over the repeats the medians, range, the geomean
     with a 95 % bootstrap interval (seeded), and the holds added up."""
     repeats = []
@@ -129,6 +141,7 @@ def repeat_summary(runs: Sequence[Mapping[str, object]], baseline: str) -> dict[
                 "measured": pair["avg_jct_ratio"],
                 "predicted": predicted["latency_avg_jct_ratio"],
                 "predicted_plain": predicted["avg_jct_ratio"],
+                "predicted_band": _band(predicted.get("timing_band")),
                 "holds": {
                     "measured": {
                         "jobs": held.get("held_jobs", 0),

@@ -87,6 +87,8 @@ from slurm_pal.testbed.emulate import (
 from slurm_pal.testbed.evidence import (
     LATENCIES_S,
     RATIO_KEYS,
+    TIMING_DRAWS,
+    TIMING_JITTER_S,
     arm_order,
     baseline_arm,
     calibrated_latency,
@@ -1330,6 +1332,35 @@ def _run_testbed(settings: RunSettings, progress: Progress) -> dict[str, object]
     return report
 
 
+def timing_band(
+    prep: Prepared,
+    trace: Sequence[TraceJob],
+    baseline: str,
+    latency_s: float,
+    *,
+    jitter_s: float = TIMING_JITTER_S,
+    draws: int = TIMING_DRAWS,
+    seed: int = 0,
+) -> dict[str, object]:
+    """The predicted advisor / ``baseline`` average-JCT ratio over ``draws`` copies of the
+    trace whose submissions each move by up to ``jitter_s`` either way (seeded), at
+    ``latency_s``: how far one run can land from the prediction by Slurm's ticks alone. With
+    jobs of seconds, a job that starts a fraction of a second earlier can find other nodes
+    free, and the queue behind it follows (the demo's control once started a 1-GPU job at 36 s
+    and once at 80 s, as a job's end fell just before or after another's start)."""
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for _ in range(draws):
+        moved = [
+            dataclasses.replace(job, submit=max(0.0, job.submit + rng.uniform(-jitter_s, jitter_s)))
+            for job in trace
+        ]
+        moved.sort(key=lambda job: job.submit)
+        figures = latency_figures(prep, moved, latency_s, ("advisor", baseline))
+        ratios.append(figures["advisor"]["avg_jct"] / figures[baseline]["avg_jct"])
+    return spread(ratios) | {"jitter_s": jitter_s}
+
+
 def repeat_prediction(
     prep: Prepared,
     trace: Sequence[TraceJob],
@@ -1340,7 +1371,8 @@ def repeat_prediction(
     """The simulator's figures for one repeat's trace: the pair advisor / ``baseline``
     (``avg_jct_ratio``), the same with Slurm's start latency and the Epilog round modelled and
     calibrated on the baseline arm's measured average JCT (``latency_avg_jct_ratio``, the
-    prediction the measurement is judged against), and what the simulated advisor held."""
+    prediction the measurement is judged against), how far Slurm's ticks alone move it
+    (``timing_band``), and what the simulated advisor held."""
     pairs: Mapping[str, Mapping[str, float]] = prediction["pairs"]  # type: ignore[assignment]
     model = latency_prediction(prep, trace, baseline, measured_baseline_avg_jct_s)
     calibrated: Mapping[str, float] = model["calibrated"]  # type: ignore[assignment]
@@ -1349,6 +1381,7 @@ def repeat_prediction(
         "avg_jct_ratio": pairs[f"advisor/{baseline}"]["avg_jct_ratio"],
         "latency_s": calibrated["latency_s"],
         "latency_avg_jct_ratio": calibrated["avg_jct_ratio"],
+        "timing_band": timing_band(prep, trace, baseline, calibrated["latency_s"]),
         "held_jobs": advisor.get("held_jobs"),
         "held_total_s": advisor.get("held_total_s"),
         "jobs": {arm: prediction[arm]["jobs"] for arm in ("advisor", baseline)},  # type: ignore[index]
