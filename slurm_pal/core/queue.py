@@ -340,8 +340,8 @@ class NodeBackfill:
             # clash the next candidate that can be clear is the soonest clashing end, so one
             # walk through the node's reservations by end finds it: one passed over for
             # starting after the span ends before any later candidate.
-            first = max(first, now)  # Slurm plans no start before now
-            t = min(x for x in (now, *node_ends, *(e for e, _ in blocks)) if x >= first)
+            earliest = max(first, now)  # Slurm plans no start before now
+            t = min(x for x in (now, *node_ends, *(e for e, _ in blocks)) if x >= earliest)
             for e, s in blocks:
                 if e > t and s < t + span:
                     t = e
