@@ -48,8 +48,8 @@ __all__ = ["DEMO_TRACE", "live_demo", "missing_for_live_demo", "verdict", "write
 DEMO_TRACE = "dl"
 DEMO_SEED = 18
 """The draw of ``dl`` the demo runs by default: one for which the simulator predicts a clear gain
-(about 0.74 at the demo's scale, planned as Slurm's backfill plans; 0.71-0.89 as Slurm's ticks
-move its submissions); ``--trace-seed`` draws others, some with none."""
+(about 0.72-0.74 at the demo's scale, planned as Slurm's backfill plans; 0.69-0.89 as Slurm's
+ticks move its submissions); ``--trace-seed`` draws others, some with none."""
 DEMO_SCALE = 0.2
 DEMO_PROFILE = "few-slow"
 DEMO_NODES = 8
