@@ -178,25 +178,31 @@ def consecutive_best_fit(usable: np.ndarray, weight: np.ndarray, wanted: int) ->
     elsewhere than Slurm did, on other GPUs. ``weight`` stands for the free CPUs Slurm weighs
     (the free GPUs: on GPU nodes they go together); the caller checked that enough nodes are
     usable."""
-    blocks: list[list[int]] = []
-    start = None
-    for index, ok in enumerate([*usable.tolist(), False]):
-        if ok and start is None:
-            start = index
-        elif not ok and start is not None:
-            blocks.append([start, index])
-            start = None
+    flags = np.concatenate(([False], usable.astype(bool), [False]))
+    edges = np.flatnonzero(flags[1:] != flags[:-1])
+    starts, ends = edges[0::2], edges[1::2]
+    if not starts.size:
+        return np.array([], dtype=np.intp)
+    cumulative = np.concatenate(([0], np.cumsum(weight, dtype=np.int64)))
+    totals = cumulative[ends] - cumulative[starts]
+    if wanted == 1:  # every block suffices: the first tightest, then its best fit
+        block = int(np.argmin(totals))
+        first, last = int(starts[block]), int(ends[block])
+        return np.array([first + int(np.argmin(weight[first:last]))], dtype=np.intp)
+    blocks = [[s, e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+    weights = totals.tolist()
     chosen: list[int] = []
     remaining = wanted
     while remaining > 0:
         best: list[int] | None = None
         best_weight, best_sufficient = 0, False
-        for block in blocks:
+        for block, total in zip(blocks, weights, strict=True):
             size = block[1] - block[0]
             if size <= 0:
                 continue
-            total = int(weight[block[0] : block[1]].sum())
             sufficient = size >= remaining
+            # Slurm's test as written: a later block that does not suffice replaces any best
+            # with fewer free CPUs, even one that suffices
             if (
                 best is None
                 or (sufficient and not best_sufficient)
