@@ -186,8 +186,8 @@ def consecutive_best_fit(usable: np.ndarray, weight: np.ndarray, wanted: int) ->
     cumulative = np.concatenate(([0], np.cumsum(weight, dtype=np.int64)))
     totals = cumulative[ends] - cumulative[starts]
     if wanted == 1:  # every block suffices: the first tightest, then its best fit
-        block = int(np.argmin(totals))
-        first, last = int(starts[block]), int(ends[block])
+        tightest = int(np.argmin(totals))
+        first, last = int(starts[tightest]), int(ends[tightest])
         return np.array([first + int(np.argmin(weight[first:last]))], dtype=np.intp)
     blocks = [[s, e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
     weights = totals.tolist()
