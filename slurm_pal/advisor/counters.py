@@ -32,6 +32,7 @@ class Counters:
         "decide_deny",
         "decide_errors",
         "decide_late",
+        "decide_repeats",
         "answers_undelivered",
         "records_total",
         "records_duplicate",

@@ -52,6 +52,10 @@ PLAIN_COUNTERS = {
         "Decide requests read past the plugin's deadline and dropped (the job went through "
         "as written).",
     ),
+    "decide_repeats": (
+        "decide_repeats",
+        "Decide answers given again to a repeat of a request decided on the same state.",
+    ),
     "answers_undelivered": (
         "answers_undelivered",
         "Routes sent past the plugin's deadline or to a gone peer (reservation released).",

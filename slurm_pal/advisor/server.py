@@ -43,7 +43,7 @@ from slurm_pal.advisor.stalls import RouteReleaser
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.advisor.trim import BadRequestTrimmer, LargeLines
 from slurm_pal.advisor.writer import WAITING
-from slurm_pal.engine.jobdesc import JobDescError, JobDescription
+from slurm_pal.engine.jobdesc import JobDescError
 from slurm_pal.engine.replan import ReplanResult
 from slurm_pal.errors import SlurmPalError
 
@@ -405,11 +405,10 @@ class AdvisorServer:
             late = self.wall_clock() - deadline
             return protocol.error_answer(f"request read {late:.3f} s past its deadline")
         try:
-            job = JobDescription.from_wire(wire)
+            job, decision, repeat = self.state.decide_wire(wire, after)
         except JobDescError as exc:
             self.counters.add("decide_errors")
             return protocol.error_answer(str(exc))
-        decision = self.state.decide(job, wire, after)
         answer = decision.to_wire()
         if isinstance(deadline, int | float):
 
@@ -423,6 +422,8 @@ class AdvisorServer:
                 after.insert(0, check_deadline)
         self.counters.add("decide_total")
         self.counters.add(f"decide_{decision.action}")
+        if repeat:
+            self.counters.add("decide_repeats")
         self.counters.decide_ms((time.perf_counter() - start) * 1000)
 
         def note() -> None:

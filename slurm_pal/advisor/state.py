@@ -39,6 +39,7 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.loading import build_specs, load_store, stored_requests
 from slurm_pal.advisor.records import RecordBook
 from slurm_pal.advisor.records import released_by as _released_by
+from slurm_pal.advisor.repeats import REPEAT_S, RepeatAnswers, request_key
 from slurm_pal.advisor.runtimes import RuntimeBook
 from slurm_pal.advisor.suspects import SuspectBook, decision_hint
 from slurm_pal.advisor.view import (
@@ -56,7 +57,7 @@ from slurm_pal.advisor.writer import StoreWriter, bind_decision, store_record
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.placement import PlacementPolicy
 from slurm_pal.core.resolve import StoreView, resolve
-from slurm_pal.engine.advise import plain_pass
+from slurm_pal.engine.advise import Advice, plain_pass
 from slurm_pal.engine.decide import Decision, LabelTable
 from slurm_pal.engine.engine import AdvisorEngine
 from slurm_pal.engine.jobdesc import JobDescription
@@ -116,6 +117,7 @@ class AdvisorState:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         writer: StoreWriter | None = None,
+        repeat_s: float = REPEAT_S,
     ) -> None:
         self.policy_name = policy or config.advisor.policy
         self.config = config  # builds the engine
@@ -144,6 +146,8 @@ class AdvisorState:
         self._bound: dict[str, int] = {}
         self._binding: set[str] = set()  # bind writes queued, not yet run
         self._queue = SteeredQueue()  # the refresh thread's
+        self._repeats = RepeatAnswers(repeat_s)  # 0: every request decided anew
+        self._allocations = 0  # routes taken from ``_cluster`` in place (_decision_inputs)
         # token -> (the request as decided on, its class, when): what a re-planning round needs
         # of every steered pending job, without reading the store for each one.
         self._requests: dict[str, tuple[JobDescription, str, float]] = {}
@@ -355,47 +359,14 @@ class AdvisorState:
         is stored afterwards by the writer thread (queued by ``defer``'s callables when given,
         so the caller can send the answer first: the writer's Python work competes for the
         GIL). No Slurm call, no store read."""
-        token = _new_token()
-        with self._lock:
-            resolution = resolve(job.job_request(), self._store_view, self.resolve_config)
-            view, cluster = self._view, self._cluster
-            if view is None or cluster is None:
-                why = self._problem if self._view is None and self._problem else "no Slurm view yet"
-                return plain_pass(why, resolution.job_class, self.version)
-            advice = self.engine.submit(
-                job,
-                job_class=resolution.job_class,
-                class_reason=resolution.reason,
-                cluster=cluster,
-                labels=view.static.labels,
-                partition_nodes=view.partition_nodes,
-                default_partition=view.default_partition,
-                token=token,
-                now=self.wall_clock(),
-            )
-            decision, job, state = advice.decision, advice.job, advice.state
-            if state is None:
-                return decision
-            if decision.allocation is not None:  # routed, or left to Slurm where it would go
-                cluster.allocate(decision.allocation)
-                ttl_s = self.engine.settings.reservation_ttl_s
-                self._reservations.hold(
-                    token, decision.allocation.uuids, now=self.clock(), ttl_s=ttl_s
-                )
-        answer = decision.to_wire()
-        if decision.job_class is not None:
-            with self._lock:
-                self._requests[token] = (job, decision.job_class, self.clock())
+        return _decide(self, wire, defer, job)[1]
 
-        def save() -> object:
-            args = {"token": token, "job": job.stored(), "answer": answer, "state": state}
-            return self.writer.submit_durable("save_decision", args)
-
-        if defer is None:
-            save()
-        else:
-            defer.append(save)
-        return decision
+    def decide_wire(
+        self, wire: Mapping[str, object], defer: list[Callable[[], object]] | None = None
+    ) -> tuple[JobDescription, Decision, bool]:
+        """:meth:`decide` for a request off the socket, parsed (JobDescError) and decided only
+        if not a repeat of one decided on the same state (:class:`RepeatAnswers`: last item)."""
+        return _decide(self, wire, defer, None)
 
     # -- records -----------------------------------------------------------------------------
     def apply_record(self, record: Mapping[str, object], timeout_s: float = 30.0) -> bool:
@@ -502,6 +473,92 @@ class AdvisorState:
                 "excluded_nodes": {} if view is None else dict(view.excluded),
                 "problem": self._problem or None,
             }
+
+
+def _decide(
+    st: AdvisorState,
+    wire: Mapping[str, object],
+    defer: list[Callable[[], object]] | None,
+    job: JobDescription | None,
+) -> tuple[JobDescription, Decision, bool]:
+    """AdvisorState's decide path (here to keep the class short): ``job`` parsed already, or
+    None to parse ``wire`` unless it repeats a request decided on the same state."""
+    token = _new_token()
+    # a parsed job is its own key (a caller's wire need not be the job's: tests pass {})
+    key = request_key(wire) if job is None else None if job.modify else job
+    with st._lock:
+        view, cluster = st._view, st._cluster
+        if view is None or cluster is None:
+            job = job if job is not None else JobDescription.from_wire(wire)
+            resolution = resolve(job.job_request(), st._store_view, st.resolve_config)
+            why = st._problem if view is None and st._problem else "no Slurm view yet"
+            return job, plain_pass(why, resolution.job_class, st.version), False
+        kept = st._repeats.take(key, _decision_inputs(st), st.clock())
+        if kept is not None:
+            advice = kept.under_token(token)
+        else:
+            job = job if job is not None else JobDescription.from_wire(wire)
+            advice = _advise(st, job, view, cluster, token)
+        decision, job, starts_as = advice.decision, advice.job, advice.state
+        if starts_as is None:
+            return job, decision, kept is not None
+        if decision.allocation is not None:  # routed, or left to Slurm where it would go
+            cluster.allocate(decision.allocation)
+            st._allocations += 1
+            ttl_s = st.engine.settings.reservation_ttl_s
+            st._reservations.hold(token, decision.allocation.uuids, now=st.clock(), ttl_s=ttl_s)
+        elif kept is None:  # took no GPUs: right for a repeat until the state moves
+            st._repeats.keep(key, _decision_inputs(st), st.clock(), advice)
+    answer = decision.to_wire()
+    if decision.job_class is not None:
+        with st._lock:
+            st._requests[token] = (job, decision.job_class, st.clock())
+
+    def save() -> object:
+        args = {"token": token, "job": job.stored(), "answer": answer, "state": starts_as}
+        return st.writer.submit_durable("save_decision", args)
+
+    if defer is None:
+        save()
+    else:
+        defer.append(save)
+    return job, decision, kept is not None
+
+
+def _advise(
+    st: AdvisorState, job: JobDescription, view: View, cluster: Cluster, token: str
+) -> Advice:
+    """The engine's answer to ``job`` on ``cluster``, its class resolved (the caller holds
+    the state's lock)."""
+    resolution = resolve(job.job_request(), st.store_view, st.resolve_config)
+    return st.engine.submit(
+        job,
+        job_class=resolution.job_class,
+        class_reason=resolution.reason,
+        cluster=cluster,
+        labels=view.static.labels,
+        partition_nodes=view.partition_nodes,
+        default_partition=view.default_partition,
+        token=token,
+        now=st.wall_clock(),
+    )
+
+
+def _decision_inputs(state: AdvisorState) -> tuple[object, ...]:
+    """Everything a decision reads that can change (the caller holds the state's lock): a
+    decision taken on these objects, and on as many routes taken from the cluster in place,
+    is the decision the same request gets now (:class:`RepeatAnswers`)."""
+    engine = state.engine
+    return (
+        state._allocations,
+        state._view,
+        state._cluster,
+        state.store_view,
+        state.resolve_config,
+        engine,
+        engine.runtimes,
+        engine.policy,
+    )
 
 
 def _write_record(

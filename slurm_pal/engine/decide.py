@@ -315,6 +315,20 @@ class Decision:
             "token": self.token,
         }
 
+    def with_token(self, token: str) -> Decision:
+        """The same answer as the decision ``token`` names (in its admin comment's ``r=``
+        too): an answer given again to an identical request is a decision of its own."""
+        if self.token is None or token == self.token:
+            return self
+        if not _TOKEN_SAFE.match(token):
+            raise ValueError(f"admin comment token {token!r} must not hold blanks, '=' or ';'")
+        fields = dict(self.set_fields)
+        comment = fields.get("admin_comment")
+        if isinstance(comment, str):
+            # format_admin_comment writes `r=<token>` as a word of its head, "why=" after it
+            fields["admin_comment"] = comment.replace(f" r={self.token} ", f" r={token} ", 1)
+        return replace(self, set_fields=MappingProxyType(fields), token=token)
+
 
 def _pass(
     reason: str,
