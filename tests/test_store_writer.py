@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import sqlite3
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.state import StoreWriter
-from slurm_pal.advisor.writer import WAITING, store_record
+from slurm_pal.advisor.writer import WAITING, _Write, store_record, take_batch
 
 JOB = {"user": "alice", "tres_per_node": "gres/gpu:2"}
 ANSWER = {"action": "route", "gres": "gpu:v100_a:2"}
@@ -249,3 +250,52 @@ def test_a_failed_record_write_names_its_job(tmp_path: Path, caplog) -> None:
         writer.close()
     (line,) = [r.getMessage() for r in caplog.records]
     assert "job 9's epilog record from n1" in line and "telemetry unusable" in line
+
+
+class _Waits(queue.PriorityQueue):  # type: ignore[type-arg]
+    """A queue whose timed waits are noted and hand over the next of ``later`` at once (what
+    arrives while the writer lingers), or time out."""
+
+    def __init__(self, later: list[tuple[int, int, _Write | None]]) -> None:
+        super().__init__()
+        self.later, self.waits = later, 0
+
+    def get(self, block: bool = True, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        if timeout is None:
+            return super().get(block)
+        self.waits += 1
+        if not self.later:
+            raise queue.Empty
+        return self.later.pop(0)
+
+
+def _queued_save(seq: int) -> _Write:
+    return _Write(seq, None, None, ("save_decision", {"token": f"t{seq}"}))
+
+
+def test_saves_nobody_waits_for_linger_for_the_next_and_a_waited_write_ends_it() -> None:
+    call = _Write(3, lambda s: None, None)  # writer.call(): somebody waits for it
+    writes = _Waits([(1, 2, _queued_save(2)), (1, 3, call), (1, 4, _queued_save(4))])
+    writes.put((1, 1, _queued_save(1)))
+    batch, closed = take_batch(writes, max_batch=256, linger_s=30.0)
+    assert [w.seq for w in batch] == [1, 2, 3] and not closed
+    assert writes.waits == 2  # waited after each save, not after the call
+
+
+def test_an_urgent_write_is_committed_without_lingering() -> None:
+    record = _Write(1, None, None, ("record", {"record": {}}))
+    writes = _Waits([(1, 2, _queued_save(2))])
+    writes.put((0, 1, record))
+    batch, _ = take_batch(writes, max_batch=256, linger_s=30.0)
+    assert [w.seq for w in batch] == [1] and writes.waits == 0
+    unlingered = _Waits([(1, 2, _queued_save(2))])
+    unlingered.put((1, 1, _queued_save(1)))
+    assert [w.seq for w in take_batch(unlingered, 256, linger_s=0)[0]] == [1]
+    assert unlingered.waits == 0
+
+
+def test_close_ends_a_linger() -> None:
+    writes = _Waits([(2, 9, None)])
+    writes.put((1, 1, _queued_save(1)))
+    batch, closed = take_batch(writes, max_batch=256, linger_s=30.0)
+    assert [w.seq for w in batch] == [1] and closed
