@@ -17,7 +17,9 @@ Keys of ``--json``: ``median_ms_without``, ``p99_ms_without``, ``median_ms_fail_
 ``median_ms_instant_answer``,
 ``median_ms_with_advisor``, ``p99_ms_with_advisor``, ``added_median_ms`` (with advisor minus
 without), ``ratio_median`` (with / without), ``advisor_decide_ms_p50``/``p99`` (the service's
-own decision time), ``routed``/``passed`` (decisions during the run), ``fail_open_logged``
+own decision time), ``routed``/``passed`` (decisions during the run), ``repeated`` (of those,
+answers given again to a repeat of the request before, not decided anew: every submission is
+the same job unless ``--distinct`` names each one apart), ``distinct``, ``fail_open_logged``
 (slurmctld log lines of the fail-open path: at least the fail_open submissions, warm-up
 included), ``n`` per variant. ``--no-advisor`` runs the first three variants only.
 
@@ -152,10 +154,11 @@ def swap_script(tb: LocalSlurm, text: str) -> None:
     os.utime(path, (later, later))
 
 
-def submit_once(tb: LocalSlurm) -> float:
+def submit_once(tb: LocalSlurm, name: str | None = None) -> float:
+    named = [f"--job-name={name}"] if name else []
     start = time.perf_counter()
     proc = subprocess.run(
-        ["sbatch", "-H", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap=true"],
+        ["sbatch", "-H", "--parsable", "--gres=gpu:1", *named, "-o", "/dev/null", "--wrap=true"],
         env=tb.env,
         capture_output=True,
         text=True,
@@ -177,6 +180,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument(
         "--no-advisor", action="store_true", help="only the without/fail_open variants"
+    )
+    parser.add_argument(
+        "--distinct",
+        action="store_true",
+        help="a job name of its own per submission: no request repeats the one before",
     )
     args = parser.parse_args()
     variants = VARIANTS[:3] if args.no_advisor else VARIANTS
@@ -205,12 +213,14 @@ def main() -> None:
         if not args.no_advisor:
             advisor, before = start_advisor(root, config, tb, sock)
         rounds = -(-args.n // args.block)
+        serial = 0
         for r in range(rounds):
             for variant in variants:
                 swap_script(tb, texts[variant])
                 count = min(args.block, args.n - r * args.block)
                 for k in range(args.warmup + count):
-                    ms = submit_once(tb)
+                    serial += 1
+                    ms = submit_once(tb, f"bench{serial}" if args.distinct else None)
                     if k >= args.warmup:
                         times[variant].append(ms)
             for job in CliStateReader(tb.env).jobs():
@@ -301,12 +311,15 @@ def report(
     result["advisor_decide_ms_p99"] = after.get("decide_ms_p99", float("nan"))
     result["routed"] = int(after.get("decide_route", 0)) - int(before.get("decide_route", 0))
     result["passed"] = int(after.get("decide_pass", 0)) - int(before.get("decide_pass", 0))
+    result["repeated"] = int(after.get("decide_repeats", 0)) - int(before.get("decide_repeats", 0))
+    result["distinct"] = args.distinct
     result["fail_open_logged"] = int(after.get("fail_open_logged", 0))
     result["n"] = args.n
     if args.json:
         print(json.dumps(result))
         return
-    print(f"sbatch -H --gres=gpu:1 --wrap=true, {args.n} submissions per variant")
+    names = ", a job name of its own each" if args.distinct else ""
+    print(f"sbatch -H --gres=gpu:1 --wrap=true{names}, {args.n} submissions per variant")
     for variant in times:
         print(
             f"  {variant:<13} median {result[f'median_ms_{variant}']:7.2f} ms"
@@ -316,7 +329,8 @@ def report(
         f"  added by the advisor: {result['added_median_ms']:+.2f} ms median "
         f"(x{result['ratio_median']}); service decide p50 {result['advisor_decide_ms_p50']} ms, "
         f"p99 {result['advisor_decide_ms_p99']} ms; {result['routed']} routed, "
-        f"{result['passed']} passed; {result['fail_open_logged']} fail-open log lines"
+        f"{result['passed']} passed ({result['repeated']} answers given again to a repeat); "
+        f"{result['fail_open_logged']} fail-open log lines"
     )
 
 
