@@ -72,8 +72,6 @@ class RepeatAnswers:
         self.repeat_s = repeat_s
         self.size = size
         self._kept: dict[Hashable, Kept] = {}
-        self.taken = 0
-        """Answers given from here (not decided again)."""
 
     def keep(
         self, key: Hashable | None, inputs: tuple[object, ...], now: float, advice: Advice
@@ -100,7 +98,6 @@ class RepeatAnswers:
         if not _same(kept.inputs, inputs) or now - kept.at > self.repeat_s:
             del self._kept[key]
             return None
-        self.taken += 1
         return kept
 
 
