@@ -6,10 +6,7 @@ Slurm is fed through ``CliStateReader`` from the captured 22.05 samples (tests/h
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,17 +14,13 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.repeats import REPEAT_S, RepeatAnswers, request_key
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.engine.decide import Decision, parse_admin_comment
-from tests.helpers.advisor import JOB, Env, make_env
+from tests.helpers.advisor import JOB, Env, short_env
 
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    root = Path(tempfile.mkdtemp(prefix="spal-rep-", dir="/tmp"))
-    root.chmod(0o755)
-    the_env = make_env(root, policy="packed-pm")
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-rep-", policy="packed-pm") as the_env:
+        yield the_env
 
 
 TWO_A = dict(JOB)  # 2 GPUs, class A (resnet)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,19 +23,15 @@ from slurm_pal.core.request import PlacementRequest
 from slurm_pal.core.runtimes import EndedJob
 from slurm_pal.engine.engine import AdvisorEngine
 from slurm_pal.engine.jobdesc import JobDescription
-from tests.helpers.advisor import Env, make_env
+from tests.helpers.advisor import Env, short_env
 
 HOUR = 3600.0
 
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    root = Path(tempfile.mkdtemp(prefix="spal-rt-", dir="/tmp"))
-    root.chmod(0o755)
-    the_env = make_env(root, policy="packed-pm")
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-rt-", policy="packed-pm") as the_env:
+        yield the_env
 
 
 def weighed(engine: AdvisorEngine, gpus: int, limit_s: float | None) -> float:

@@ -6,13 +6,11 @@ import contextlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -27,17 +25,20 @@ from slurm_pal.advisor.trim import BadRequestTrimmer
 from slurm_pal.core.resolve import resolve
 from slurm_pal.engine.decide import decide
 from slurm_pal.engine.jobdesc import JobDescription
-from tests.helpers.advisor import JOB, Env, FakeJob, RecordingApplier, make_env, wait_saved
+from tests.helpers.advisor import (
+    JOB,
+    Env,
+    FakeJob,
+    RecordingApplier,
+    short_env,
+    wait_saved,
+)
 
 
 @pytest.fixture
 def adv_env() -> Iterator[Env]:
-    root = Path(tempfile.mkdtemp(prefix="spal-adv-", dir="/tmp"))  # short socket paths
-    root.chmod(0o755)
-    the_env = make_env(root)
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-adv-") as the_env:
+        yield the_env
 
 
 @pytest.fixture

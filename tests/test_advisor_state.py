@@ -6,8 +6,6 @@ the real 22.05 testbed (tests/fixtures/slurm), rewritten to this test's nodes an
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -26,18 +24,14 @@ from tests.helpers.advisor import (
     FakeJob,
     FakeSlurm,
     make_env,
+    short_env,
 )
 
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    # Unix socket paths are short (108 bytes): not under pytest's long tmp paths.
-    root = Path(tempfile.mkdtemp(prefix="spal-adv-", dir="/tmp"))
-    root.chmod(0o755)
-    the_env = make_env(root)
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-adv-") as the_env:
+        yield the_env
 
 
 def job(n: int = 1, app: str = "resnet", **extra: object) -> JobDescription:

@@ -8,11 +8,8 @@ labels.json (n01's GPUs numbered by Slurm unlike their devices), Slurm faked.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -20,19 +17,15 @@ from slurm_pal.adapters.store import Store
 from slurm_pal.advisor.state import AdvisorState
 from slurm_pal.advisor.suspects import FLOOR_ABOVE
 from slurm_pal.engine.jobdesc import JobDescription
-from tests.helpers.advisor import Env, make_env
+from tests.helpers.advisor import Env, short_env
 
 RUNTIME_S = 100.0
 
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    root = Path(tempfile.mkdtemp(prefix="spal-sus-", dir="/tmp"))
-    root.chmod(0o755)
-    the_env = make_env(root, policy="pm-first")
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-sus-", policy="pm-first") as the_env:
+        yield the_env
 
 
 def with_mode(env: Env, mode: str) -> Env:

@@ -5,8 +5,6 @@ admin comment and its health (which ``/metrics`` shows as ``slurm_pal_advisor_in
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -19,7 +17,7 @@ import slurm_pal
 from slurm_pal.cli.main import app
 from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.engine.jobdesc import JobDescription
-from tests.helpers.advisor import Env, make_env
+from tests.helpers.advisor import Env, short_env
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -43,13 +41,8 @@ def test_the_changelog_opens_with_this_version() -> None:
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    # Unix socket paths are short (108 bytes): not under pytest's long tmp paths.
-    root = Path(tempfile.mkdtemp(prefix="spal-ver-", dir="/tmp"))
-    root.chmod(0o755)
-    the_env = make_env(root)
-    yield the_env
-    the_env.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with short_env("spal-ver-") as the_env:
+        yield the_env
 
 
 def test_the_advisor_stamps_each_job_and_its_health_with_the_version(env: Env) -> None:

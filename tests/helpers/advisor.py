@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -194,6 +197,20 @@ class Env:
     def close(self) -> None:
         for st in self.made:
             st.writer.close()
+
+
+@contextmanager
+def short_env(prefix: str, *, policy: str = "pal") -> Iterator[Env]:
+    """:func:`make_env` under a folder of /tmp, removed after: Unix socket paths are short
+    (108 bytes), pytest's tmp paths are long."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    root.chmod(0o755)
+    the_env = make_env(root, policy=policy)
+    try:
+        yield the_env
+    finally:
+        the_env.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def make_env(root: Path, *, policy: str = "pal", ttl: float = 60.0) -> Env:
