@@ -27,10 +27,18 @@ from tests.test_advisor_suspicion import Jobs, first_pick, make_suspect
 
 class FakeSlurm:
     """submit: the task 'runs' at once (``factor`` x the GPU's campaign time) unless
-    ``run`` is off; queued: the jobs not run yet."""
+    ``run`` is off; queued: the jobs not run yet. ``others``: class -> (campaign time,
+    benchmark) of the GPU's other classes, which run as the campaign says."""
 
-    def __init__(self, campaign_time: float, benchmark: str, factor: float) -> None:
+    def __init__(
+        self,
+        campaign_time: float,
+        benchmark: str,
+        factor: float,
+        others: dict[str, tuple[float, str]] | None = None,
+    ) -> None:
         self.campaign_time, self.benchmark, self.factor = campaign_time, benchmark, factor
+        self.others = others or {}
         self.submitted: list[tuple[Path, str]] = []
         self.run = True
         self.waiting: set[str] = set()
@@ -43,11 +51,15 @@ class FakeSlurm:
             self.waiting.add(job_id)
             return job_id
         (gpu,) = plan.gpus
+        job_class = plan.classes[0]
+        seconds, benchmark = self.campaign_time * self.factor, self.benchmark
+        if job_class in self.others:
+            seconds, benchmark = self.others[job_class]
         record = {
             "schema": 1, "campaign": plan.campaign, "status": "ok", "node": gpu.node,
-            "gpu_index": gpu.gpu_index, "job_class": plan.classes[0], "repeat": 0,
-            "uuid": gpu.uuid, "uuid_source": "assignment", "benchmark": self.benchmark,
-            "duration_s": self.campaign_time * self.factor,
+            "gpu_index": gpu.gpu_index, "job_class": job_class, "repeat": 0,
+            "uuid": gpu.uuid, "uuid_source": "assignment", "benchmark": benchmark,
+            "duration_s": seconds,
         }  # fmt: skip
         (cwd / RESULTS_DIR / f"{gpu.node}-{gpu.gpu_index}-0.json").write_text(json.dumps(record))
         return job_id
@@ -83,6 +95,22 @@ def suspect(env: Env) -> tuple[AdvisorState, str, float, str]:
         rows = store.measurements("example")
     mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
     return st, target, float(mine["duration"].median()), str(mine["benchmark"].iloc[0])
+
+
+def other_classes(env: Env, gpu: str, job_class: str) -> dict[str, tuple[float, str]]:
+    """The GPU's campaign time and benchmark for each class but ``job_class``."""
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+    mine = rows[(rows["uuid"] == gpu) & (rows["job_class"] != job_class)]
+    return {
+        str(c): (float(runs["duration"].median()), str(runs["benchmark"].iloc[0]))
+        for c, runs in mine.groupby("job_class")
+    }
+
+
+def measured_classes(slurm: FakeSlurm) -> list[str]:
+    """The class of each re-measure job submitted, in order (from its campaign's name)."""
+    return [script.parts[-3].split("-")[3] for script, _ in slurm.submitted]
 
 
 def remeasurer(env: Env, st: AdvisorState, slurm: FakeSlurm) -> Remeasurer:
@@ -192,32 +220,40 @@ def test_a_gpu_found_slow_is_measured_again_and_recovers_as_another_increment(
 ) -> None:
     st, target, seconds, bench = suspect(env)
     old_score = Jobs(env).score(st, target, "A")
-    slurm = FakeSlurm(seconds, bench, factor=2.0)
+    others = other_classes(env, target, "A")
+    slurm = FakeSlurm(seconds, bench, factor=2.0, others=others)
     now = [1.9e9]
     rm = Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: now[0])
     rm.tick()
     rm.tick()
     assert st.view is not None and st.view.static.campaign == "example-r1"
+    for _ in others:  # found slow for A: each other class measured, one an hour (the budget)
+        now[0] += 3600
+        rm.tick()
+        rm.tick()
+    assert measured_classes(slurm) == ["A", *sorted(others)]  # as the campaign says: cleared
+    assert st.view.static.campaign == "example-r1"
     now[0] += 3600  # not yet: remeasure_retry_s after the confirmation
     rm.tick()
-    assert len(slurm.submitted) == 1
+    assert len(slurm.submitted) == 1 + len(others)
     now[0] += 86400
     slurm.factor = 2.0  # still slow: measured again, nothing changes
     rm.tick()
     rm.tick()
-    assert len(slurm.submitted) == 2 and st.view.static.campaign == "example-r1"
+    assert measured_classes(slurm)[len(others) + 1 :] == ["A"]
+    assert st.view.static.campaign == "example-r1"
     now[0] += 86400
     slurm.factor = 1.0  # repaired: back to its first campaign's time
     with caplog.at_level(logging.INFO, logger="slurm_pal.advisor"):
         rm.tick()
         rm.tick()
-    assert len(slurm.submitted) == 3
+    assert measured_classes(slurm)[len(others) + 1 :] == ["A", "A"]
     assert st.view is not None and st.view.static.campaign == "example-r2"
     assert Jobs(env).score(st, target, "A") == pytest.approx(old_score, rel=0.05)
     assert any("recovered for class A" in r.getMessage() for r in caplog.records)
     now[0] += 86400 * 2
     rm.tick()
-    assert len(slurm.submitted) == 3
+    assert len(slurm.submitted) == 3 + len(others)
 
 
 def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
@@ -245,3 +281,37 @@ def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
         (closed,) = store.suspicions("example", cleared=True)
     assert str(closed["cleared_why"]).startswith("confirmed by re-measurement")
     assert st.suspects.candidates() == [] and st.suspects.suspects() == []
+
+
+def test_a_gpu_found_slow_for_one_class_is_measured_for_the_next_and_placed_by_it(
+    env: Env,
+) -> None:
+    """The fault slows class B 1.5x too, with no runtime evidence for B: once A is confirmed
+    the service measures B as well, and B's new score is placement's."""
+    st, target, seconds, bench = suspect(env)
+    others = other_classes(env, target, "A")
+    b_seconds, b_bench = others["B"]
+    old_b = Jobs(env).score(st, target, "B")
+    others["B"] = (b_seconds * 1.5, b_bench)
+    slurm = FakeSlurm(seconds, bench, factor=2.0, others=others)
+    now = [1.9e9]
+    rm = Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: now[0])
+    rm.tick()
+    rm.tick()
+    now[0] += 3600  # the budget: one an hour here
+    rm.tick()
+    rm.tick()
+    assert measured_classes(slurm) == ["A", "B"]
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example-r2"
+        closed = {str(r["job_class"]): r for r in store.suspicions("example-r1", cleared=True)}
+    assert closed["B"]["cause"] == "re-measure: slow for another class"
+    assert str(closed["B"]["cleared_why"]).startswith("confirmed by re-measurement")
+    assert Jobs(env).score(st, target, "B") > old_b * 1.3  # its new score, from the run
+    # Under `avoid_above` (1.5) but 1.3x or more its campaign's: a fault, kept off as one.
+    assert Jobs(env).score(st, target, "B") <= st.config.advisor.avoid_above
+    assert st.view is not None
+    cluster = st.view.static.cluster
+    gpu = cluster.uuids.index(target)
+    assert cluster.classes["B"].scores[gpu] > st.config.advisor.avoid_above
+    assert cluster.classes["C"].scores[gpu] == pytest.approx(Jobs(env).score(st, target, "C"))

@@ -113,6 +113,34 @@ def test_rechecks_come_after_every_suspect():
     assert [w.gpu for w in to_remeasure(wanted, IDLE, [], 100.0, limits)] == ["g2"]
 
 
+def test_wanted_measures_the_other_classes_of_a_gpu_found_slow():
+    from slurm_pal.core.suspicion import Suspicion
+
+    suspects = [Suspicion("g2", "B", 50.0, 40.0, "runtime", 2.0, 3)]
+    confirmed = {("g1", "A"): 100.0, ("g1", "C"): 90.0, ("g2", "A"): 100.0, ("g3", "A"): 100.0}
+    scores = {
+        "g1": {"A": 2.0, "B": 1.0, "C": 1.5, "D": 1.0},
+        "g2": {"A": 2.0, "B": 1.0},
+        "g3": {"A": 1.1, "B": 1.0},  # recovered (under `slower`): nothing for it
+    }
+    settled = {("g1", "D"): 150.0, ("g1", "B"): 80.0}  # D cleared since, B before
+    got = wanted(suspects, confirmed, scores, 200.0, LIMITS, settled)
+    # g2's B is a suspect already; g1's C is confirmed itself; g1's D was settled since.
+    assert got == [Wanted("g2", "B", 50.0), Wanted("g1", "B", 100.0, other_class=True)]
+    assert [w.why for w in got] == ["suspect", "found slow for another class, measured"]
+
+
+def test_other_classes_come_after_suspects_and_before_rechecks():
+    found = [
+        Wanted("g1", "A", 1.0, recheck=True),
+        Wanted("g2", "B", 5.0, other_class=True),
+        Wanted("g3", "A", 50.0),
+    ]
+    limits = RemeasureLimits(per_hour=3)
+    picks = to_remeasure(found, IDLE, [], 100.0, limits)
+    assert [(w.gpu, w.job_class) for w in picks] == [("g3", "A"), ("g2", "B"), ("g1", "A")]
+
+
 def test_recovered_when_faster_by_the_factor():
     assert recovered(1.0, 2.0, 1.15).confirmed
     assert not recovered(1.9, 2.0, 1.15).confirmed
@@ -130,3 +158,17 @@ def test_wanted_puts_suspects_then_gpus_found_slow_once_retry_s_has_passed():
     got = wanted(suspects, confirmed, scores, 86400.0 + 10.0, LIMITS)
     # g1: a suspect again (measured as one); g3: back under `slower`; g4: confirmed too lately.
     assert got == [Wanted("g1", "A", 50.0), Wanted("g2", "A", 0.0, recheck=True)]
+
+
+def test_a_gpu_found_slow_is_judged_against_its_own_campaign_score():
+    """A fast GPU (0.8) found 1.3x slow scores 1.04: under `slower` as a score, but still
+    slow against its campaign's, so measured again to see it recover (and no other class
+    measured twice)."""
+    confirmed = {("g1", "A"): 0.0}
+    scores = {"g1": {"A": 1.04}}
+    later = LIMITS.retry_s + 1.0
+    assert wanted([], confirmed, scores, later, LIMITS) == []
+    got = wanted([], confirmed, scores, later, LIMITS, campaign={"g1": {"A": 0.8}})
+    assert got == [Wanted("g1", "A", 0.0, recheck=True)]
+    back = wanted([], confirmed, {"g1": {"A": 0.82}}, later, LIMITS, campaign={"g1": {"A": 0.8}})
+    assert back == []

@@ -113,10 +113,22 @@ def test_a_gpu_found_slow_is_measured_again_and_recovers_as_in_the_service() -> 
     ((gpu, seconds),) = [(g, s) for g, s in loop.probes(0.0, [True] * 6) if g == 2]
     loop.probe_ended(gpu, 0.0, seconds)
     loop.detector.suspects = lambda: []  # type: ignore[method-assign, union-attr]
-    assert loop.probes(3600.0, [True] * 6) == []  # found slow, not yet retry_s ago
+    # Its other classes next, one an hour here (one pin): each as its campaign says, cleared.
+    for hour, job_class in enumerate("BCD", start=1):
+        held = loop.probes(3600.0 * hour, [True] * 6)
+        assert [g for g, _ in held] == [2, 3]
+        for g, s in held:
+            loop.probe_ended(g, 3600.0 * hour, 3600.0 * hour + s)
+        *_, (measured, measured_class, _, again, result) = loop.verdicts
+        assert (measured, measured_class, again, result.confirmed) == (
+            "sim-gpu-00002", job_class, False, False,
+        )  # fmt: skip
+    assert loop.probes(4 * 3600.0, [True] * 6) == []  # found slow, not yet retry_s ago
     loop._truth["A"][2] = 1.0  # type: ignore[index]  # repaired
     later = seconds + LIMITS.retry_s
-    expect = wanted([], {("sim-gpu-00002", "A"): seconds}, loop.base_scores, later, LIMITS)
+    expect = wanted(
+        [], {("sim-gpu-00002", "A"): seconds}, loop.base_scores, later, LIMITS, loop._settled
+    )
     assert [(w.gpu, w.job_class, w.recheck) for w in expect] == [("sim-gpu-00002", "A", True)]
     held = loop.probes(later, [True] * 6)
     assert [g for g, _ in held] == [2, 3]
@@ -125,6 +137,29 @@ def test_a_gpu_found_slow_is_measured_again_and_recovers_as_in_the_service() -> 
     *_, (_, _, _, again, result) = loop.verdicts
     assert again and result.confirmed and result.ratio == pytest.approx(0.5)
     assert loop.base_scores["sim-gpu-00002"]["A"] == pytest.approx(1.0)
+
+
+def test_a_fault_found_for_one_class_is_measured_for_the_next_and_steers_it() -> None:
+    """A fault that slows class A 2x slows class B 1.5x: once A is confirmed, B's benchmark
+    runs too and its measured time becomes B's score, with no runtime evidence for B."""
+    loop = _sim([_suspicion("sim-gpu-00002", "A", 10.0)], {(2, "A"): 2.0, (2, "B"): 1.5})
+    ((gpu, seconds),) = [(g, s) for g, s in loop.probes(0.0, [True] * 6) if g == 2]
+    loop.probe_ended(gpu, 0.0, seconds)
+    loop.detector.suspects = lambda: []  # type: ignore[method-assign, union-attr]
+    held = loop.probes(3600.0, [True] * 6)
+    for g, s in held:
+        loop.probe_ended(g, 3600.0, 3600.0 + s)
+    *_, (measured, job_class, _, again, result) = loop.verdicts
+    assert (measured, job_class, again) == ("sim-gpu-00002", "B", False)
+    assert result.confirmed and result.ratio == pytest.approx(1.5)
+    assert loop.base_scores["sim-gpu-00002"]["B"] == pytest.approx(1.5)
+    # 1.5 is no outlier by the policy's `avoid_above` alone; a fault, it is steered as one.
+    scores = loop.scores()
+    assert scores is not None and scores["B"][2] >= loop.floor
+    assert scores["B"][:2] == [1.0, 1.0] and scores["C"][2] == 1.0
+    # Confirmed for B too: not measured for B again as another class, only rechecked later.
+    found = wanted([], loop._confirmed, loop.base_scores, 7200.0, LIMITS, loop._settled)
+    assert [(w.job_class, w.other_class) for w in found] == [("C", True), ("D", True)]
 
 
 def test_the_service_and_the_simulator_agree_on_one_suspect(env: Env) -> None:  # noqa: F811

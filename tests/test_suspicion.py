@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from slurm_pal.core.drift import JobRun
-from slurm_pal.core.suspicion import GpuSignals, JobRecord, SuspicionDetector, outlier_scores
+from slurm_pal.core.suspicion import (
+    GpuSignals,
+    JobRecord,
+    SuspicionDetector,
+    measured_faults,
+    outlier_scores,
+)
 
 CLASSES = "ABCD"
 
@@ -184,6 +190,21 @@ def test_outlier_scores_keep_the_gpu_for_other_classes() -> None:
     assert table["g0"]["A"] >= 1.6  # the slowdown seen, above the floor here
     assert table["g0"]["D"] == 1.0 and table["g1"]["A"] == 1.0
     assert outlier_scores(_scores(2), [], 1.51) == _scores(2)
+
+
+def test_measured_faults_are_slowdowns_against_the_campaign_and_kept_off() -> None:
+    campaign = {"g0": {"A": 1.0, "B": 0.8}, "g1": {"A": 1.0, "B": 1.0}, "g2": {"A": 2.0}}
+    now = {
+        "g0": {"A": 2.0, "B": 1.04},  # A 2x, B 1.3x of a fast GPU's score
+        "g1": {"A": 1.2, "B": 1.0},  # 1.2x: the campaign's business, no fault
+        "g2": {"A": 2.0},  # slow in the campaign already: an outlier by its score
+        "g3": {"A": 3.0},  # not in the campaign: nothing to judge it by
+    }
+    faults = measured_faults(now, campaign, 1.3)
+    assert faults == [("g0", "A"), ("g0", "B")]
+    table = outlier_scores(now, [], 1.51, faults)
+    assert table["g0"] == {"A": 2.0, "B": 1.51}
+    assert table["g1"] == now["g1"] and table["g2"] == now["g2"]
 
 
 def test_settings_are_checked() -> None:

@@ -72,6 +72,7 @@ from slurm_pal.core.remeasure import (
     Pin,
     RemeasureLimits,
     Verdict,
+    Wanted,
     idle_pins,
     increment_id,
     increment_rows,
@@ -128,6 +129,7 @@ class Flight:
     campaign: str  # the active campaign it was submitted against
     misses: int = 0
     recheck: bool = False  # a GPU found slow, measured again to see it recover
+    other_class: bool = False  # a GPU found slow for another class, measured for this one
 
 
 def _safe(text: str) -> str:
@@ -193,7 +195,7 @@ class Remeasurer:
         scores = {spec.uuid: spec.scores for spec in view.static.specs}
         book = self.state.suspects
         candidates = wanted(book.suspects() + book.candidates(), self._confirmed_at(now), scores,
-                            now, limits)  # fmt: skip
+                            now, limits, book.settled(), book.campaign_scores())  # fmt: skip
         picks = to_remeasure(candidates, {g: p for g, (p, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
         out = []
@@ -202,9 +204,7 @@ class Remeasurer:
             attempt = Attempt(w.gpu, w.job_class, pin.node, now, held=pin.gpus)
             self.attempts.append(attempt)  # counted against the budget even when it fails
             try:
-                out.append(
-                    self._submit(attempt, entry, pin, view.static.campaign, recheck=w.recheck)
-                )
+                out.append(self._submit(attempt, entry, pin, view.static.campaign, w))
             except Exception as exc:
                 self._done(attempt)
                 log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
@@ -226,7 +226,7 @@ class Remeasurer:
         return self._confirmed[1]
 
     def _submit(
-        self, attempt: Attempt, entry: LabelEntry, pin: Pin, campaign: str, *, recheck: bool = False
+        self, attempt: Attempt, entry: LabelEntry, pin: Pin, campaign: str, pick: Wanted
     ) -> Flight:
         cfg = self.state.config
         settings = self.settings
@@ -245,13 +245,14 @@ class Remeasurer:
         script = directory / SBATCH_DIR / f"{node}.sbatch"
         job_id = self.slurm.submit(script, array=str(index), cwd=directory)
         add_submission(directory, Submission(node, job_id, (index,), datetime.now(UTC).isoformat()))
-        flight = Flight(attempt, plan, directory, job_id, campaign, recheck=recheck)
+        flight = Flight(attempt, plan, directory, job_id, campaign, recheck=pick.recheck,
+                        other_class=pick.other_class)  # fmt: skip
         self.flights.append(flight)
         log.warning(
             "GPU %s (%s device %d) %s for class %s: re-measure job %s submitted "
             "(benchmark %s, low priority, holding gpu:%s:%d, campaign directory %s)",
             attempt.gpu, node, index,
-            "found slow, to see it recover," if recheck else "suspect", attempt.job_class,
+            pick.why, attempt.job_class,
             job_id, plan.benchmarks[attempt.job_class].name, pin.label, len(pin.gpus), directory,
         )  # fmt: skip
         return flight
@@ -326,6 +327,9 @@ class Remeasurer:
                 why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
             else:
                 why = f"cleared by re-measurement ({done})"
+            cause = "re-measure candidate"
+            if flight.other_class:
+                cause = "re-measure: slow for another class"
             if not store.close_suspicion(active, a.gpu, a.job_class, now, why) and v.confirmed:
                 # A candidate (never a suspicion): its row, so it is measured again to recover.
                 store.open_suspicion(
@@ -335,7 +339,7 @@ class Remeasurer:
                         "job_class": a.job_class,
                         "since_s": now,
                         "onset_s": now,
-                        "cause": "re-measure candidate",
+                        "cause": cause,
                         "slowdown": v.ratio,
                         "runs": 0,
                     },

@@ -33,13 +33,14 @@ from slurm_pal.advisor.logtext import quoted
 from slurm_pal.core.clocks import ModelClocks, with_clock_ratios
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.drift import runs_from_records
-from slurm_pal.core.remeasure import same_campaign, unsettled
+from slurm_pal.core.remeasure import base_campaign, same_campaign, unsettled
 from slurm_pal.core.suspicion import (
     Change,
     GpuSignals,
     JobRecord,
     Suspicion,
     SuspicionDetector,
+    measured_faults,
     outlier_scores,
 )
 from slurm_pal.engine.decide import parse_admin_comment
@@ -182,6 +183,9 @@ class SuspectBook:
         self._fed: dict[str, None] = {}
         # (GPU, class) -> when a re-measurement settled it: suspicions from before are hidden
         self._settled: dict[tuple[str, str], float] = {}
+        self._faults: list[tuple[str, str]] = []  # re-measured slow: steered as suspects
+        # the scores of the campaign the active one increments (empty: it increments none)
+        self._campaign_scores: dict[str, dict[str, float]] = {}
         self.version = 0  # bumped whenever placement's scores must change
         self.warmed_jobs = 0
         self.jobs_fed = 0
@@ -206,13 +210,46 @@ class SuspectBook:
         A re-measure increment of the campaign in use (same GPUs and labels) is taken
         incrementally instead: the detector rescores the (GPU, class) pairs it changed and
         keeps everything else, nothing is replayed from the store."""
-        if self._rescored(campaign, specs, labels):
-            return
-        try:
-            self._fit(store_path, campaign, specs, labels, warm=True)
-        except Exception:
-            log.exception("suspicion warm-up failed; the detector starts cold")
-            self._fit(store_path, campaign, specs, labels, warm=False)
+        if not self._rescored(campaign, specs, labels):
+            try:
+                self._fit(store_path, campaign, specs, labels, warm=True)
+            except Exception:
+                log.exception("suspicion warm-up failed; the detector starts cold")
+                self._fit(store_path, campaign, specs, labels, warm=False)
+        self._find_faults(store_path, campaign, specs)
+
+    def _find_faults(self, store_path: Path, campaign: str, specs: Sequence[GpuSpec]) -> None:
+        """The (GPU, class) pairs a re-measurement found ``min_slowdown`` or more times
+        slower than the campaign it increments (:func:`~slurm_pal.core.suspicion.
+        measured_faults`): steered as suspects are, until found recovered. A store that
+        cannot say (the campaign gone) steers by the scores alone, as before."""
+        detector, root = self._detector, base_campaign(campaign)
+        slower = "" if detector is None else f"{detector.min_slowdown:g}x"
+        faults: list[tuple[str, str]] = []
+        before: dict[str, dict[str, float]] = {}
+        if detector is not None and root != campaign:
+            try:
+                with Store(store_path) as store:
+                    rows = store.gpu_scores(root)
+                for row in rows.itertuples(index=False):
+                    before.setdefault(str(row.uuid), {})[str(row.job_class)] = float(row.pm_score)
+                now = {spec.uuid: dict(spec.scores) for spec in specs}
+                faults = measured_faults(now, before, detector.min_slowdown)
+            except Exception:
+                log.exception("re-measured faults of campaign %s not read", campaign)
+                before = {}
+        with self._lock:
+            self._campaign_scores = before
+            new = [f for f in faults if f not in self._faults]
+            if faults != self._faults:
+                self._faults = faults
+                self.version += 1
+        for gpu, job_class in new:
+            log.warning(
+                "GPU %s (%s) kept off for class %s: re-measured %s or more its score in "
+                "campaign %s (a fault), until a re-measurement finds it recovered",
+                gpu, self._where.get(gpu, "?"), job_class, slower, root,
+            )  # fmt: skip
 
     def _fit(
         self,
@@ -362,8 +399,8 @@ class SuspectBook:
             return cluster
         with self._lock:
             found = [] if self._detector is None else self._unsettled(self._detector.suspects())
-            base = self._base
-        table = outlier_scores(base, found, self.floor)
+            base, faults = self._base, self._faults
+        table = outlier_scores(base, found, self.floor, faults)
         scores = {
             c: [table.get(u, {}).get(c, float(cluster.classes[c].scores[g]))
                 for g, u in enumerate(cluster.uuids)]
@@ -393,6 +430,17 @@ class SuspectBook:
         :meth:`~slurm_pal.core.suspicion.SuspicionDetector.candidates`)."""
         with self._lock:
             return [] if self._detector is None else self._unsettled(self._detector.candidates())
+
+    def campaign_scores(self) -> dict[str, dict[str, float]] | None:
+        """GPU -> class -> score in the campaign the active one increments (None: it is no
+        increment): what a re-measured score is judged against."""
+        with self._lock:
+            return self._campaign_scores or None
+
+    def settled(self) -> dict[tuple[str, str], float]:
+        """(GPU, class) -> when a re-measurement last settled it (confirmed or cleared)."""
+        with self._lock:
+            return dict(self._settled)
 
     def _unsettled(self, found: list[Suspicion]) -> list[Suspicion]:
         """``found`` less the suspicions a re-measurement settled (made before it)."""

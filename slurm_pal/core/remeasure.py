@@ -13,7 +13,10 @@ jobs), and a (GPU, class) tried at most once per ``retry_s`` whatever came of it
 compares the new run with the same GPU's own run in the campaign (same benchmark): ``slower``
 times that or more confirms. A GPU a re-measurement found slow is measured again now and then
 (after every suspect): back to ``1 / slower`` of its (slow) campaign time or less, it
-recovered.
+recovered. A GPU found slow for one class is measured for each of its other classes too (after
+the suspects): a fault that slows compute-bound jobs 2x often slows the next class 1.5x, and
+runtime evidence for that class comes slowly (few of its jobs, each felt less), so without the
+benchmark its jobs kept landing on a GPU known to be faulty.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "RemeasureLimits",
     "Verdict",
     "Wanted",
+    "base_campaign",
     "idle_pins",
     "increment_id",
     "increment_rows",
@@ -125,13 +129,22 @@ def idle_pins(gpus: Iterable[tuple[str, str, str]], free: Collection[str]) -> di
 @dataclass(frozen=True)
 class Wanted:
     """A suspect (GPU, class) and when it became suspect (oldest first is measured first);
-    ``recheck``: a (GPU, class) a re-measurement found slow, measured again to see whether
-    it recovered (after every suspect)."""
+    ``other_class``: a class of a GPU a re-measurement found slow for another class (since
+    then; after every suspect); ``recheck``: a (GPU, class) a re-measurement found slow,
+    measured again to see whether it recovered (after every other)."""
 
     gpu: str
     job_class: str
     since_s: float
     recheck: bool = False
+    other_class: bool = False
+
+    @property
+    def why(self) -> str:
+        """Why it is measured, for the admin's log and the suspicion row."""
+        if self.recheck:
+            return "found slow, to see it recover,"
+        return "found slow for another class, measured" if self.other_class else "suspect"
 
 
 def wanted(
@@ -140,19 +153,41 @@ def wanted(
     scores: Mapping[str, Mapping[str, float]],
     now_s: float,
     limits: RemeasureLimits,
+    settled: Mapping[tuple[str, str], float] | None = None,
+    campaign: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[Wanted]:
-    """What :func:`to_remeasure` chooses from: every suspect, then each (GPU, class) a
+    """What :func:`to_remeasure` chooses from: every suspect; then, for each (GPU, class) a
     re-measurement confirmed slow (``confirmed``: -> when) whose active score for the class
-    (``scores``: GPU -> class -> score) still says so (``slower`` or more), ``retry_s`` after the
-    confirmation: measured again to see it recover (a suspect pair is measured as a suspect)."""
+    (``scores``: GPU -> class -> score) still says so (``slower`` times its ``campaign`` score
+    or more: the campaign the re-measurements increment; without it, ``slower`` or more), each
+    other class of the GPU that no re-measurement has confirmed, nor settled (``settled``: ->
+    when, e.g. cleared) since; then each of those confirmed pairs ``retry_s`` after the
+    confirmation, measured again to see it recover (a suspect pair is measured as a
+    suspect)."""
     out = [Wanted(s.gpu, s.job_class, s.since_s) for s in suspects]
-    suspect = {(w.gpu, w.job_class) for w in out}
+    taken = {(w.gpu, w.job_class) for w in out}
+
+    def still_slow(gpu: str, job_class: str) -> bool:
+        was = 1.0 if campaign is None else campaign.get(gpu, {}).get(job_class, 1.0)
+        return scores.get(gpu, {}).get(job_class, 0.0) >= limits.slower * was
+
+    slow = [
+        (gpu, job_class, at)
+        for (gpu, job_class), at in sorted(confirmed.items())
+        if still_slow(gpu, job_class)
+    ]
+    settled = settled or {}
+    for gpu, _, at in slow:
+        for other in sorted(scores.get(gpu, {})):
+            key = (gpu, other)
+            if key in taken or key in confirmed or settled.get(key, -math.inf) >= at:
+                continue
+            taken.add(key)
+            out.append(Wanted(gpu, other, at, other_class=True))
     out += [
         Wanted(gpu, job_class, at, recheck=True)
-        for (gpu, job_class), at in sorted(confirmed.items())
-        if (gpu, job_class) not in suspect
-        and scores.get(gpu, {}).get(job_class, 0.0) >= limits.slower
-        and now_s - at >= limits.retry_s
+        for gpu, job_class, at in slow
+        if (gpu, job_class) not in taken and now_s - at >= limits.retry_s
     ]
     return out
 
@@ -170,7 +205,8 @@ def to_remeasure(
     now_s: float,
     limits: RemeasureLimits,
 ) -> list[Wanted]:
-    """The suspects to benchmark now, oldest suspicion first. ``idle``: GPU -> its pin, for the
+    """The pairs to benchmark now: suspects, oldest suspicion first, then other classes of GPUs
+    found slow, then rechecks (:class:`Wanted`). ``idle``: GPU -> its pin, for the
     GPUs that can be measured now (:func:`idle_pins`); ``attempts``: what was submitted before
     (in flight unless ``done``). A pick holds its whole pin, so no later pick in flight shares
     a GPU with it; picks on one node with different labels may run side by side (the node is
@@ -183,7 +219,9 @@ def to_remeasure(
         key = (a.gpu, a.job_class)
         last[key] = max(last.get(key, a.submitted_s), a.submitted_s)
     out: list[Wanted] = []
-    for s in sorted(suspects, key=lambda s: (s.recheck, s.since_s, s.gpu, s.job_class)):
+    for s in sorted(
+        suspects, key=lambda s: (s.recheck, s.other_class, s.since_s, s.gpu, s.job_class)
+    ):
         if len(out) >= budget:
             break
         pin = idle.get(s.gpu)
@@ -235,6 +273,11 @@ def recovered(measured_s: float, campaign_s: float, slower: float) -> Verdict:
 
 
 _SUFFIX = re.compile(r"-r(\d+)$")
+
+
+def base_campaign(campaign_id: str) -> str:
+    """The campaign that ``campaign_id`` is an increment of (itself when it is none)."""
+    return _SUFFIX.sub("", campaign_id)
 
 
 def same_campaign(one: str, other: str) -> bool:

@@ -57,6 +57,7 @@ __all__ = [
     "JobRecord",
     "Suspicion",
     "SuspicionDetector",
+    "measured_faults",
     "outlier_scores",
 ]
 
@@ -677,11 +678,15 @@ def _cusum(entries: list[_Entry]) -> float:
 
 
 def outlier_scores(
-    scores: Mapping[str, Mapping[str, float]], suspects: Iterable[Suspicion], floor: float
+    scores: Mapping[str, Mapping[str, float]],
+    suspects: Iterable[Suspicion],
+    floor: float,
+    faults: Iterable[tuple[str, str]] = (),
 ) -> dict[str, dict[str, float]]:
     """The campaign's scores with each suspect (GPU, class) made an outlier for placement:
     its score times the slowdown seen, and at least ``floor`` (pass one above the policy's
-    ``avoid_above``), so the class is kept off it while the other classes still use it."""
+    ``avoid_above``), so the class is kept off it while the other classes still use it; each
+    of ``faults`` (GPU, class: :func:`measured_faults`) at least ``floor`` too."""
     out = {gpu: dict(per) for gpu, per in scores.items()}
     for s in suspects:
         if s.gpu not in out or s.job_class not in out[s.gpu]:
@@ -689,4 +694,29 @@ def outlier_scores(
         base = out[s.gpu][s.job_class]
         seen = base * s.slowdown if math.isfinite(s.slowdown) else base
         out[s.gpu][s.job_class] = max(seen, floor)
+    for gpu, job_class in faults:
+        if gpu in out and job_class in out[gpu]:
+            out[gpu][job_class] = max(out[gpu][job_class], floor)
+    return out
+
+
+def measured_faults(
+    scores: Mapping[str, Mapping[str, float]],
+    campaign: Mapping[str, Mapping[str, float]],
+    min_slowdown: float,
+) -> list[tuple[str, str]]:
+    """The (GPU, class) pairs whose score now (``scores``: a re-measurement's increment) is
+    ``min_slowdown`` or more times their ``campaign`` score: faults, steered as suspects are
+    until a re-measurement finds them recovered. A re-measurement that confirms a suspicion
+    makes the measured time the GPU's score and lifts the suspicion; without this, a GPU
+    confirmed 1.5x slow for a class whose median is 1.0 would be no outlier (the policy's
+    ``avoid_above`` is 1.5) and the class would go back onto it, where an admin told of the
+    fault keeps it off (and the oracle of the closed-loop benchmark does)."""
+    out = []
+    for gpu, per in sorted(scores.items()):
+        before = campaign.get(gpu, {})
+        for job_class, score in sorted(per.items()):
+            was = before.get(job_class)
+            if was is not None and was > 0 and score >= min_slowdown * was:
+                out.append((gpu, job_class))
     return out

@@ -51,6 +51,7 @@ from slurm_pal.core.suspicion import (
     JobRecord,
     Suspicion,
     SuspicionDetector,
+    measured_faults,
     outlier_scores,
 )
 from slurm_pal.core.workload import SimJob
@@ -273,6 +274,7 @@ class FaultLoop:
             uuid: {c: float(self.gpus.placement_scores[c][gpu]) for c in self.classes}
             for gpu, uuid in enumerate(self.uuids)
         }
+        self.campaign_scores = {uuid: dict(per) for uuid, per in self.base_scores.items()}
         if self.detector is not None:
             self.detector.fit(self.base_scores)
         self.outcomes = [FaultOutcome(f) for f in self.faults]
@@ -349,7 +351,10 @@ class FaultLoop:
         self._attempts = [a for a in self._attempts if not a.done or now - a.submitted_s < keep_s]
         idle = idle_pins(self._site, {self.uuids[g] for g, ok in enumerate(free) if ok})
         pending = self._suspects() + unsettled(self.detector.candidates(), self._settled)
-        found = wanted(pending, self._confirmed, self.base_scores, now, limits)
+        found = wanted(
+            pending, self._confirmed, self.base_scores, now, limits, self._settled,
+            self.campaign_scores,
+        )  # fmt: skip
         out: list[tuple[int, float]] = []
         for pick in to_remeasure(found, idle, self._attempts, now, limits):
             gpu, pin = self.index[pick.gpu], idle[pick.gpu]
@@ -413,9 +418,15 @@ class FaultLoop:
                 for c, factor in f.factors(self.classes, self.sensitivity).items()
                 if factor >= self.min_slowdown
             ]
+            faults: list[tuple[str, str]] = []
         else:
             suspects = self._suspects()
-        table = outlier_scores(self.base_scores, suspects, self.floor)
+            assert self.detector is not None
+            # Confirmed by re-measurement: steered as a suspect until found recovered.
+            faults = measured_faults(
+                self.base_scores, self.campaign_scores, self.detector.min_slowdown
+            )
+        table = outlier_scores(self.base_scores, suspects, self.floor, faults)
         return {c: [table[uuid][c] for uuid in self.uuids] for c in self.classes}
 
     # -- bookkeeping ------------------------------------------------------------------------
