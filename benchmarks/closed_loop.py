@@ -34,8 +34,9 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
   run when a round leaves it and its gres label-mates on its node idle (GPUs of one PM
   signature there; the job holds them, other jobs keep the node's other GPUs), confirms (the
   measured time becomes its score) or clears the suspicion; the detector's candidates (half
-  the alarm, or tied with a partner) are measured too; a GPU found slow is measured again to
-  see it recover;
+  the alarm, or tied with a partner) are measured too; a GPU found slow is measured for its
+  other classes, kept off for each class it was found 1.3x or more slower for than its
+  campaign said, and measured again to see it recover;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed, first: per kind of fault (factor, class hit, whether NVML sees it) the faults each

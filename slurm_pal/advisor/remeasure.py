@@ -349,6 +349,7 @@ class Remeasurer:
         if v.confirmed:  # the increment is active: its scores, the detector refitted, and
             self.state.reload()  # the view on them (not the old scores without the suspicion
             self.state.refresh()  # between: the GPU stays avoided throughout)
+            self._confirmed = None  # read again: its other classes are measured next
         else:
             self.state.rescore()  # steering: the class may use the GPU again from now on
         return v

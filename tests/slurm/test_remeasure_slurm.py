@@ -11,7 +11,8 @@ submits the campaign's class-A benchmark as a low-priority job pinned to it (its
 GPU on n01, not the node: the neighbour keeps running), judges its record against the GPU's
 own campaign run, ingests the increment ``example-r1`` with its new class-A runs and places by
 it: the next class-A job goes elsewhere on the scores alone, although n01, with one GPU free,
-is packing's tightest node. The log tells the story.
+is packing's tightest node. Found slow for A, the GPU is measured for class D next (as fast as
+the campaign says: cleared). The log tells the story.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ BENCH_SH = (
     '#!/bin/sh\nif [ "$SLURMD_NODENAME" = n01 ]; then echo PAL_DURATION_S=2; '
     "else echo PAL_DURATION_S=1; fi\n"
 )
+BENCH_D = "custom:bench_d.sh"  # the class-D benchmark: the fault does not slow it
+BENCH_D_SH = "#!/bin/sh\necho PAL_DURATION_S=1\n"
 
 
 def _campaign(path: Path) -> None:
@@ -56,7 +59,7 @@ def _campaign(path: Path) -> None:
     for n, (node, count) in enumerate(GPUS.items()):
         for index in range(count):
             uuid = f"GPU-{n:04d}{index:04d}-0000-0000-0000-000000000000"
-            for job_class, bench in (("A", BENCH), ("D", "stream")):
+            for job_class, bench in (("A", BENCH), ("D", BENCH_D)):
                 slower = 1.3 if (node, index, job_class) == ("n01", 1, "D") else 1.0
                 for _ in range(3):
                     value = slower + rng.normal(0, 0.002)
@@ -74,13 +77,15 @@ def lab() -> Iterator[AdvisorLab]:
     root = paths.root
     bench = root / "out" / "bench.sh"
     bench.write_text(BENCH_SH)
+    bench_d = root / "out" / "bench_d.sh"
+    bench_d.write_text(BENCH_D_SH)
     paths.config.write_text(
         paths.site_toml(
             'policy = "packed-pm"\nsuspicion = "steer"\nrefresh_s = 1.0\nreplan_s = 0\n'
             "remeasure = true\nremeasure_per_hour = 2\n",
             f'[campaign]\nroot = "{root / "campaigns"}"\npython = "{sys.executable}"\n'
             f'time_limit = "2"\nrun_timeout_s = 30\nwarmup_s = 0\nmeasure_s = 1\n'
-            f'[campaign.commands]\nA = "sh {bench}"\n',
+            f'[campaign.commands]\nA = "sh {bench}"\nD = "sh {bench_d}"\n',
         )
     )
     csv = paths.work / "campaign.csv"
@@ -153,9 +158,18 @@ def test_a_suspect_gpu_is_re_measured_through_slurm_and_its_scores_updated(
     (row,) = closed
     assert "2.00x its campaign time" in str(row["cleared_why"]), row
     assert "GPU-00000000" in str(diff.to_dict()), diff.to_dict()  # `campaign diff` names it
+    # found slow for A: its other class measured too (the budget's second job this hour); the
+    # emulated fault slows class A's benchmark only, so D is as the campaign says
+    deadline = time.monotonic() + 90
+    while "suspicion for class D settled" not in lab.advisor_log(since):
+        assert time.monotonic() < deadline, lab.advisor_log(since)[-4000:]
+        time.sleep(0.5)
+    log = lab.advisor_log(since)
+    assert "found slow for another class, measured for class D" in log, log[-4000:]
+    assert "cleared by re-measurement" in log, log[-4000:]
     stats = lab.ask("stats")
     assert stats["suspect_gpus"] == []  # its scores say it now, no suspicion left
-    assert stats["remeasure_last_hour"] == 1 and stats["remeasure_in_flight"] == 0, stats
+    assert stats["remeasure_last_hour"] == 2 and stats["remeasure_in_flight"] == 0, stats
     # the next class-A job: packing's tightest node is n01 (one GPU free, the re-measured
     # one); its new score keeps the job off it
     _free_seen(lab, sum(GPUS.values()) - 1)
