@@ -117,17 +117,24 @@ def test_wanted_measures_the_other_classes_of_a_gpu_found_slow():
     from slurm_pal.core.suspicion import Suspicion
 
     suspects = [Suspicion("g2", "B", 50.0, 40.0, "runtime", 2.0, 3)]
-    confirmed = {("g1", "A"): 100.0, ("g1", "C"): 90.0, ("g2", "A"): 100.0, ("g3", "A"): 100.0}
+    confirmed = {
+        ("g1", "A"): 100.0, ("g1", "C"): 90.0, ("g1", "E"): 50.0, ("g2", "A"): 100.0,
+        ("g3", "A"): 100.0,
+    }  # fmt: skip
     scores = {
-        "g1": {"A": 2.0, "B": 1.0, "C": 1.5, "D": 1.0},
+        "g1": {"A": 2.0, "B": 1.0, "C": 1.5, "D": 1.0, "E": 1.0},  # E: found slow, recovered
         "g2": {"A": 2.0, "B": 1.0},
         "g3": {"A": 1.1, "B": 1.0},  # recovered (under `slower`): nothing for it
     }
     settled = {("g1", "D"): 150.0, ("g1", "B"): 80.0}  # D cleared since, B before
     got = wanted(suspects, confirmed, scores, 200.0, LIMITS, settled)
-    # g2's B is a suspect already; g1's C is confirmed itself; g1's D was settled since.
-    assert got == [Wanted("g2", "B", 50.0), Wanted("g1", "B", 100.0, other_class=True)]
-    assert [w.why for w in got] == ["suspect", "found slow for another class, measured"]
+    # g2's B is a suspect already; g1's C is found slow itself; g1's D was settled since.
+    assert got == [
+        Wanted("g2", "B", 50.0),
+        Wanted("g1", "B", 100.0, other_class=True),
+        Wanted("g1", "E", 100.0, other_class=True),
+    ]
+    assert [w.why for w in got[:2]] == ["suspect", "found slow for another class, measured"]
 
 
 def test_other_classes_come_after_suspects_and_before_rechecks():

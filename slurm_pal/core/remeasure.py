@@ -160,8 +160,9 @@ def wanted(
     re-measurement confirmed slow (``confirmed``: -> when) whose active score for the class
     (``scores``: GPU -> class -> score) still says so (``slower`` times its ``campaign`` score
     or more: the campaign the re-measurements increment; without it, ``slower`` or more), each
-    other class of the GPU that no re-measurement has confirmed, nor settled (``settled``: ->
-    when, e.g. cleared) since; then each of those confirmed pairs ``retry_s`` after the
+    other class of the GPU not found slow itself that no re-measurement has confirmed or
+    settled (``settled``: -> when, e.g. cleared) since; then each of those confirmed pairs
+    ``retry_s`` after the
     confirmation, measured again to see it recover (a suspect pair is measured as a
     suspect)."""
     out = [Wanted(s.gpu, s.job_class, s.since_s) for s in suspects]
@@ -177,10 +178,13 @@ def wanted(
         if still_slow(gpu, job_class)
     ]
     settled = settled or {}
+    still = {(gpu, job_class) for gpu, job_class, _ in slow}
     for gpu, _, at in slow:
         for other in sorted(scores.get(gpu, {})):
             key = (gpu, other)
-            if key in taken or key in confirmed or settled.get(key, -math.inf) >= at:
+            if key in taken or key in still:
+                continue
+            if max(confirmed.get(key, -math.inf), settled.get(key, -math.inf)) >= at:
                 continue
             taken.add(key)
             out.append(Wanted(gpu, other, at, other_class=True))
