@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,11 @@ def env() -> Iterator[Env]:
     root.chmod(0o755)
     the_env = make_env(root, policy="pm-first")
     advisor = replace(
-        the_env.config.advisor, suspicion="steer", remeasure=True, remeasure_per_hour=1
+        the_env.config.advisor,
+        suspicion="steer",
+        remeasure=True,
+        remeasure_per_hour=1,
+        remeasure_routine_s=0.0,  # the suspects alone; routine measurements: their own test
     )
     the_env.config = replace(the_env.config, advisor=advisor)
     yield the_env
@@ -315,3 +320,50 @@ def test_a_gpu_found_slow_for_one_class_is_measured_for_the_next_and_placed_by_i
     gpu = cluster.uuids.index(target)
     assert cluster.classes["B"].scores[gpu] > st.config.advisor.avoid_above
     assert cluster.classes["C"].scores[gpu] == pytest.approx(Jobs(env).score(st, target, "C"))
+
+
+def test_an_idle_gpu_not_measured_for_a_week_is_measured_routinely(env: Env) -> None:
+    """No suspect, no job evidence: the GPU measured longest ago (its campaign's date) is
+    benchmarked for the first class; found 2x slow, it is kept off as a suspect confirmed
+    would be, and its other classes are measured next; one measured is not again before
+    ``remeasure_routine_s`` has passed."""
+    st = env.state()
+    advisor = replace(st.config.advisor, remeasure_routine_s=7 * 86400.0)
+    st.config = replace(st.config, advisor=advisor)
+    assert st.view is not None and st.suspects.suspects() == []
+    target = min(idle_gpus(st.view))  # all measured at once: the first by id goes first
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+        (made,) = [c.created_at for c in store.campaigns() if c.id == "example"]
+    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
+    others = other_classes(env, target, "A")
+    slurm = FakeSlurm(float(mine["duration"].median()), str(mine["benchmark"].iloc[0]), 2.0,
+                      others=others)  # fmt: skip
+    campaign_s = datetime.fromisoformat(made).timestamp()
+    now = [campaign_s + 6 * 86400.0]  # under a week since the campaign: nothing
+    rm = Remeasurer(st, slurm, root=env.root / "campaigns", wall_clock=lambda: now[0])
+    rm.tick()
+    assert slurm.submitted == []
+    now[0] = campaign_s + 8 * 86400.0
+    rm.tick()
+    rm.tick()
+    assert measured_classes(slurm) == ["A"]
+    with Store(env.db) as store:
+        assert store.active_campaign_id() == "example-r1"
+        (closed,) = store.suspicions("example", cleared=True)
+    assert closed["gpu"] == target and closed["cause"] == "re-measure: routine"
+    assert str(closed["cleared_why"]).startswith("confirmed by re-measurement")
+    assert st.view.static.cluster.classes["A"].scores[st.view.base.uuid_index[target]] > 1.5
+    now[0] += 3600  # the budget: one an hour here; the GPU's other classes come first
+    rm.tick()
+    assert measured_classes(slurm) == ["A", "B"]
+    assert slurm.submitted[-1][1] == slurm.submitted[0][1]  # the same device
+    slurm.factor = 1.0
+    for _ in range(len(others)):
+        now[0] += 3600
+        rm.tick()
+        rm.tick()
+    # then the next GPU measured longest ago, routinely: not the one measured this week
+    assert measured_classes(slurm) == ["A", *sorted(others), "A"]
+    (first, _), *_, (last, _) = slurm.submitted
+    assert first.parts[-3].split("-")[1:3] != last.parts[-3].split("-")[1:3]

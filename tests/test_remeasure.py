@@ -16,6 +16,7 @@ from slurm_pal.core.remeasure import (
     increment_id,
     increment_rows,
     recovered,
+    routine,
     to_remeasure,
     verdict,
     wanted,
@@ -179,3 +180,33 @@ def test_a_gpu_found_slow_is_judged_against_its_own_campaign_score():
     assert got == [Wanted("g1", "A", 0.0, recheck=True)]
     back = wanted([], confirmed, {"g1": {"A": 0.82}}, later, LIMITS, campaign={"g1": {"A": 0.8}})
     assert back == []
+
+
+def test_routine_takes_idle_gpus_not_measured_for_routine_s_oldest_first():
+    limits = RemeasureLimits(per_hour=2, routine_s=1000.0)
+    measured = {("g1", "A"): 500.0, ("g2", "A"): 50.0, ("g2", "B"): 1900.0, ("g3", "A"): 1500.0}
+    got = routine(["g1", "g2", "g3", "g4"], "A", measured, 100.0, 2000.0, limits)
+    # g3 measured 500 s ago: not yet; g4 never re-measured: the campaign's time (100) counts.
+    assert got == [
+        Wanted("g1", "A", 500.0, routine=True),
+        Wanted("g2", "A", 50.0, routine=True),
+        Wanted("g4", "A", 100.0, routine=True),
+    ]
+    assert got[0].why == "not measured for a while, measured routinely"
+    picks = to_remeasure(got, IDLE, [], 2000.0, limits)
+    assert [w.gpu for w in picks] == ["g2", "g4"]  # oldest first, within the budget
+    assert routine(["g1"], "A", {}, 0.0, 2000.0, RemeasureLimits(routine_s=0.0)) == []
+
+
+def test_routine_measurements_come_after_everything_else():
+    found = [
+        Wanted("g0", "A", 0.0, routine=True),
+        Wanted("g1", "A", 1.0, recheck=True),
+        Wanted("g2", "B", 5.0, other_class=True),
+        Wanted("g3", "A", 50.0),
+    ]
+    limits = RemeasureLimits(per_hour=3)
+    picks = to_remeasure(found, IDLE, [], 100.0, limits)
+    assert [w.gpu for w in picks] == ["g3", "g2", "g1"]
+    spent = [Attempt("g4", "A", "n1", 99.0)]  # the hour's budget is shared: one left
+    assert [w.gpu for w in to_remeasure(found, IDLE, spent, 100.0, limits)] == ["g3", "g2"]

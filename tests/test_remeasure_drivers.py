@@ -31,7 +31,7 @@ from tests.helpers.advisor import Env
 from tests.test_advisor_remeasure import FakeSlurm, env, remeasurer, suspect  # noqa: F401
 
 CLASSES = ("A", "B", "C", "D")
-LIMITS = RemeasureLimits()
+LIMITS = RemeasureLimits(routine_s=0.0)  # the suspects alone; routine ones: their own test
 
 
 def _suspicion(gpu: str, job_class: str, since_s: float) -> Suspicion:
@@ -206,3 +206,32 @@ def test_both_drivers_measure_a_gpu_whose_node_mate_of_another_label_is_busy() -
     loop.probe_ended(2, 1000.0, 1000.0 + seconds)
     ((gpu, job_class, _, _, result),) = loop.verdicts
     assert (gpu, job_class, result.confirmed) == ("sim-gpu-00002", "A", True)
+
+
+def test_the_simulator_measures_idle_gpus_routinely_and_finds_an_unsuspected_fault() -> None:
+    """No suspect: every idle GPU is measured for the first class once ``routine_s`` has
+    passed since the campaign (time 0), not again before it passes once more; GPU 2, 2x
+    slow for A with no job evidence, is found and kept off for A. (Each node's two GPUs
+    share one label: a measurement holds both.)"""
+    loop = _sim([], {(2, "A"): 2.0})
+    loop.remeasure = RemeasureLimits(per_hour=6, routine_s=7 * 86400.0)
+
+    def measure(now: float) -> list[tuple[str, str]]:
+        for gpu, seconds in loop.probes(now, [True] * 6):
+            loop.probe_ended(gpu, now, now + seconds)
+        return [(a.gpu[-1], a.job_class) for a in loop._attempts if a.submitted_s == now]
+
+    week, hour = 7 * 86400.0, 3600.0
+    assert measure(week - 60.0) == []
+    assert measure(week) == [("0", "A"), ("2", "A"), ("4", "A")]  # one per node at once
+    assert [(v[0], v[1]) for v in loop.verdicts if v[4].confirmed] == [("sim-gpu-00002", "A")]
+    scores = loop.scores()
+    assert scores is not None and scores["A"][2] >= loop.floor and scores["A"][0] == 1.0
+    # GPU 2's other classes first (found slow for A), routine ones with the budget left
+    assert measure(week + hour) == [("2", "B"), ("1", "A"), ("5", "A")]
+    assert measure(week + 2 * hour) == [("2", "C")]
+    assert measure(week + 3 * hour) == [("2", "D")]
+    assert measure(week + 4 * hour) == [("3", "A")]
+    assert measure(week + 5 * hour) == []  # every GPU measured this week
+    assert measure(week + 2 * 86400.0) == [("2", "A")]  # a day on: rechecked, still slow
+    assert measure(2 * week) == [("2", "A"), ("0", "A"), ("4", "A")]

@@ -215,9 +215,16 @@ def test_remeasures_confirm_a_slow_gpu_and_its_score_becomes_the_measured_time()
     assert outcome.suspected_s is not None
     # The suspect's class-A benchmark ran on its idle node and confirmed the fault: the
     # measured time is its class-A score from then on (the service's increment).
-    mine = [(v, again) for g, c, _, again, v in loop.verdicts if (g, c) == ("sim-gpu-00005", "A")]
-    assert mine and mine[0][0].confirmed and not mine[0][1]
-    assert mine[0][0].ratio == pytest.approx(2.0)
+    # Before the fault, routine measurements found it as the campaign says.
+    mine = [
+        (at, v, again) for g, c, at, again, v in loop.verdicts if (g, c) == ("sim-gpu-00005", "A")
+    ]
+    before = [v for at, v, _ in mine if at < faults[0].at_s]
+    assert before
+    assert all(not v.confirmed and v.ratio == pytest.approx(1.0) for v in before)
+    (first, *_) = [(v, again) for at, v, again in mine if at >= faults[0].at_s]
+    assert first[0].confirmed and not first[1]
+    assert first[0].ratio == pytest.approx(2.0)
     assert loop.base_scores["sim-gpu-00005"]["A"] == pytest.approx(2.0)
     # Each re-measure held the GPU's label-mates on its node (the GPUs of its PM signature
     # there, as the site's labels are) for the benchmark's length: here all alike, the node.

@@ -251,6 +251,10 @@ class AdvisorConfig:
     re-measurement found slow is measured again at this pace, to see it recover."""
     remeasure_slower: float = 1.15
     """A re-measurement this many times the GPU's own campaign time (or more) confirms."""
+    remeasure_routine_s: float = 604800.0
+    """With budget left after the suspects, a GPU not measured for the first class for this
+    many seconds is measured routinely (0: never): a fault NVML shows no clock reason for is
+    otherwise found only from the runtimes of the jobs that land on it."""
     labels_file: str | None = None
     """labels.json from `site render`; unset: the labels of the active campaign in the store."""
     slurm_backend: str = "auto"
@@ -606,6 +610,11 @@ def _validate_advisor(config: SiteConfig) -> None:
         raise ConfigError(
             f"{src}: 'advisor.remeasure_per_hour' and 'advisor.remeasure_retry_s' must be >= 0, "
             f"got {a.remeasure_per_hour} and {a.remeasure_retry_s}"
+        )
+    if not (math.isfinite(a.remeasure_routine_s) and a.remeasure_routine_s >= 0):
+        raise ConfigError(
+            f"{src}: 'advisor.remeasure_routine_s' must be >= 0 (0 = never), "
+            f"got {a.remeasure_routine_s}"
         )
     if not (math.isfinite(a.remeasure_slower) and a.remeasure_slower > 1):
         raise ConfigError(

@@ -30,6 +30,12 @@ benchmark):
 - cleared: the suspicion's row is closed and the detector's suspicion set aside
   (:meth:`SuspectBook.settle`).
 
+With budget left after the suspects, the GPUs found slow and their rechecks, a GPU idle now
+and not measured for the first class for ``remeasure_routine_s`` (a week) is measured
+routinely, and judged as a suspect is: with NVML blind to a fault, the runtimes of the jobs
+that land on the GPU are the only other evidence, and a GPU few jobs use, or only wide gangs,
+stayed unseen until its repair.
+
 What is in flight lives in this object only: a restart forgets it (the jobs' results are not
 judged, and a suspect found again at the warm-up may be measured again).
 """
@@ -73,10 +79,13 @@ from slurm_pal.core.remeasure import (
     RemeasureLimits,
     Verdict,
     Wanted,
+    base_campaign,
+    budget_left,
     idle_pins,
     increment_id,
     increment_rows,
     recovered,
+    routine,
     to_remeasure,
     verdict,
     wanted,
@@ -127,9 +136,8 @@ class Flight:
     directory: Path
     job_id: str
     campaign: str  # the active campaign it was submitted against
+    pick: Wanted  # why it is measured (a suspect, another class, a recheck, routine)
     misses: int = 0
-    recheck: bool = False  # a GPU found slow, measured again to see it recover
-    other_class: bool = False  # a GPU found slow for another class, measured for this one
 
 
 def _safe(text: str) -> str:
@@ -153,6 +161,10 @@ class Remeasurer:
         self.attempts: list[Attempt] = []
         self.flights: list[Flight] = []
         self._confirmed: tuple[float, dict[tuple[str, str], float]] | None = None
+        self.measured: dict[tuple[str, str], float] = {}
+        """(GPU, class) -> when last submitted for measurement here: the routine
+        measurements' clock (a restart forgets it; the campaign's date counts then)."""
+        self._campaign_s: tuple[str, float] | None = None  # base campaign -> its date
 
     @property
     def settings(self) -> CampaignSettings:
@@ -196,6 +208,10 @@ class Remeasurer:
         book = self.state.suspects
         candidates = wanted(book.suspects() + book.candidates(), self._confirmed_at(now), scores,
                             now, limits, book.settled(), book.campaign_scores())  # fmt: skip
+        if budget_left(self.attempts, now, limits):
+            first = self.state.config.classes.names[0]
+            since = self._campaign_date(view.static.campaign)
+            candidates += routine(idle, first, self.measured, since, now, limits)
         picks = to_remeasure(candidates, {g: p for g, (p, _) in idle.items()}, self.attempts,
                              now, limits)  # fmt: skip
         out = []
@@ -203,6 +219,7 @@ class Remeasurer:
             pin, entry = idle[w.gpu]
             attempt = Attempt(w.gpu, w.job_class, pin.node, now, held=pin.gpus)
             self.attempts.append(attempt)  # counted against the budget even when it fails
+            self.measured[(w.gpu, w.job_class)] = now
             try:
                 out.append(self._submit(attempt, entry, pin, view.static.campaign, w))
             except Exception as exc:
@@ -210,6 +227,23 @@ class Remeasurer:
                 log.warning("re-measurement of GPU %s (%s device %d), class %s, not submitted: %s",
                             w.gpu, pin.node, entry.index, w.job_class, exc)  # fmt: skip
         return out
+
+    def _campaign_date(self, campaign: str) -> float:
+        """When the campaign ``campaign`` increments was ingested (epoch seconds; read once per
+        campaign): a GPU never re-measured here was last measured then. Unreadable: now, so
+        nothing is measured routinely before ``routine_s`` has passed."""
+        root = base_campaign(campaign)
+        if self._campaign_s is None or self._campaign_s[0] != root:
+            when = self.wall_clock()
+            try:
+                with Store(self.state.store_path) as store:
+                    found = [c.created_at for c in store.campaigns() if c.id == root]
+                if found:
+                    when = datetime.fromisoformat(found[0]).timestamp()
+            except Exception:
+                log.exception("the date of campaign %s not read", root)
+            self._campaign_s = (root, when)
+        return self._campaign_s[1]
 
     def _confirmed_at(self, now: float) -> dict[tuple[str, str], float]:
         """(GPU, class) -> when a re-measurement confirmed it slow (the store's closed rows,
@@ -245,8 +279,7 @@ class Remeasurer:
         script = directory / SBATCH_DIR / f"{node}.sbatch"
         job_id = self.slurm.submit(script, array=str(index), cwd=directory)
         add_submission(directory, Submission(node, job_id, (index,), datetime.now(UTC).isoformat()))
-        flight = Flight(attempt, plan, directory, job_id, campaign, recheck=pick.recheck,
-                        other_class=pick.other_class)  # fmt: skip
+        flight = Flight(attempt, plan, directory, job_id, campaign, pick)
         self.flights.append(flight)
         log.warning(
             "GPU %s (%s device %d) %s for class %s: re-measure job %s submitted "
@@ -311,11 +344,11 @@ class Remeasurer:
                 return None
             seen = median(float(r.duration_s) for r in ok)  # type: ignore[arg-type]
             slower = self.state.config.advisor.remeasure_slower
-            if flight.recheck:
+            if flight.pick.recheck:
                 v = self._recheck(store, active, flight, ok, same, seen)
             else:
                 v = verdict(seen, float(same["duration"].median()), slower)
-        if flight.recheck:
+        if flight.pick.recheck:
             if v.confirmed:  # back to speed: its new scores, from the next decision on
                 self.state.reload()
                 self.state.refresh()
@@ -328,8 +361,10 @@ class Remeasurer:
             else:
                 why = f"cleared by re-measurement ({done})"
             cause = "re-measure candidate"
-            if flight.other_class:
+            if flight.pick.other_class:
                 cause = "re-measure: slow for another class"
+            elif flight.pick.routine:
+                cause = "re-measure: routine"
             if not store.close_suspicion(active, a.gpu, a.job_class, now, why) and v.confirmed:
                 # A candidate (never a suspicion): its row, so it is measured again to recover.
                 store.open_suspicion(

@@ -461,7 +461,7 @@ class SuspectBook:
                 self._detector.clear(gpu, job_class, at_s, why)
             self.version += 1
         where = self._where.get(gpu, "?")
-        log.warning("GPU %s (%s) suspicion for class %s settled: %s", gpu, where, job_class, why)
+        log.warning("GPU %s (%s) for class %s settled: %s", gpu, where, job_class, why)
 
     def snapshot(self) -> dict[str, object]:
         """``serve stats``: the mode and each suspect GPU (since, cause, slowdown, evidence)."""

@@ -16,7 +16,11 @@ times that or more confirms. A GPU a re-measurement found slow is measured again
 recovered. A GPU found slow for one class is measured for each of its other classes too (after
 the suspects): a fault that slows compute-bound jobs 2x often slows the next class 1.5x, and
 runtime evidence for that class comes slowly (few of its jobs, each felt less), so without the
-benchmark its jobs kept landing on a GPU known to be faulty.
+benchmark its jobs kept landing on a GPU known to be faulty. Last, with budget left, GPUs not
+measured for ``routine_s`` are measured routinely for the first class (:func:`routine`): a
+fault that slows a GPU without a clock reason NVML shows is otherwise found only from the
+runtimes of the jobs that land on it, and a GPU few jobs used, or only wide gangs, stayed
+unseen until its repair.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ __all__ = [
     "Verdict",
     "Wanted",
     "base_campaign",
+    "budget_left",
     "idle_pins",
     "increment_id",
     "increment_rows",
     "recovered",
+    "routine",
     "same_campaign",
     "to_remeasure",
     "unsettled",
@@ -57,11 +63,19 @@ class RemeasureLimits:
     per_hour: int = 2
     retry_s: float = 86400.0
     slower: float = 1.15
+    routine_s: float = 604800.0
+    """A GPU not measured for the first class for this long is measured with budget left
+    (:func:`routine`; 0: only suspects and the GPUs found slow)."""
 
     @classmethod
     def of(cls, advisor: _AdvisorLimits) -> RemeasureLimits:
         """The site config's ``advisor.remeasure_*`` (the service's and the simulator's)."""
-        return cls(advisor.remeasure_per_hour, advisor.remeasure_retry_s, advisor.remeasure_slower)
+        return cls(
+            advisor.remeasure_per_hour,
+            advisor.remeasure_retry_s,
+            advisor.remeasure_slower,
+            advisor.remeasure_routine_s,
+        )
 
 
 class _AdvisorLimits(Protocol):
@@ -71,6 +85,8 @@ class _AdvisorLimits(Protocol):
     def remeasure_retry_s(self) -> float: ...
     @property
     def remeasure_slower(self) -> float: ...
+    @property
+    def remeasure_routine_s(self) -> float: ...
 
 
 class _Suspect(Protocol):
@@ -131,19 +147,23 @@ class Wanted:
     """A suspect (GPU, class) and when it became suspect (oldest first is measured first);
     ``other_class``: a class of a GPU a re-measurement found slow for another class (since
     then; after every suspect); ``recheck``: a (GPU, class) a re-measurement found slow,
-    measured again to see whether it recovered (after every other)."""
+    measured again to see whether it recovered (after those); ``routine``: a GPU not
+    measured for the class since ``since_s`` (last)."""
 
     gpu: str
     job_class: str
     since_s: float
     recheck: bool = False
     other_class: bool = False
+    routine: bool = False
 
     @property
     def why(self) -> str:
         """Why it is measured, for the admin's log and the suspicion row."""
         if self.recheck:
             return "found slow, to see it recover,"
+        if self.routine:
+            return "not measured for a while, measured routinely"
         return "found slow for another class, measured" if self.other_class else "suspect"
 
 
@@ -196,6 +216,35 @@ def wanted(
     return out
 
 
+def routine(
+    gpus: Iterable[str],
+    job_class: str,
+    measured: Mapping[tuple[str, str], float],
+    campaign_s: float,
+    now_s: float,
+    limits: RemeasureLimits,
+) -> list[Wanted]:
+    """The ``gpus`` (those idle now) whose last measurement for ``job_class`` (``measured``:
+    (GPU, class) -> when; never re-measured: the campaign's, ``campaign_s``) is ``routine_s``
+    old or older: what :func:`to_remeasure` takes after everything else, oldest first. The
+    first class in the site's order is the one a slow GPU costs most; a GPU found slow for it
+    is then measured for its other classes (:func:`wanted`)."""
+    if not limits.routine_s > 0:
+        return []
+    out = []
+    for gpu in gpus:
+        last = measured.get((gpu, job_class), campaign_s)
+        if now_s - last >= limits.routine_s:
+            out.append(Wanted(gpu, job_class, last, routine=True))
+    return out
+
+
+def budget_left(attempts: Sequence[Attempt], now_s: float, limits: RemeasureLimits) -> int:
+    """How many re-measures may be submitted now: ``per_hour`` less those of the last hour."""
+    recent = sum(1 for a in attempts if now_s - a.submitted_s < HOUR_S)
+    return max(0, limits.per_hour - recent)
+
+
 def unsettled(found: Iterable[S], settled: Mapping[tuple[str, str], float]) -> list[S]:
     """``found`` less the suspicions a re-measurement cleared (``settled``: (GPU, class) -> when):
     one raised before it is not shown nor steered by, a later one is."""
@@ -210,13 +259,12 @@ def to_remeasure(
     limits: RemeasureLimits,
 ) -> list[Wanted]:
     """The pairs to benchmark now: suspects, oldest suspicion first, then other classes of GPUs
-    found slow, then rechecks (:class:`Wanted`). ``idle``: GPU -> its pin, for the
-    GPUs that can be measured now (:func:`idle_pins`); ``attempts``: what was submitted before
-    (in flight unless ``done``). A pick holds its whole pin, so no later pick in flight shares
-    a GPU with it; picks on one node with different labels may run side by side (the node is
-    shared with production jobs anyway)."""
-    recent = sum(1 for a in attempts if now_s - a.submitted_s < HOUR_S)
-    budget = max(0, limits.per_hour - recent)
+    found slow, then rechecks, then routine measurements (:class:`Wanted`). ``idle``: GPU ->
+    its pin, for the GPUs that can be measured now (:func:`idle_pins`); ``attempts``: what was
+    submitted before (in flight unless ``done``). A pick holds its whole pin, so no later pick
+    in flight shares a GPU with it; picks on one node with different labels may run side by
+    side (the node is shared with production jobs anyway)."""
+    budget = budget_left(attempts, now_s, limits)
     busy = {g for a in attempts if not a.done for g in (a.held or (a.gpu,))}
     last: dict[tuple[str, str], float] = {}
     for a in attempts:
@@ -224,7 +272,7 @@ def to_remeasure(
         last[key] = max(last.get(key, a.submitted_s), a.submitted_s)
     out: list[Wanted] = []
     for s in sorted(
-        suspects, key=lambda s: (s.recheck, s.other_class, s.since_s, s.gpu, s.job_class)
+        suspects, key=lambda s: (s.routine, s.recheck, s.other_class, s.since_s, s.gpu, s.job_class)
     ):
         if len(out) >= budget:
             break

@@ -38,8 +38,10 @@ from slurm_pal.core.remeasure import (
     Attempt,
     RemeasureLimits,
     Verdict,
+    budget_left,
     idle_pins,
     recovered,
+    routine,
     to_remeasure,
     unsettled,
     verdict,
@@ -298,6 +300,7 @@ class FaultLoop:
         self._flights: dict[int, tuple[Attempt, bool]] = {}  # measured GPU -> (it, recheck)
         self._confirmed: dict[tuple[str, str], float] = {}  # found slow -> when
         self._settled: dict[tuple[str, str], float] = {}  # cleared -> when
+        self._measured: dict[tuple[str, str], float] = {}  # last picked (campaign: time 0)
 
     # -- SimHooks -------------------------------------------------------------------------
 
@@ -355,11 +358,14 @@ class FaultLoop:
             pending, self._confirmed, self.base_scores, now, limits, self._settled,
             self.campaign_scores,
         )  # fmt: skip
+        if budget_left(self._attempts, now, limits):
+            found += routine(idle, self.classes[0], self._measured, 0.0, now, limits)
         out: list[tuple[int, float]] = []
         for pick in to_remeasure(found, idle, self._attempts, now, limits):
             gpu, pin = self.index[pick.gpu], idle[pick.gpu]
             attempt = Attempt(pick.gpu, pick.job_class, pin.node, now, held=pin.gpus)
             self._attempts.append(attempt)
+            self._measured[(pick.gpu, pick.job_class)] = now
             self._flights[gpu] = (attempt, pick.recheck)
             seconds = self.probe_s * truth[pick.job_class][gpu]
             out += [(self.index[member], seconds) for member in pin.gpus]
