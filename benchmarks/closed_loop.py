@@ -36,7 +36,8 @@ Five placements on the same trace, GPUs and faults per seed (``--arms`` picks so
   measured time becomes its score) or clears the suspicion; the detector's candidates (half
   the alarm, or tied with a partner) are measured too; a GPU found slow is measured for its
   other classes, kept off for each class it was found 1.3x or more slower for than its
-  campaign said, and measured again to see it recover;
+  campaign said, and measured again to see it recover; with budget left, an idle GPU not
+  measured for class A for a week (``advisor.remeasure_routine_s``) is measured routinely;
 - ``oracle``: the same, told each fault the moment it happens (classes slowed >= 1.3x).
 
 Printed, first: per kind of fault (factor, class hit, whether NVML sees it) the faults each
@@ -87,6 +88,8 @@ service's re-measure jobs on idle GPUs (with their label-mates)."""
 TARGETS = {1.5: 5, 2.0: 3}
 """Fault factor -> the median number of the GPU's class-A jobs by which it must be suspect."""
 GAP_TARGET = 0.8
+COST_UNITS = (("h", "slowed_h", "saved_share"), ("gpu_h", "added_gpu_h", "saved_gpu_share"))
+"""What a fault costs, each unit with its per-fault field and its saving's name in the report."""
 
 
 @dataclass(frozen=True)
@@ -297,23 +300,26 @@ def _recovered(
 def fault_cost(runs: list[dict[str, object]]) -> dict[str, object]:
     """The run time the faults added to the jobs they slowed >= 1.3x (the jobs the oracle keeps
     off), per arm and seed, and the share of the no-loop -> oracle difference each loop saves
-    (summed over seeds; bootstrap over them). Less noisy than average JCT: it does not see
-    how the rest of the schedule shifted."""
-    seeds, table = _table(runs, lambda r: sum(float(f["slowed_h"]) for f in r["faults"]))
-    out: dict[str, object] = {"added_h": {arm: v.round(1).tolist() for arm, v in table.items()}}
+    (summed over seeds; bootstrap over them); the same for GPU time (run time times the job's
+    GPUs: a wide job's few runs weigh more, so it moves more between seeds). Less noisy than
+    average JCT: it does not see how the rest of the schedule shifted."""
+    out: dict[str, object] = {}
+    for unit, key, name in COST_UNITS:
+        seeds, table = _table(runs, lambda r, key=key: sum(float(f[key]) for f in r["faults"]))
+        out[f"added_{unit}"] = {arm: v.round(1).tolist() for arm, v in table.items()}
+        for arm in LOOPS:
+            if arm not in table or "no-loop" not in table or "oracle" not in table:
+                continue
+
+            def share(pick: np.ndarray, arm: str = arm, table=table) -> float:
+                return _recovered(table["no-loop"], table[arm], table["oracle"], pick, np.sum)
+
+            out[f"{arm} {name}"] = share(np.arange(len(seeds)))
+            out[f"{arm} {name}_ci95"] = _bootstrap(share, len(seeds))
     for arm in LOOPS:
-        if arm not in table:
-            continue
-        late = sum(float(f["late_h"]) for r in runs if r["arm"] == arm for f in r["faults"])  # type: ignore[union-attr]
-        out[f"{arm} after_suspicion_h"] = late
-        if "no-loop" not in table or "oracle" not in table:
-            continue
-
-        def share(pick: np.ndarray, arm: str = arm) -> float:
-            return _recovered(table["no-loop"], table[arm], table["oracle"], pick, np.sum)
-
-        out[f"{arm} saved_share"] = share(np.arange(len(seeds)))
-        out[f"{arm} saved_share_ci95"] = _bootstrap(share, len(seeds))
+        if any(r["arm"] == arm for r in runs):
+            late = sum(float(f["late_h"]) for r in runs if r["arm"] == arm for f in r["faults"])  # type: ignore[union-attr]
+            out[f"{arm} after_suspicion_h"] = late
     return out
 
 
@@ -500,18 +506,23 @@ def print_jct(report: dict[str, object]) -> None:
 
 def print_cost(report: dict[str, object]) -> None:
     cost = report["fault_cost"]
-    print("\nrun time the faults added to jobs they slowed >= 1.3x (h, per seed)")
-    for arm, values in cost["added_h"].items():  # type: ignore[index]
-        print(f"  {arm:<9} {values}  total {sum(values):.0f}")
+    for unit, _, name in COST_UNITS:
+        what = "run time" if unit == "h" else "GPU time"
+        print(f"\n{what} the faults added to jobs they slowed >= 1.3x ({unit}, per seed)")
+        for arm, values in cost[f"added_{unit}"].items():  # type: ignore[index]
+            print(f"  {arm:<9} {values}  total {sum(values):.0f}")
+        for arm in LOOPS:
+            if f"{arm} {name}" not in cost:  # type: ignore[operator]
+                continue
+            low, high = cost[f"{arm} {name}_ci95"]  # type: ignore[index]
+            print(
+                f"  {arm} saves {cost[f'{arm} {name}']:.0%} [{low:.0%}, {high:.0%}] of the "  # type: ignore[index]
+                "no-loop -> oracle difference"
+            )
     for arm in LOOPS:
-        if f"{arm} saved_share" not in cost:  # type: ignore[operator]
-            continue
-        low, high = cost[f"{arm} saved_share_ci95"]  # type: ignore[index]
-        print(
-            f"  {arm} saves {cost[f'{arm} saved_share']:.0%} [{low:.0%}, {high:.0%}] of the "  # type: ignore[index]
-            f"no-loop -> oracle difference; {cost[f'{arm} after_suspicion_h']:.0f} h of it "  # type: ignore[index]
-            "from jobs started after the GPU was suspect"
-        )
+        if f"{arm} after_suspicion_h" in cost:  # type: ignore[operator]
+            print(f"  {arm}: {cost[f'{arm} after_suspicion_h']:.0f} h of run time from jobs "  # type: ignore[index]
+                  "started after the GPU was suspect")  # fmt: skip
 
 
 def _num(value: float) -> str:
