@@ -111,3 +111,31 @@ def test_jobs_past_their_limit_are_counted_with_their_gpu_hours_past_it() -> Non
     assert figures["timed_out"] == 1  # ended at its limit: lost, not past it
     assert figures["timed_out_gpu_share"] == pytest.approx(2 * 3600.0 / total)
     assert figures["past_limit"] == 1
+
+
+def test_a_job_past_its_bound_is_read_beside_its_start_under_packing() -> None:
+    cell = (1, "sia", "few-slow")
+    ref = production_gain.REFERENCE
+
+    def late(job: str, start_h: float) -> dict[str, object]:
+        return {"job": job, "start_h": start_h}
+
+    results = {
+        # run 0: job 100 starts at 119 h, packing started it at 118.4 h: later
+        (cell, 0, "advisor"): {"past_bound_jobs": [late("100", 119.0)]},
+        (cell, 0, ref): {"starts": {"100": 118.4 * 3600, "7": 0.0}},
+        # run 1: job 100 starts at 118.6 h, packing only at 130.7 h: the hold is not why
+        (cell, 1, "advisor"): {"past_bound_jobs": [late("100", 118.6)]},
+        (cell, 1, ref): {"starts": {"100": 130.7 * 3600}},
+        # run 2: a job packing never started counts as later
+        (cell, 2, "advisor"): {"past_bound_jobs": [late("93", 50.0)]},
+        (cell, 2, ref): {"starts": {"93": None}},
+    }
+    summary = production_gain.past_bound_summary(results, cell, 3, "advisor")
+    rows = summary["past_bound_jobs"]
+    assert [(r["run"], r["reference_start_h"], r["later"]) for r in rows] == [
+        (0, 118.4, True),
+        (1, 130.7, False),
+        (2, None, True),
+    ]
+    assert summary["held_past_bound_later_than_reference"] == 2
