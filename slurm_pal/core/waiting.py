@@ -26,8 +26,12 @@ GPUs it could have started on, and one that does not fit when its bound comes wa
 pending job. In the production matrix a few per cent of held jobs start past their bound
 that way, all large ones (8-48 GPUs of 64), some by days; the rules that stopped it inside the
 round either cost most of the gain or left some (benchmarks/README, "The held job's bound, job
-by job"). A start by the bound needs a reservation: the held job eligible and routed to the
-GPUs it waits for, so that Slurm's backfill plans it there.
+by job"). A start by the bound needs a reservation (the held job eligible and routed to the
+GPUs it waits for, so that Slurm's backfill plans it there) and the held job first in line, or
+the jobs ahead of it take those GPUs as they free. Simulated, a reservation alone left late
+starts and cost gain; holding only the first job the round leaves unplaced, with the
+reservation, left none but cost more gain and tail runs, as the jobs behind it take outliers
+(benchmarks/README, "A held job that reserves the GPUs it waits for").
 
 Who else pays: a held job is not yet eligible for Slurm (its begin time is the bound), so Slurm
 neither reserves GPUs for it nor holds the jobs queued behind it; the wait costs the queue only
