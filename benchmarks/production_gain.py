@@ -310,8 +310,8 @@ def past_bound_summary(results: dict, cell: Cell, runs: int, name: str) -> dict[
         starts = results[(cell, run, REFERENCE)].get("starts", {})
         for row in results[(cell, run, name)].get("past_bound_jobs", []):
             reference = starts.get(row["job"])
-            later = reference is None or row["start_h"] > round(reference / 3600, 2)
             reference_h = None if reference is None else round(reference / 3600, 2)
+            later = reference_h is None or row["start_h"] > reference_h
             rows.append({"run": run, **row, "reference_start_h": reference_h, "later": later})
     return {
         "past_bound_jobs": rows,
