@@ -214,12 +214,14 @@ class AdvisorConfig:
     re-planning round goes past a job that fits nowhere yet, as Slurm starts the jobs behind it
     in the holes; false under ``sched/builtin`` (strict FIFO), where nothing behind the head
     starts and re-planning it would only churn."""
-    slurm_backfill_reserves: str = "head"
-    """What the round expects Slurm's backfill to keep free for the jobs that wait: ``head``,
-    the first one by GPU count (EASY; what the simulator's figures assume), or ``nodes``, whole
-    nodes for every waiting job over its limit, as sched/backfill plans (measured on 22.05 and
-    24.11: tests/slurm/test_backfill_reservations.py); with ``nodes`` the round does not route
-    a job Slurm would keep off a reserved node."""
+    slurm_backfill_reserves: str = "nodes"
+    """What the round expects Slurm's backfill to keep free for the jobs that wait: ``nodes``,
+    whole nodes for every waiting job over its limit, as sched/backfill plans (measured on
+    22.05 and 24.11: tests/slurm/test_backfill_reservations.py), or ``head``, the first one by
+    GPU count (EASY, for a scheduler that reserves so). A round that expects less than Slurm
+    keeps free mistakes which pending jobs Slurm will start: it leaves one untouched that Slurm
+    then starts on a GPU the policy would have kept it off. (The simulated advisor's rounds use
+    the simulated Slurm's own rule, so this setting moves no simulated figure.)"""
     slurm_overtime_unlimited: bool = False
     """The site's Slurm lets jobs run past their time limits (``OverTimeLimit=UNLIMITED``):
     its backfill then expects such a job to run a whole limit more, and so does the round

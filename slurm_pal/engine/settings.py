@@ -78,8 +78,8 @@ class EngineSettings:
     the advisor decides at submit only, and Slurm places what found no GPUs then).
     ``slurm_backfill``: the site's Slurm backfills, so a round goes past a job that fits
     nowhere yet (the simulator's Slurm brings its own start rule and ignores it);
-    ``slurm_backfill_reserves`` says what it keeps free then (``head``: EASY, ``nodes``:
-    Slurm's whole-node reservations for every waiting job).
+    ``slurm_backfill_reserves`` says what it keeps free then (``nodes``: Slurm's whole-node
+    reservations for every waiting job, as sched/backfill plans; ``head``: EASY).
     ``slurm_overtime_unlimited``: the site's Slurm lets jobs run past their limits, so the
     round expects one past its limit to run a whole limit more, as that Slurm's backfill does
     up to 24.05 (the round's ``release`` says when it counts such a job gone instead)."""
@@ -92,7 +92,7 @@ class EngineSettings:
     reservation_ttl_s: float = 60.0
     replan_on_epilog: bool = True
     slurm_backfill: bool = True
-    slurm_backfill_reserves: str = "head"
+    slurm_backfill_reserves: str = "nodes"
     slurm_overtime_unlimited: bool = False
 
     def __post_init__(self) -> None:
