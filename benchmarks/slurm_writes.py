@@ -9,9 +9,8 @@ A round gives every waiting job new nodes (``ReqNodeList``, alternating between 
 update changes something) and its GPU request, as the re-planner does, in two forms:
 
 - ``advisor``: with the advisor's admin comment (``slurm-pal/... why=...``: blanks), which is
-  what every re-planned job gets;
-- ``placement``: the same without the comment (what scontrol's stdin can carry: its tokenizer
-  keeps quotes, so a value with blanks cannot go through it).
+  what every re-planned job gets (through stdin last on its line, in double quotes);
+- ``placement``: the same without the comment.
 
 Backends, all in this one process, taking turns (each figure the median of ``--repeat``
 rounds):
@@ -19,12 +18,14 @@ rounds):
 - ``scontrol-serial``: one ``scontrol update`` process per job, one after another (baseline);
 - ``scontrol-parallel``: one process per job, 8 at a time (the service before batching);
 - ``scontrol-batch``: :class:`ScontrolBatchApplier`, one ``scontrol`` reading the round from
-  stdin (steps with blanks: one process each, 8 at a time);
+  stdin;
 - ``pyslurm``: ``Job.modify`` RPCs in-process, when a pyslurm that matches this Slurm imports
   (none does on Debian: see adapters/slurm/pyslurm_backend.py); otherwise reported as not
   measured, with the reason.
 
-Every update must succeed (the round's failures are reported and make the run exit 1).
+Each figure: the round's wall time, and the CPU its ``scontrol`` processes took on this host
+(the controller's, at a site; slurmctld's own is not in it). Every update must succeed (the
+round's failures are reported and make the run exit 1).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -65,6 +67,12 @@ def _round(jobs: list[int], target: str, comment: bool) -> list[JobChange]:
             )
         changes.append(JobChange(job, fields, HELD, 1))
     return changes
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the ended processes this one started."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _wait(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -126,6 +134,7 @@ def main() -> int:
         # Backends take turns within each repetition (the order rotating), so a machine whose
         # load changes during the run (other work on the same cores) weighs on all alike.
         times: dict[tuple[str, str], list[float]] = {}
+        cpus: dict[tuple[str, str], list[float]] = {}
         names = list(appliers)
         flip = 0
         for rep in range(args.repeat):
@@ -134,10 +143,11 @@ def main() -> int:
                 for name in order:
                     flip += 1
                     changes = _round(pending, NODES[flip % 2], workload == "advisor")
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), _children_cpu_s()
                     errors = appliers[name].apply_many(changes)
                     took = time.perf_counter() - start
                     times.setdefault((workload, name), []).append(took)
+                    cpus.setdefault((workload, name), []).append(_children_cpu_s() - cpu)
                     bad = [e for e in errors if e is not None]
                     failed += len(bad)
                     if bad:
@@ -158,6 +168,7 @@ def main() -> int:
                     "seconds": round(s, 2),
                     "ms_per_update": round(s * 1000 / args.jobs, 2),
                     "vs_serial": round(base / s, 2),
+                    "scontrol_cpu_s": round(statistics.median(cpus[(workload, name)]), 2),
                 }
                 for name, s in by_backend.items()
             }
@@ -177,6 +188,7 @@ def main() -> int:
                 print(
                     f"  {name:>18}: {fig['seconds']:6.2f} s  {fig['ms_per_update']:6.2f} ms/update"
                     f"  {fig['vs_serial']:5.2f}x the serial baseline"
+                    f"  scontrol CPU {fig['scontrol_cpu_s']:5.2f} s"
                 )
     return 1 if failed else 0
 

@@ -235,8 +235,15 @@ def format_admin_comment(
 def parse_admin_comment(text: str) -> dict[str, str] | None:
     """The fields of an admin comment written by :func:`format_admin_comment` (``version``,
     ``action``, and ``r``/``class``/``lv``/``gpus``/``why`` when present); None when the text is
-    not one (someone else's comment, or garbled)."""
-    if not isinstance(text, str) or not text.startswith(_PREFIX):
+    not one (someone else's comment, or garbled). A comment that opens with a double quote is
+    read inside its quotes: a re-planning round writes through scontrol's stdin, which stores
+    them (:func:`slurm_pal.adapters.slurm.update.stdin_line`); a reader that cut it short
+    (``scontrol show job`` splits it at its ``key=`` words) may have kept the first only."""
+    if not isinstance(text, str):
+        return None
+    if text.startswith('"'):
+        text = text[1:-1] if len(text) > 1 and text.endswith('"') else text[1:]
+    if not text.startswith(_PREFIX):
         return None
     head, sep, why = text.partition(" why=")
     words = head.split(" ")

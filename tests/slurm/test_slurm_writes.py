@@ -14,6 +14,7 @@ from slurm_pal.adapters.slurm import update
 from slurm_pal.adapters.slurm.pyslurm_backend import choose_backend, running_release
 from slurm_pal.adapters.slurm.state import CliStateReader, JobState
 from slurm_pal.adapters.slurm.update import JobChange, ScontrolApplier, ScontrolBatchApplier
+from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.testbed import LocalSlurm, NodeSpec
 
 pytestmark = pytest.mark.slurm
@@ -69,7 +70,10 @@ def _round(running: list[int], pending: list[int], tag: str) -> list[JobChange]:
         JobChange(p[1], {"req_nodes": "n1", "exc_nodes": ""}, HELD, 1, lift_exclusion_to=""),
         JobChange(
             p[2],
-            {"req_nodes": "n2", "admin_comment": f"slurm-pal/test {tag} why=a reason with blanks"},
+            {
+                "req_nodes": "n2",
+                "admin_comment": f'slurm-pal/test {tag} why=a reason with blank\'s and "quotes"',
+            },
             HELD,
             1,
         ),
@@ -90,7 +94,10 @@ def _check(tb: LocalSlurm, running, pending, errors, tag) -> None:  # type: igno
     assert jobs[pending[0]].required_nodes == ("n2",)
     assert jobs[pending[1]].required_nodes == ("n1",)  # reachable: its exclusion was lifted
     assert tb.job_fields(pending[1]).get("ExcNodeList") == "(null)"
-    assert jobs[pending[2]].admin_comment == f"slurm-pal/test {tag} why=a reason with blanks"
+    comment = f'slurm-pal/test {tag} why=a reason with blank\'s and "quotes"'
+    # through scontrol's stdin the comment is stored in the quotes it was written in
+    assert jobs[pending[2]].admin_comment in (comment, f'"{comment}"')
+    assert parse_admin_comment(jobs[pending[2]].admin_comment) == parse_admin_comment(comment)
     assert jobs[pending[3]].required_nodes == ("n2",)
     assert jobs[pending[4]].required_nodes == ()  # not in the round: untouched
     for job in running:
@@ -104,10 +111,10 @@ def test_batched_round_matches_per_job_and_errors_stay_per_job(busy_lab) -> None
     batch = CountingBatchApplier(tb.env)
     errors = batch.apply_many(_round(running, pending, "batch"))
     _check(tb, running, pending, errors, "batch")
-    # One scontrol for the first steps (the admin comment's blanks need its own process), one
+    # One scontrol for the first steps (the admin comment with blanks and quotes too), one
     # for the second step of the job whose exclusion was lifted first.
-    assert batch.batches == [6, 1], batch.batches
-    assert batch.singles == 1
+    assert batch.batches == [7, 1], batch.batches
+    assert batch.singles == 0
     assert {j: _jobs(tb)[j].required_nodes for j in running} == required_before
 
     # The same round, one process per step: the same answers, job by job.

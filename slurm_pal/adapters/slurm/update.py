@@ -176,27 +176,61 @@ _JOB_ERROR = re.compile(r"\bfor job (?P<job>\d+)\b")
 
 
 def stdin_safe(step: Sequence[str]) -> bool:
-    """Can this step go through scontrol's stdin? Its tokenizer splits on blanks and keeps
-    quotes in the value (``AdminComment="a b"`` is stored with the quotes: 22.05.8 and
-    24.11.5, on the testbed), so a value with a blank or a quote cannot be written exactly
-    that way."""
-    return not any(any(c.isspace() or c in "\"'" for c in word) for word in step)
+    """Can this step go through scontrol's stdin as it is? Its tokenizer splits on blanks
+    and keeps quotes in the value (``AdminComment="a b"`` is stored with the quotes: 22.05.8
+    and 24.11.5, on the testbed), so a value with a blank or a quote cannot be written
+    exactly that way (but see :func:`stdin_line`)."""
+    return not any(_unsafe(word) for word in step)
+
+
+def _unsafe(word: str) -> bool:
+    return any(c.isspace() or c in "\"'" for c in word)
+
+
+_COMMENT = "AdminComment="
+
+
+def stdin_line(step: Sequence[str]) -> str | None:
+    """The line that writes ``step`` through scontrol's stdin, or None when none can.
+
+    An admin comment with blanks goes last on the line, in double quotes: the tokenizer
+    takes a word to the line's end once a quote opens, and Slurm keeps the quotes, so the
+    stored comment is the text in one pair of double quotes, whatever quotes it holds
+    (22.05.8 and 24.11.5, squeue's JSON and ``-O`` alike;
+    :func:`~slurm_pal.engine.decide.parse_admin_comment` reads it). Any other word with a
+    blank or a quote, or a comment over one line, cannot go through stdin."""
+    if stdin_safe(step):
+        return " ".join(step)
+    comments = [w for w in step if w.startswith(_COMMENT)]
+    rest = [w for w in step if not w.startswith(_COMMENT)]
+    if len(comments) != 1 or any(_unsafe(w) for w in rest):
+        return None
+    text = comments[0][len(_COMMENT) :]
+    if any(c in "\r\n" for c in text):
+        return None
+    return " ".join([*rest, f'{_COMMENT}"{text}"'])
+
+
+#: The fewest steps one scontrol process of a batch gets: below that, a process costs more
+#: than the RPCs it writes.
+MIN_BATCH = 4
 
 
 class ScontrolBatchApplier(ScontrolApplier):
-    """Applies a round's updates with one ``scontrol`` process reading all of them from stdin
-    (one process, one configuration load and credential cache for the round, instead of one per
-    job), step by step: a job's second step goes in a second process, and only if its first
-    step was applied.
+    """Applies a round's updates through ``scontrol`` processes reading them from stdin (up to
+    ``workers`` side by side, each its share in the round's order, at least
+    :data:`MIN_BATCH` steps each: a configuration load and credential cache per process,
+    instead of one per job), step by step: a job's second step goes in a later process, and
+    only if its first step was applied.
 
     Errors: scontrol prints each failed update's error with its job id; a line that names no
     job (scontrol refusing the line itself) makes this applier redo the jobs of that process
     one by one, so every job's error is still its own. Steps that cannot pass the stdin
-    tokenizer (a value with blanks, such as the advisor's admin comment) run one process each,
-    as :class:`ScontrolApplier` does."""
+    tokenizer (:func:`stdin_line`: a value with blanks other than the admin comment's) run
+    one process each, as :class:`ScontrolApplier` does."""
 
     def run_batch(self, steps: Sequence[Sequence[str]]) -> subprocess.CompletedProcess[str]:
-        script = "".join(" ".join(step) + "\n" for step in steps)
+        script = "".join(f"{stdin_line(step)}\n" for step in steps)
         return subprocess.run(
             ["scontrol"],
             input=script,
@@ -219,10 +253,10 @@ class ScontrolBatchApplier(ScontrolApplier):
             todo = [i for i, plan in enumerate(plans) if errors[i] is None and depth < len(plan)]
             if not todo:
                 return errors
-            batch = [i for i in todo if stdin_safe(plans[i][depth])]
-            single = [i for i in todo if not stdin_safe(plans[i][depth])]
+            batch = [i for i in todo if stdin_line(plans[i][depth]) is not None]
+            single = [i for i in todo if stdin_line(plans[i][depth]) is None]
             if batch:
-                self._batch_step(batch, [plans[i][depth] for i in batch], errors)
+                self._batch_steps(batch, [plans[i][depth] for i in batch], errors)
             if single:
                 steps = [plans[i][depth] for i in single]
                 with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(steps)))) as pool:
@@ -230,6 +264,26 @@ class ScontrolBatchApplier(ScontrolApplier):
                 for i, error in zip(single, results, strict=True):
                     errors[i] = error
             depth += 1
+
+    def _batch_steps(
+        self, index: Sequence[int], steps: Sequence[Sequence[str]], errors: list[str | None]
+    ) -> None:
+        """The steps through up to ``workers`` scontrol processes side by side, in order
+        within each (a job's steps are never split: one step of each job per call). Why side
+        by side: slurmctld answers its clients' RPCs in turn, so on a busy controller one
+        process writing a round waits behind every other client at each update, where an
+        Epilog waits for the round."""
+        chunks = max(1, min(self.workers, len(steps) // MIN_BATCH))
+        if chunks == 1:
+            self._batch_step(index, steps, errors)
+            return
+        with ThreadPoolExecutor(max_workers=chunks) as pool:
+            list(
+                pool.map(
+                    lambda k: self._batch_step(index[k::chunks], steps[k::chunks], errors),
+                    range(chunks),
+                )
+            )
 
     def _batch_step(
         self, index: Sequence[int], steps: Sequence[Sequence[str]], errors: list[str | None]
