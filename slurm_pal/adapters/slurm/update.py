@@ -253,8 +253,9 @@ class ScontrolBatchApplier(ScontrolApplier):
             todo = [i for i, plan in enumerate(plans) if errors[i] is None and depth < len(plan)]
             if not todo:
                 return errors
-            batch = [i for i in todo if stdin_line(plans[i][depth]) is not None]
-            single = [i for i in todo if stdin_line(plans[i][depth]) is None]
+            through_stdin = [stdin_line(plans[i][depth]) is not None for i in todo]
+            batch = [i for i, ok in zip(todo, through_stdin, strict=True) if ok]
+            single = [i for i, ok in zip(todo, through_stdin, strict=True) if not ok]
             if batch:
                 self._batch_steps(batch, [plans[i][depth] for i in batch], errors)
             if single:
