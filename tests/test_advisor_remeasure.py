@@ -174,6 +174,26 @@ def test_a_cleared_suspicion_is_closed_and_no_longer_steered(env: Env) -> None:
     assert st.suspects.suspects() == []
 
 
+def test_a_cleared_suspicion_stays_settled_after_a_restart(env: Env) -> None:
+    """The verdict lives in the store's closed row: a new service (nothing in memory) replays
+    the runs with it, so the suspicion stays settled, and slow runs after it raise a new one."""
+    st, target, seconds, bench = suspect(env)
+    rm = remeasurer(env, st, FakeSlurm(seconds, bench, factor=1.02))
+    rm.tick()
+    rm.tick()
+    assert st.suspects.suspects() == []
+    restarted = env.state()
+    assert restarted.suspects.suspects() == []
+    assert first_pick(restarted, "resnet") == target
+    with Store(env.db) as store:
+        assert store.suspicions("example") == []  # the warm-up opened no row again
+    jobs = Jobs(env)
+    jobs.next_id, jobs.now = 2000, 1.9e9 + 60  # after the verdict
+    make_suspect(restarted, jobs, target, "resnet", "A")
+    (again,) = restarted.suspects.suspects()
+    assert (again.gpu, again.job_class) == (target, "A") and again.since_s > 1.9e9
+
+
 def test_off_by_default_and_busy_label_mates_wait(env: Env) -> None:
     st, target, seconds, bench = suspect(env)
     slurm = FakeSlurm(seconds, bench, factor=2.0)
@@ -286,6 +306,36 @@ def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
         (closed,) = store.suspicions("example", cleared=True)
     assert str(closed["cleared_why"]).startswith("confirmed by re-measurement")
     assert st.suspects.candidates() == [] and st.suspects.suspects() == []
+
+
+def test_a_cleared_candidate_is_not_measured_again_after_a_restart(env: Env) -> None:
+    """A candidate found healthy has no suspicion row to close: the verdict gets a row of
+    its own, so a restarted service neither lists it again nor spends a re-measure on it."""
+    st = env.state()
+    target = first_pick(st, "resnet")
+    jobs = Jobs(env)
+    for uuid in [u for u in jobs.place if u != target][:4]:
+        jobs.run(st, uuid, "resnet", "A")
+    for _ in range(3):
+        jobs.run(st, target, "resnet", "A", slow=1.25)
+    assert [(c.gpu, c.job_class) for c in st.suspects.candidates()] == [(target, "A")]
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
+    slurm = FakeSlurm(float(mine["duration"].median()), str(mine["benchmark"].iloc[0]), 1.02)
+    rm = remeasurer(env, st, slurm)
+    rm.tick()
+    rm.tick()
+    assert st.suspects.candidates() == []
+    with Store(env.db) as store:
+        (closed,) = store.suspicions("example", cleared=True)
+    assert str(closed["cleared_why"]).startswith("cleared by re-measurement")
+    restarted = env.state()
+    assert restarted.suspects.candidates() == [] and restarted.suspects.suspects() == []
+    later = Remeasurer(restarted, slurm, root=env.root / "campaigns",
+                       wall_clock=lambda: 1.9e9 + 7200)  # fmt: skip
+    later.tick()
+    assert len(slurm.submitted) == 1  # the first re-measure only
 
 
 def test_a_gpu_found_slow_for_one_class_is_measured_for_the_next_and_placed_by_it(

@@ -15,6 +15,7 @@ from slurm_pal.core.suspicion import (
     SuspicionDetector,
     measured_faults,
     outlier_scores,
+    replay,
 )
 
 CLASSES = "ABCD"
@@ -299,6 +300,31 @@ def test_a_cleared_suspicion_drops_its_evidence_and_a_new_one_can_follow() -> No
         detector.update(JobRecord(record.run, cleared_s + record.end_s))
     (again,) = [s for s in detector.suspects() if (s.gpu, s.job_class) == ("g0", "A")]
     assert again.since_s > cleared_s and again.onset_s > cleared_s
+
+
+def test_a_replay_with_the_clearings_ends_where_the_live_detector_did() -> None:
+    """A restart replays the stored runs; a re-measurement's clearing, replayed at its time,
+    gives the suspicions, their times and the changes the live detector had."""
+    before = [r for r, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=2000)]
+    cleared_s = 300.0 * 6001
+    after = [
+        JobRecord(r.run, cleared_s + r.end_s)
+        for r, _ in _stream(6000, seed=1, slow={0: 2.0}, slow_from=0)
+    ]
+    live = SuspicionDetector().fit(_scores(64), before)
+    live.clear("g0", "A", cleared_s, "re-measured 1.02x")
+    for record in after:
+        live.update(record)
+    clearing = ("g0", "A", cleared_s, "re-measured 1.02x")
+    replayed = replay(SuspicionDetector(), _scores(64), before + after, [clearing])
+    assert replayed.suspects() == live.suspects()
+    assert replayed.changes_ == live.changes_
+    (again,) = [s for s in replayed.suspects() if (s.gpu, s.job_class) == ("g0", "A")]
+    assert again.since_s > cleared_s
+    # without the clearing the first suspicion would stand, and hide the second
+    blind = SuspicionDetector().fit(_scores(64), before + after)
+    (old,) = [s for s in blind.suspects() if (s.gpu, s.job_class) == ("g0", "A")]
+    assert old.since_s < cleared_s
 
 
 def _gang_history(slow_gpu: str, gangs: list[tuple[str, ...]], seed: int = 3):

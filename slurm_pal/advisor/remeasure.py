@@ -37,7 +37,10 @@ that land on the GPU are the only other evidence, and a GPU few jobs use, or onl
 stayed unseen until its repair.
 
 What is in flight lives in this object only: a restart forgets it (the jobs' results are not
-judged, and a suspect found again at the warm-up may be measured again).
+judged). What a re-measurement settled is the store's: its closed row says so
+(``cleared_why``), and the warm-up at start replays the runs with it
+(:meth:`SuspectBook.fit <slurm_pal.advisor.suspects.SuspectBook.fit>`), so a suspicion it
+settled is not raised again.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ from slurm_pal.core.binning import PMBinner
 from slurm_pal.core.campaigns import CSV_COLUMNS, PlannedGpu, RunRecord, measurement_rows
 from slurm_pal.core.labels import LabelEntry
 from slurm_pal.core.remeasure import (
+    CLEARED,
+    CONFIRMED,
     Attempt,
     Pin,
     RemeasureLimits,
@@ -84,8 +89,10 @@ from slurm_pal.core.remeasure import (
     idle_pins,
     increment_id,
     increment_rows,
+    last_settled,
     recovered,
     routine,
+    settlements,
     to_remeasure,
     verdict,
     wanted,
@@ -103,8 +110,6 @@ NICE = 10000
 """``sbatch --nice``: a re-measurement waits behind every ordinary job."""
 MISSES = 2
 """Reads that must find a job gone from the queue without a record before it is given up."""
-CONFIRMED = "confirmed by re-measurement"
-"""How a closed suspicion row a re-measurement confirmed starts (its ``cleared_why``)."""
 RECHECK_READ_S = 60.0
 """How often the store's confirmed rows are read for GPUs to measure again."""
 
@@ -249,13 +254,8 @@ class Remeasurer:
         """(GPU, class) -> when a re-measurement confirmed it slow (the store's closed rows,
         read once a minute): the GPUs :func:`wanted` measures again, to see them recover."""
         if self._confirmed is None or now - self._confirmed[0] >= RECHECK_READ_S:
-            found: dict[tuple[str, str], float] = {}
             with Store(self.state.store_path) as store:
-                for row in store.suspicions(cleared=True):
-                    if str(row["cleared_why"] or "").startswith(CONFIRMED):
-                        key = (str(row["gpu"]), str(row["job_class"]))
-                        at = float(row["cleared_s"])  # type: ignore[arg-type]
-                        found[key] = max(at, found.get(key, at))
+                found = last_settled(settlements(store.suspicions(cleared=True)), confirmed=True)
             self._confirmed = (now, found)
         return self._confirmed[1]
 
@@ -359,14 +359,15 @@ class Remeasurer:
                 new_id = self._increment(store, active, flight, ok, str(same["uuid"].iloc[0]))
                 why = f"{CONFIRMED} ({done}); its scores are campaign {new_id}'s"
             else:
-                why = f"cleared by re-measurement ({done})"
+                why = f"{CLEARED} ({done})"
             cause = "re-measure candidate"
             if flight.pick.other_class:
                 cause = "re-measure: slow for another class"
             elif flight.pick.routine:
                 cause = "re-measure: routine"
-            if not store.close_suspicion(active, a.gpu, a.job_class, now, why) and v.confirmed:
-                # A candidate (never a suspicion): its row, so it is measured again to recover.
+            if not store.close_suspicion(active, a.gpu, a.job_class, now, why):
+                # A candidate (never a suspicion): a row for the verdict all the same, so that
+                # a GPU found slow is measured again to recover, and a restart knows both.
                 store.open_suspicion(
                     active,
                     {

@@ -33,7 +33,13 @@ from slurm_pal.advisor.logtext import quoted
 from slurm_pal.core.clocks import ModelClocks, with_clock_ratios
 from slurm_pal.core.cluster import Cluster, GpuSpec
 from slurm_pal.core.drift import runs_from_records
-from slurm_pal.core.remeasure import base_campaign, same_campaign, unsettled
+from slurm_pal.core.remeasure import (
+    base_campaign,
+    last_settled,
+    same_campaign,
+    settlements,
+    unsettled,
+)
 from slurm_pal.core.suspicion import (
     Change,
     GpuSignals,
@@ -42,6 +48,7 @@ from slurm_pal.core.suspicion import (
     SuspicionDetector,
     measured_faults,
     outlier_scores,
+    replay,
 )
 from slurm_pal.engine.decide import parse_admin_comment
 from slurm_pal.engine.runs import jobs_from_decisions
@@ -205,7 +212,8 @@ class SuspectBook:
         self, store_path: Path, campaign: str, specs: Sequence[GpuSpec], labels: LabelTable
     ) -> None:
         """Start over for ``campaign``: the detector on its scores, warmed from the finished
-        jobs the store kept over ``suspicion_days``; the store's open suspicions made these.
+        jobs the store kept over ``suspicion_days`` and the re-measurements' verdicts (closed
+        rows), each at its time; the store's open suspicions made these.
         A warm-up that fails (an unreadable store) is logged and the detector starts cold.
         A re-measure increment of the campaign in use (same GPUs and labels) is taken
         incrementally instead: the detector rescores the (GPU, class) pairs it changed and
@@ -272,12 +280,19 @@ class SuspectBook:
             detector.fit(base)
         if warm:  # else (the store failed us) cold, and the store's rows as they are
             with Store(store_path) as store:
+                # What re-measurements settled, kept in the store's closed rows: after a
+                # restart as before it, a suspicion raised before its verdict stays settled.
+                verdicts = settlements(store.suspicions(cleared=True))
+                with self._lock:
+                    self._merge_settled(last_settled(verdicts))
                 if detector is not None and self.days > 0:
                     records = store.job_records(since=now - self.days * 86400)
                     ids = {int(r["job_id"]) for r in records if isinstance(r.get("job_id"), int)}  # type: ignore[call-overload]
                     done = job_records_of(records, store.decisions_for_jobs(ids), gpu_ids)
                     done = with_clock_ratios(done, models, clocks)
-                    detector.fit(base, done)
+                    clears = [(v.gpu, v.job_class, v.at_s, v.why) for v in verdicts
+                              if not v.confirmed]  # fmt: skip
+                    replay(detector, base, done, clears)
                     found = self._unsettled(detector.suspects())
                 why = "suspicion off" if detector is None else "not found again at start"
                 store.sync_suspicions(campaign, [s.to_dict() for s in found], now, why)
@@ -442,6 +457,11 @@ class SuspectBook:
         with self._lock:
             return dict(self._settled)
 
+    def _merge_settled(self, settled: Mapping[tuple[str, str], float]) -> None:
+        """Take the store's verdicts (under the lock): the later of each pair's two times."""
+        for key, at in settled.items():
+            self._settled[key] = max(at, self._settled.get(key, at))
+
     def _unsettled(self, found: list[Suspicion]) -> list[Suspicion]:
         """``found`` less the suspicions a re-measurement settled (made before it)."""
         return unsettled(found, self._settled)
@@ -450,7 +470,8 @@ class SuspectBook:
         self, gpu: str, job_class: str, at_s: float, why: str, confirmed: bool = False
     ) -> None:
         """A re-measurement settled (GPU, class) at ``at_s`` (advisor/remeasure.py): the
-        suspicion found before is no longer shown nor steered by, here or after a refit; the
+        suspicion found before is no longer shown nor steered by, here or after a refit or a
+        restart (the caller's closed row is what :meth:`fit` reads back); the
         detector drops it and its evidence, and a new one (raised later) is. ``confirmed``:
         found slow, so the increment's score (the reload that follows, :meth:`fit`) takes
         its evidence; else found healthy, and the detector clears it (its partners are then

@@ -34,9 +34,12 @@ from typing import Protocol, TypeVar
 import pandas as pd
 
 __all__ = [
+    "CLEARED",
+    "CONFIRMED",
     "Attempt",
     "Pin",
     "RemeasureLimits",
+    "Settlement",
     "Verdict",
     "Wanted",
     "base_campaign",
@@ -44,9 +47,11 @@ __all__ = [
     "idle_pins",
     "increment_id",
     "increment_rows",
+    "last_settled",
     "recovered",
     "routine",
     "same_campaign",
+    "settlements",
     "to_remeasure",
     "unsettled",
     "verdict",
@@ -54,6 +59,11 @@ __all__ = [
 ]
 
 HOUR_S = 3600.0
+
+CONFIRMED = "confirmed by re-measurement"
+"""How a suspicion row a re-measurement found slow is closed (the start of its ``cleared_why``)."""
+CLEARED = "cleared by re-measurement"
+"""How a suspicion row a re-measurement found healthy is closed."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +253,48 @@ def budget_left(attempts: Sequence[Attempt], now_s: float, limits: RemeasureLimi
     """How many re-measures may be submitted now: ``per_hour`` less those of the last hour."""
     recent = sum(1 for a in attempts if now_s - a.submitted_s < HOUR_S)
     return max(0, limits.per_hour - recent)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A re-measurement's verdict on (GPU, class) at ``at_s``: ``confirmed`` slow, or healthy."""
+
+    gpu: str
+    job_class: str
+    at_s: float
+    confirmed: bool
+    why: str
+
+
+def settlements(rows: Iterable[Mapping[str, object]]) -> list[Settlement]:
+    """The verdicts among the store's suspicion rows (``Store.suspicions(cleared=True)``: the
+    rows a re-measurement closed, by the start of their ``cleared_why``), oldest first: what a
+    restarted service must know again, or it shows and steers by a suspicion it had settled."""
+    out = []
+    for row in rows:
+        why = str(row.get("cleared_why") or "")
+        at = row.get("cleared_s")
+        if not isinstance(at, int | float) or not why.startswith((CONFIRMED, CLEARED)):
+            continue
+        out.append(
+            Settlement(
+                str(row["gpu"]), str(row["job_class"]), float(at), why.startswith(CONFIRMED), why
+            )
+        )
+    return sorted(out, key=lambda s: s.at_s)
+
+
+def last_settled(
+    found: Iterable[Settlement], confirmed: bool | None = None
+) -> dict[tuple[str, str], float]:
+    """(GPU, class) -> when a re-measurement last settled it (``confirmed``: only the verdicts
+    that found it slow, True, or healthy, False; None: either)."""
+    out: dict[tuple[str, str], float] = {}
+    for s in found:
+        if confirmed is None or s.confirmed == confirmed:
+            key = (s.gpu, s.job_class)
+            out[key] = max(s.at_s, out.get(key, s.at_s))
+    return out
 
 
 def unsettled(found: Iterable[S], settled: Mapping[tuple[str, str], float]) -> list[S]:

@@ -59,6 +59,7 @@ __all__ = [
     "SuspicionDetector",
     "measured_faults",
     "outlier_scores",
+    "replay",
 ]
 
 POWER_CAP_EVENTS: tuple[str, ...] = ("sw_power_cap",)
@@ -622,6 +623,28 @@ class SuspicionDetector:
         track.over_s = None
         self._suspect_keys.discard((gpu, job_class))
         return [Change(gpu, job_class, False, now, why)]
+
+
+def replay(
+    detector: SuspicionDetector,
+    scores: Mapping[str, Mapping[str, float]],
+    records: Iterable[JobRecord],
+    clears: Iterable[tuple[str, str, float, str]],
+) -> SuspicionDetector:
+    """``detector`` fitted on ``scores`` and ``records`` (by their end) with ``clears``: (GPU,
+    class, when, why) a re-measurement found healthy, each :meth:`~SuspicionDetector.clear`-ed
+    where the replay passes its time, as it was when it came. Why: a restart that replayed
+    the runs without them would raise again the suspicions they settled, and keep the later
+    runs from raising new ones."""
+    detector.fit(scores)
+    due = deque(sorted(clears, key=lambda c: c[2]))
+    for record in records:
+        while due and due[0][2] < record.end_s:
+            detector.clear(*due.popleft())
+        detector.update(record)
+    for gpu, job_class, at_s, why in due:
+        detector.clear(gpu, job_class, at_s, why)
+    return detector
 
 
 class _Baselines:
