@@ -55,6 +55,10 @@ def test_the_tail_rule_holds_the_advisor_to_the_worse_control_plus_the_slack() -
     assert missed is not None and missed["within"] is False
     # without both controls there is nothing to judge against
     assert production_gain.tail_rule({"advisor": row(1.0, 1.0), "null": row(1.0, 1.0)}) is None
+    cell = (4, "sia", "few-slow")
+    assert production_gain.missing_tail_rule({cell: missed}) == ["4xsiaxfew-slow"]
+    assert production_gain.missing_tail_rule({cell: within}) == []
+    assert production_gain.missing_tail_rule({cell: None}) is None  # not judged: not "met"
 
 
 def test_a_job_started_past_its_bound_is_listed_with_its_hold_and_start() -> None:
