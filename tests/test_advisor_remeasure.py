@@ -102,6 +102,23 @@ def suspect(env: Env) -> tuple[AdvisorState, str, float, str]:
     return st, target, float(mine["duration"].median()), str(mine["benchmark"].iloc[0])
 
 
+def candidate(env: Env) -> tuple[AdvisorState, str, float, str]:
+    """A service with one candidate (GPU, A): a little slow, over half the alarm, not over
+    it; the GPU's campaign time and benchmark for A."""
+    st = env.state()
+    target = first_pick(st, "resnet")
+    jobs = Jobs(env)
+    for uuid in [u for u in jobs.place if u != target][:4]:
+        jobs.run(st, uuid, "resnet", "A")
+    for _ in range(3):
+        jobs.run(st, target, "resnet", "A", slow=1.25)
+    assert [(c.gpu, c.job_class) for c in st.suspects.candidates()] == [(target, "A")]
+    with Store(env.db) as store:
+        rows = store.measurements("example")
+    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
+    return st, target, float(mine["duration"].median()), str(mine["benchmark"].iloc[0])
+
+
 def other_classes(env: Env, gpu: str, job_class: str) -> dict[str, tuple[float, str]]:
     """The GPU's campaign time and benchmark for each class but ``job_class``."""
     with Store(env.db) as store:
@@ -284,19 +301,9 @@ def test_a_gpu_found_slow_is_measured_again_and_recovers_as_another_increment(
 def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
     env: Env,
 ) -> None:
-    st = env.state()
-    target = first_pick(st, "resnet")
-    jobs = Jobs(env)
-    for uuid in [u for u in jobs.place if u != target][:4]:
-        jobs.run(st, uuid, "resnet", "A")
-    for _ in range(3):  # a little slow: over half the alarm, not over it
-        jobs.run(st, target, "resnet", "A", slow=1.25)
+    st, _, seconds, bench = candidate(env)
     assert st.suspects.suspects() == []  # never steered by...
-    assert [(c.gpu, c.job_class) for c in st.suspects.candidates()] == [(target, "A")]
-    with Store(env.db) as store:
-        rows = store.measurements("example")
-    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
-    slurm = FakeSlurm(float(mine["duration"].median()), str(mine["benchmark"].iloc[0]), 2.0)
+    slurm = FakeSlurm(seconds, bench, 2.0)
     rm = remeasurer(env, st, slurm)
     rm.tick()  # ... but measured
     rm.tick()  # and found 2x slow
@@ -311,18 +318,8 @@ def test_a_candidate_is_measured_and_once_confirmed_kept_for_the_recovery_check(
 def test_a_cleared_candidate_is_not_measured_again_after_a_restart(env: Env) -> None:
     """A candidate found healthy has no suspicion row to close: the verdict gets a row of
     its own, so a restarted service neither lists it again nor spends a re-measure on it."""
-    st = env.state()
-    target = first_pick(st, "resnet")
-    jobs = Jobs(env)
-    for uuid in [u for u in jobs.place if u != target][:4]:
-        jobs.run(st, uuid, "resnet", "A")
-    for _ in range(3):
-        jobs.run(st, target, "resnet", "A", slow=1.25)
-    assert [(c.gpu, c.job_class) for c in st.suspects.candidates()] == [(target, "A")]
-    with Store(env.db) as store:
-        rows = store.measurements("example")
-    mine = rows[(rows["uuid"] == target) & (rows["job_class"] == "A")]
-    slurm = FakeSlurm(float(mine["duration"].median()), str(mine["benchmark"].iloc[0]), 1.02)
+    st, _, seconds, bench = candidate(env)
+    slurm = FakeSlurm(seconds, bench, 1.02)
     rm = remeasurer(env, st, slurm)
     rm.tick()
     rm.tick()
